@@ -1,0 +1,174 @@
+"""The sd_listen_fds(3) protocol, both ways: inherit sockets, and exec with them.
+
+The pure part reads and writes the environment variables (LISTEN_FDS,
+LISTEN_PID, LISTEN_FDNAMES); the fd part checks the inherited descriptors and
+moves the filtered sockets to fd 3 onwards just before exec.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
+
+SD_LISTEN_FDS_START = 3
+LISTEN_VARS = ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+DEFAULT_NAME = "unknown"  # what sd_listen_fds_with_names(3) reports for unnamed fds
+
+
+@dataclass(frozen=True)
+class ListenEnv:
+    """What the parent passed: ``count`` fds from 3 on, with these names."""
+
+    count: int
+    names: tuple[str, ...]
+
+
+def parse_listen_env(environ: Mapping[str, str], pid: int) -> ListenEnv:
+    """Read LISTEN_* as sd_listen_fds(3) does, but refuse instead of ignoring.
+
+    sd_listen_fds() quietly returns 0 when LISTEN_PID names another process.
+    A firewall must not: those fds would reach the application unfiltered.
+    """
+    fds_text = environ.get("LISTEN_FDS")
+    if fds_text is None:
+        return ListenEnv(0, ())
+    what = "inherited sockets (LISTEN_FDS)"
+    if not fds_text.isdigit() or not fds_text.isascii():
+        raise AlfError(
+            what,
+            f"LISTEN_FDS={fds_text!r} is not a number",
+            "fix the parent that sets it",
+            EX_CONFIG,
+        )
+    count = int(fds_text)
+    pid_text = environ.get("LISTEN_PID")
+    if pid_text is None:
+        raise AlfError(
+            what,
+            "LISTEN_FDS is set but LISTEN_PID is not",
+            "the parent must set LISTEN_PID to the wrapper's pid",
+            EX_CONFIG,
+        )
+    if pid_text != str(pid):
+        raise AlfError(
+            what,
+            f"LISTEN_PID={pid_text} is not this process ({pid})",
+            "these sockets were meant for another process; start alfwrapper "
+            "directly from the socket unit or systemd-socket-activate",
+            EX_CONFIG,
+        )
+    names_text = environ.get("LISTEN_FDNAMES")
+    names = names_text.split(":") if names_text else []
+    if len(names) > count:
+        raise AlfError(
+            what,
+            f"LISTEN_FDNAMES has {len(names)} names for {count} fds",
+            "fix the parent that sets it",
+            EX_CONFIG,
+        )
+    names += [DEFAULT_NAME] * (count - len(names))
+    return ListenEnv(count, tuple(names))
+
+
+def child_environment(environ: Mapping[str, str], names: Sequence[str], pid: int) -> dict[str, str]:
+    """The application's environment: ours, with LISTEN_* describing the filtered fds.
+
+    LISTEN_PID is our pid, which exec keeps.
+    """
+    env = {k: v for k, v in environ.items() if k not in LISTEN_VARS}
+    if names:
+        env["LISTEN_FDS"] = str(len(names))
+        env["LISTEN_PID"] = str(pid)
+        env["LISTEN_FDNAMES"] = ":".join(names)
+    return env
+
+
+def inherit_sockets(environ: Mapping[str, str], pid: int) -> list[tuple[socket.socket, str]]:
+    """The inherited listening sockets, each with its name, in fd order."""
+    listen = parse_listen_env(environ, pid)
+    sockets = []
+    for i in range(listen.count):
+        fd = SD_LISTEN_FDS_START + i
+        where = f"inherited fd {fd} ({listen.names[i]})"
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError as err:
+            raise AlfError(
+                where,
+                err.strerror or str(err),
+                "LISTEN_FDS counts more fds than were passed",
+                EX_CONFIG,
+            ) from None
+        if not stat.S_ISSOCK(mode):
+            raise AlfError(
+                where,
+                "is not a socket",
+                "alfwrapper filters sockets only; pass only sockets",
+                EX_CONFIG,
+            )
+        sock = socket.socket(fileno=fd)
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type not in (
+            socket.SOCK_STREAM,
+            socket.SOCK_DGRAM,
+        ):
+            raise AlfError(
+                where,
+                "is not a TCP or UDP socket",
+                "alfwrapper filters IP sockets only (ListenStream=/ListenDatagram=)",
+                EX_CONFIG,
+            )
+        if sock.type == socket.SOCK_STREAM and not sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+        ):
+            raise AlfError(
+                where,
+                "is a connected stream socket, not a listening one",
+                "Accept=yes sockets are not supported yet; use Accept=no",
+                EX_CONFIG,
+            )
+        sockets.append((sock, listen.names[i]))
+    return sockets
+
+
+def exec_with_sockets(
+    sockets: Sequence[socket.socket],
+    names: Sequence[str],
+    argv: Sequence[str],
+    environ: Mapping[str, str],
+) -> NoReturn:
+    """Exec argv with the sockets at fds 3, 4, ... and nothing else open above 2."""
+    count = len(sockets)
+    env = child_environment(environ, names, os.getpid())
+    # Park every socket above the target range first, so that no dup2 below
+    # overwrites a socket that is still to be moved.
+    parked = [
+        fcntl.fcntl(s.fileno(), fcntl.F_DUPFD_CLOEXEC, SD_LISTEN_FDS_START + count) for s in sockets
+    ]
+    for sock in sockets:
+        sock.detach()  # the socket objects must not close fds in the target range
+    for i, fd in enumerate(parked):
+        os.dup2(fd, SD_LISTEN_FDS_START + i, inheritable=True)
+    os.closerange(SD_LISTEN_FDS_START + count, _max_fd())
+    try:
+        os.execvpe(argv[0], list(argv), env)
+    except OSError as err:
+        raise AlfError(
+            f"starting {argv[0]}",
+            err.strerror or str(err),
+            "check COMMAND and its permissions",
+            EX_OSERR,
+        ) from None
+
+
+def _max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (ValueError, OSError):
+        return 1 << 20

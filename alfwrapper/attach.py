@@ -1,0 +1,61 @@
+"""Attach, lock and detach socket filters: the socket options, named once.
+
+SO_ATTACH_BPF: Linux 4.0.  SO_LOCK_FILTER: Linux 3.9.  Attaching an already
+loaded program needs no capability; after SO_LOCK_FILTER neither the wrapper
+nor the application can replace or remove the filter (EPERM).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from alfwrapper.errors import EX_NOPERM, EX_OSERR, AlfError
+
+SO_DETACH_BPF = 27  # the same value as SO_DETACH_FILTER
+SO_LOCK_FILTER = 44
+SO_ATTACH_BPF = 50
+
+
+def describe(sock: socket.socket) -> str:
+    """A socket as a user knows it: fd, protocol and local address."""
+    proto = "tcp" if sock.type == socket.SOCK_STREAM else "udp"
+    try:
+        local = sock.getsockname()
+        where = (
+            f"[{local[0]}]:{local[1]}"
+            if sock.family == socket.AF_INET6
+            else f"{local[0]}:{local[1]}"
+        )
+    except OSError:
+        where = "?"
+    if where in ("0.0.0.0:0", "[::]:0"):
+        where = "unbound"
+    return f"fd {sock.fileno()} ({proto} {where})"
+
+
+def attach_filter(sock: socket.socket, prog_fd: int, lock: bool = True) -> None:
+    """Attach the program to the socket and, by default, lock it there."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_BPF, prog_fd)
+        if lock:
+            sock.setsockopt(socket.SOL_SOCKET, SO_LOCK_FILTER, 1)
+    except OSError as err:
+        if err.errno == errno.EPERM:
+            raise AlfError(
+                f"attaching the filter to {describe(sock)}",
+                "the socket's filter is locked",
+                "a filter was attached and locked before; restart the socket's owner",
+                EX_NOPERM,
+            ) from None
+        raise AlfError(
+            f"attaching the filter to {describe(sock)}",
+            err.strerror or str(err),
+            "run `alfwrapper doctor`",
+            EX_OSERR,
+        ) from None
+
+
+def detach_filter(sock: socket.socket) -> None:
+    """Remove the socket's filter; fails with EPERM when it is locked."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_BPF, 0)

@@ -1,0 +1,177 @@
+"""``alfwrapper doctor``: check that this host can compile, load and attach filters.
+
+Each check prints one line: ``ok`` with what it found, or ``problem`` with
+what is wrong and how to fix it.  The last check builds the real subnet filter
+through the same code path as the wrapper.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from alfwrapper.errors import EX_UNAVAILABLE, EX_USAGE, AlfError
+from alfwrapper.rules import SubnetRules
+from alfwrapper.subnet_table import build_subnet_table
+
+CAP_NET_ADMIN = 12
+CAP_SYS_ADMIN = 21
+CAP_BPF = 39
+MIN_KERNEL = (5, 6)  # BPF_MAP_UPDATE_BATCH; bpf_skb_load_bytes_relative is 4.18
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    text: str
+
+
+def kernel_version(release: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", release)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def effective_capabilities(status: str) -> int:
+    """CapEff from /proc/<pid>/status, as a bit mask."""
+    match = re.search(r"^CapEff:\s*([0-9a-fA-F]+)", status, re.M)
+    return int(match.group(1), 16) if match else 0
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def check_kernel() -> Check:
+    release = platform.release()
+    if kernel_version(release) < MIN_KERNEL:
+        return Check(
+            False,
+            f"kernel {release} is older than {MIN_KERNEL[0]}.{MIN_KERNEL[1]}: upgrade the kernel",
+        )
+    return Check(True, f"kernel {release}")
+
+
+def check_bpf_syscall() -> Check:
+    if not Path("/sys/fs/bpf").exists() and not Path("/proc/sys/kernel/bpf_stats_enabled").exists():
+        return Check(
+            False, "the kernel has no BPF syscall (CONFIG_BPF_SYSCALL): use a kernel built with it"
+        )
+    return Check(True, "BPF syscall present")
+
+
+def check_jit() -> Check:
+    value = _read("/proc/sys/net/core/bpf_jit_enable")
+    if value is None:
+        return Check(False, "cannot read net.core.bpf_jit_enable: is /proc mounted?")
+    if value == "0":
+        return Check(
+            False,
+            "the BPF JIT is off, filters run interpreted: sysctl -w net.core.bpf_jit_enable=1",
+        )
+    return Check(True, f"BPF JIT on (net.core.bpf_jit_enable={value})")
+
+
+def check_privilege() -> Check:
+    unpriv = _read("/proc/sys/kernel/unprivileged_bpf_disabled")
+    caps = effective_capabilities(_read("/proc/self/status") or "")
+    held = [
+        name
+        for bit, name in (
+            (CAP_BPF, "CAP_BPF"),
+            (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+            (CAP_NET_ADMIN, "CAP_NET_ADMIN"),
+        )
+        if caps >> bit & 1
+    ]
+    held_text = ", ".join(held) or "none of CAP_BPF, CAP_SYS_ADMIN, CAP_NET_ADMIN"
+    can_load = caps >> CAP_BPF & 1 or caps >> CAP_SYS_ADMIN & 1
+    if unpriv != "0" and not can_load:
+        return Check(
+            False,
+            f"kernel.unprivileged_bpf_disabled={unpriv} and this process "
+            f"holds {held_text}: run as root, or with AmbientCapabilities=CAP_BPF",
+        )
+    return Check(
+        True,
+        f"may load filters (kernel.unprivileged_bpf_disabled={unpriv}; capabilities: {held_text})",
+    )
+
+
+def headers_dir(release: str) -> Path | None:
+    """Where BCC will find kernel headers, or None."""
+    source = os.environ.get("BCC_KERNEL_SOURCE")
+    candidates = [Path(source)] if source else []
+    candidates.append(Path("/lib/modules") / release / "build")
+    for path in candidates:
+        if (path / "include").is_dir() or (path / "Makefile").is_file():
+            return path
+    if Path("/sys/kernel/kheaders.tar.xz").exists():
+        return Path("/sys/kernel/kheaders.tar.xz")
+    return None
+
+
+def check_headers() -> Check:
+    release = platform.release()
+    found = headers_dir(release)
+    if found is None:
+        return Check(
+            False,
+            f"no kernel headers for {release} at /lib/modules/{release}/build: "
+            "run `make setup` (links Debian's linux-headers-amd64 there)",
+        )
+    return Check(True, f"kernel headers at {found}")
+
+
+def check_bcc() -> Check:
+    try:
+        import bcc  # noqa: F401, PLC0415
+    except ImportError:
+        return Check(
+            False,
+            "BCC's Python bindings are missing: apt-get install python3-bpfcc, "
+            "and run under /usr/bin/python3 or a venv made with --system-site-packages",
+        )
+    return Check(True, "BCC importable")
+
+
+def check_build() -> Check:
+    from alfwrapper import compiler  # noqa: PLC0415
+
+    try:
+        compiler.load_subnet_filter(build_subnet_table(SubnetRules()))
+    except AlfError as err:
+        return Check(False, err.line().removeprefix("alfwrapper: "))
+    return Check(True, "the subnet filter compiles, loads and fills its maps")
+
+
+CHECKS: tuple[Callable[[], Check], ...] = (
+    check_kernel,
+    check_bpf_syscall,
+    check_jit,
+    check_privilege,
+    check_headers,
+    check_bcc,
+)
+
+
+def main(argv: Sequence[str]) -> int:
+    if argv:
+        raise AlfError(
+            "doctor",
+            f"takes no arguments, got {' '.join(argv)!r}",
+            "run `alfwrapper doctor`",
+            EX_USAGE,
+        )
+    results = [check() for check in CHECKS]
+    if all(r.ok for r in results):
+        results.append(check_build())
+    for r in results:
+        print(f"{'ok' if r.ok else 'problem'}: {r.text}")
+    return 0 if all(r.ok for r in results) else EX_UNAVAILABLE

@@ -1,0 +1,44 @@
+"""The one error type of alfwrapper and the sysexits codes it exits with."""
+
+from __future__ import annotations
+
+# sysexits.h
+EX_OK = 0
+EX_USAGE = 64
+EX_DATAERR = 65
+EX_NOINPUT = 66
+EX_UNAVAILABLE = 69
+EX_SOFTWARE = 70
+EX_OSERR = 71
+EX_NOPERM = 77
+EX_CONFIG = 78
+
+
+class AlfError(Exception):
+    """An error a user can act on: what failed, why, and what to do.
+
+    Raised anywhere; printed only by ``cli.main`` as
+    ``alfwrapper: <what>: <why> (<hint>)``.  ``details`` is shown with -v.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        why: str,
+        hint: str = "",
+        exit_code: int = EX_SOFTWARE,
+        details: str = "",
+    ) -> None:
+        super().__init__(what, why, hint, exit_code)
+        self.what = what
+        self.why = why
+        self.hint = hint
+        self.exit_code = exit_code
+        self.details = details
+
+    def line(self) -> str:
+        text = f"alfwrapper: {self.what}: {self.why}"
+        if self.hint:
+            text += f" ({self.hint})"
+        # One line, always: multi-line causes (compiler output) go to details.
+        return " ".join(text.split("\n"))

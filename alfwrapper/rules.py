@@ -1,0 +1,199 @@
+"""Parse what the user asked for (listen addresses, CIDRs, rule files) into frozen data.
+
+Pure Python: no kernel, no sockets opened.  Every parser raises ``ValueError``
+with a message fit for a user; callers add where the input came from.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, EX_USAGE, AlfError
+
+FAMILY_BITS = {4: 32, 6: 128}
+
+
+class Prefix(NamedTuple):
+    """One CIDR: ``value`` is the network address as an integer, host bits zero.
+
+    A NamedTuple rather than a frozen dataclass: a million of them are made
+    at start-up, and a tuple is several times cheaper to build.
+    """
+
+    family: int
+    value: int
+    length: int
+
+    def __str__(self) -> str:
+        width = FAMILY_BITS[self.family]
+        af = socket.AF_INET if self.family == 4 else socket.AF_INET6
+        raw = self.value.to_bytes(width // 8, "big")
+        return f"{socket.inet_ntop(af, raw)}/{self.length}"
+
+
+@dataclass(frozen=True)
+class SubnetRules:
+    """Source-subnet rules: deny wins; with no allow rules everything not denied passes."""
+
+    allow: tuple[Prefix, ...] = ()
+    deny: tuple[Prefix, ...] = ()
+
+
+@dataclass(frozen=True)
+class ListenSpec:
+    """A socket the wrapper creates: ``kind`` is "stream" (TCP) or "datagram" (UDP)."""
+
+    kind: str
+    host: str
+    port: int
+    name: str = "unknown"
+
+    @property
+    def family(self) -> int:
+        return 6 if ":" in self.host else 4
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if self.family == 6 else self.host
+        proto = "tcp" if self.kind == "stream" else "udp"
+        return f"{proto} {host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the wrapper needs, parsed and checked."""
+
+    listens: tuple[ListenSpec, ...] = ()
+    subnets: SubnetRules = field(default_factory=SubnetRules)
+    command: tuple[str, ...] = ()
+
+
+_V4_MAPPED = 0xFFFF << 32
+
+
+def parse_prefix(text: str) -> Prefix:
+    """Parse ``ADDR`` or ``ADDR/LEN`` (IPv4 or IPv6) into a Prefix.
+
+    Host bits must be zero: ``192.0.2.5/24`` is refused rather than silently
+    widened or narrowed.  IPv4-mapped IPv6 prefixes (``::ffff:192.0.2.0/120``)
+    become IPv4 prefixes, because that is how the filter sees such packets.
+    """
+    text = text.strip()
+    if not text:
+        raise ValueError("empty address")
+    addr, sep, length_text = text.partition("/")
+    if ":" in addr:
+        family, af = 6, socket.AF_INET6
+    else:
+        family, af = 4, socket.AF_INET
+    try:
+        raw = socket.inet_pton(af, addr)
+    except OSError:
+        raise ValueError(f"{text!r} is not an IPv4 or IPv6 address or CIDR") from None
+    width = FAMILY_BITS[family]
+    if sep:
+        if not length_text.isdigit() or not length_text.isascii():
+            raise ValueError(f"{text!r} has a bad prefix length {length_text!r}")
+        length = int(length_text)
+        if length > width:
+            raise ValueError(f"{text!r}: prefix length {length} is longer than {width}")
+    else:
+        length = width
+    value = int.from_bytes(raw, "big")
+    host_bits = width - length
+    if value & ((1 << host_bits) - 1):
+        network = Prefix(family, value >> host_bits << host_bits, length)
+        raise ValueError(f"{text!r} has host bits set (did you mean {network}?)")
+    if family == 6 and length >= 96 and (value >> 32) == 0xFFFF:
+        return Prefix(4, value & 0xFFFFFFFF, length - 96)
+    return Prefix(family, value, length)
+
+
+def parse_rule_lines(lines: list[str], origin: str) -> list[Prefix]:
+    """Parse a rule file's lines: one CIDR per line, ``#`` starts a comment."""
+    prefixes = []
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            prefixes.append(parse_prefix(text))
+        except ValueError as err:
+            raise AlfError(
+                f"{origin}:{number}",
+                str(err),
+                "fix or remove that line",
+                EX_DATAERR,
+            ) from None
+    return prefixes
+
+
+def read_rule_file(path: str) -> list[Prefix]:
+    """Read a rule file; a missing or unreadable file is an error, never an empty list."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AlfError(f"rule file {path}", "no such file", "check the path", EX_NOINPUT) from None
+    except UnicodeDecodeError as err:
+        raise AlfError(
+            f"rule file {path}",
+            f"not UTF-8 text ({err.reason} at byte {err.start})",
+            "write one CIDR per line",
+            EX_DATAERR,
+        ) from None
+    except OSError as err:
+        raise AlfError(
+            f"rule file {path}",
+            err.strerror or str(err),
+            "check the path and its permissions",
+            EX_NOINPUT,
+        ) from None
+    return parse_rule_lines(text.splitlines(), path)
+
+
+def parse_option_prefix(option: str, text: str) -> Prefix:
+    try:
+        return parse_prefix(text)
+    except ValueError as err:
+        raise AlfError(
+            option, str(err), "give a CIDR such as 192.0.2.0/24 or 2001:db8::/32", EX_USAGE
+        ) from None
+
+
+def parse_listen(kind: str, text: str) -> ListenSpec:
+    """Parse ``[ADDR]:PORT``, ``ADDR:PORT``, ``:PORT`` or ``PORT``.
+
+    A missing address means ``::``, dual-stack, so IPv4 clients reach it too.
+    """
+    option = "--listen" if kind == "stream" else "--listen-datagram"
+    host, port_text = "::", text
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0 or text[close + 1 : close + 2] != ":":
+            raise AlfError(option, f"{text!r} is not [ADDR]:PORT", "write e.g. [::]:8080", EX_USAGE)
+        host, port_text = text[1:close], text[close + 2 :]
+    elif ":" in text:
+        host, _, port_text = text.rpartition(":")
+        if ":" in host:
+            raise AlfError(
+                option,
+                f"{text!r}: put an IPv6 address in brackets",
+                "write e.g. [2001:db8::1]:8080",
+                EX_USAGE,
+            )
+        host = host or "::"
+    if not port_text.isdigit() or not port_text.isascii() or not 0 < int(port_text) < 65536:
+        raise AlfError(option, f"{text!r} has no valid port", "ports are 1 to 65535", EX_USAGE)
+    af = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.inet_pton(af, host)
+    except OSError:
+        raise AlfError(
+            option,
+            f"{host!r} is not an IP address",
+            "give a numeric IPv4 or IPv6 address; host names are not resolved",
+            EX_USAGE,
+        ) from None
+    return ListenSpec(kind=kind, host=host, port=int(port_text))

@@ -1,0 +1,52 @@
+#!/bin/sh
+# Install what alfwrapper needs on Debian 12, idempotently: Debian packages,
+# a kernel headers tree BCC can use, and the virtualenv.  Run as root.
+set -eu
+cd "$(dirname "$0")/.."
+
+PACKAGES="python3-bpfcc python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux"
+missing=""
+for p in $PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "setup: missing Debian packages:$missing (run as root, or apt-get install them)" >&2
+        exit 77
+    fi
+    echo "setup: installing$missing"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+fi
+
+# BCC wants /lib/modules/$(uname -r)/build.  Kernels without a headers package
+# of their own (ours: 6.18) can use Debian's split 6.1 headers: a socket filter
+# needs only the UAPI and the basic types.  Leave a real tree alone.
+release=$(uname -r)
+build=/lib/modules/$release/build
+if [ ! -e "$build/include" ] && [ ! -e /sys/kernel/kheaders.tar.xz ]; then
+    arch=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)
+    common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1)
+    if [ -z "$arch" ] || [ -z "$common" ]; then
+        echo "setup: no Debian kernel headers under /usr/src (apt-get install linux-headers-amd64)" >&2
+        exit 69
+    fi
+    if [ "$(id -u)" != 0 ]; then
+        echo "setup: $build is missing (run as root to link $arch there)" >&2
+        exit 77
+    fi
+    mkdir -p "/lib/modules/$release"
+    ln -sfn "$arch" "$build"
+    ln -sfn "$common" "/lib/modules/$release/source"
+    echo "setup: linked $build -> $arch"
+fi
+
+VENV=.venv
+stamp=$VENV/.installed
+if [ ! -x $VENV/bin/python ]; then
+    /usr/bin/python3 -m venv --system-site-packages $VENV
+fi
+if [ ! -f $stamp ] || [ pyproject.toml -nt $stamp ]; then
+    $VENV/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    touch $stamp
+fi

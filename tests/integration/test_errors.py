@@ -1,0 +1,186 @@
+"""Every bad input: one line on stderr, a sysexits code, and COMMAND never runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import ROOT, WRAPPER
+
+from alfwrapper import compiler
+from alfwrapper.errors import AlfError
+
+
+def run(
+    tmp_path: Path, *options: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+) -> tuple[int, str, bool]:
+    """Run the wrapper with a COMMAND that leaves a mark; return (code, stderr, ran)."""
+    mark = tmp_path / "command-ran"
+    argv = [*prefix, *WRAPPER, *options, "--", "/bin/sh", "-c", f"touch {mark}"]
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        cwd=tmp_path,
+    )
+    return out.returncode, out.stderr, mark.exists()
+
+
+def assert_one_line(stderr: str, *needles: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("alfwrapper: "), stderr
+    assert "Traceback" not in stderr
+    for needle in needles:
+        assert needle in lines[0], stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "code", "needles"),
+    [
+        (["--allow", "300.1.2.3/8"], 64, ["--allow", "300.1.2.3/8"]),
+        (["--deny", "192.0.2.5/24"], 64, ["--deny", "did you mean 192.0.2.0/24"]),
+        (["--allow-file", "/nonexistent/rules"], 66, ["/nonexistent/rules", "no such file"]),
+        (["--listen", "localhost:80"], 64, ["--listen", "not an IP address"]),
+        (["--name", "web", "--listen", "8080"], 64, ["--name", "follows no --listen"]),
+        (["--listen", "8080", "--name", "a:b"], 64, ["not a valid socket name"]),
+        (["--bogus"], 64, ["usage", "--bogus"]),
+        ([], 64, ["sockets", "none inherited"]),
+    ],
+)
+def test_bad_input(tmp_path: Path, options: list[str], code: int, needles: list[str]) -> None:
+    returncode, stderr, ran = run(tmp_path, *options)
+    assert (returncode, ran) == (code, False), stderr
+    assert_one_line(stderr, *needles)
+
+
+def test_bad_line_in_rule_file(tmp_path: Path) -> None:
+    rules = tmp_path / "deny.rules"
+    rules.write_text("# ok\n192.0.2.0/24\n198.51.100.0/24\n203.0.113.0/33\n")
+    returncode, stderr, ran = run(tmp_path, "--listen", "8080", "--deny-file", str(rules))
+    assert (returncode, ran) == (65, False)
+    assert_one_line(stderr, f"{rules}:4", "longer than 32")
+
+
+def test_foreign_listen_pid(tmp_path: Path) -> None:
+    returncode, stderr, ran = run(
+        tmp_path, "--allow", "192.0.2.0/24", env={"LISTEN_FDS": "1", "LISTEN_PID": "1"}
+    )
+    assert (returncode, ran) == (78, False)
+    assert_one_line(stderr, "LISTEN_PID=1 is not this process")
+
+
+def test_listen_fds_that_are_not_sockets(tmp_path: Path) -> None:
+    # The wrapper's own pid is only known once it runs: let a shell exec it.
+    code = (
+        f"LISTEN_PID=$$ LISTEN_FDS=1 exec {' '.join(WRAPPER)} --allow 192.0.2.0/24 "
+        f"-- /bin/sh -c 'touch {tmp_path}/command-ran' 3</dev/null"
+    )
+    out = subprocess.run(["/bin/sh", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 78
+    assert not (tmp_path / "command-ran").exists()
+    assert_one_line(out.stderr, "inherited fd 3", "is not a socket")
+
+
+def test_command_not_found(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*WRAPPER, "--listen", "8080", "--", "/nonexistent/app"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 66
+    assert_one_line(out.stderr, "/nonexistent/app", "not found")
+
+
+def test_no_command(tmp_path: Path) -> None:
+    out = subprocess.run([*WRAPPER, "--listen", "8080"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 64
+    assert_one_line(out.stderr, "no COMMAND")
+
+
+def test_socket_that_cannot_be_bound(bpf_root: None, tmp_path: Path) -> None:
+    # 192.0.2.99 is on no interface of this host.
+    returncode, stderr, ran = run(tmp_path, "--listen", "192.0.2.99:8080")
+    assert (returncode, ran) == (71, False), stderr
+    assert_one_line(stderr, "binding tcp 192.0.2.99:8080", "not configured on this host")
+
+
+def test_port_in_use(bpf_root: None, tmp_path: Path) -> None:
+    returncode, stderr, ran = run(
+        tmp_path, "--listen", "127.0.0.1:8099", "--listen", "127.0.0.1:8099"
+    )
+    assert (returncode, ran) == (71, False), stderr
+    assert_one_line(stderr, "binding tcp 127.0.0.1:8099", "Address already in use")
+
+
+def test_missing_privilege(bpf_root: None, tmp_path: Path) -> None:
+    # Nobody, with no capabilities, while kernel.unprivileged_bpf_disabled != 0.
+    unpriv = Path("/proc/sys/kernel/unprivileged_bpf_disabled").read_text().strip()
+    assert unpriv != "0", "this test needs unprivileged BPF to be disabled (the default)"
+    tmp_path.chmod(0o777)
+    returncode, stderr, ran = run(
+        tmp_path,
+        "--listen",
+        "127.0.0.1:8098",
+        prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"),
+    )
+    assert (returncode, ran) == (77, False), stderr
+    assert_one_line(stderr, "permission denied", "CAP_BPF")
+
+
+def test_verbose_adds_details_but_no_traceback(bpf_root: None, tmp_path: Path) -> None:
+    returncode, stderr, ran = run(
+        tmp_path,
+        "-v",
+        "--listen",
+        "127.0.0.1:8097",
+        prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"),
+    )
+    assert (returncode, ran) == (77, False)
+    assert "Operation not permitted" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_compile_error_names_file_and_line(bpf_root: None) -> None:
+    path = ROOT / "tests/data/broken.c"
+    with pytest.raises(AlfError) as info:
+        compiler.compile_and_load(compiler.FilterSource(path, ()))
+    assert info.value.exit_code == 65
+    assert f"{path}:4:" in info.value.line()
+    assert "undeclared identifier 'undefined_thing'" in info.value.line()
+
+
+def test_verifier_rejection_says_why(bpf_root: None) -> None:
+    with pytest.raises(AlfError) as info:
+        compiler.compile_and_load(compiler.FilterSource(ROOT / "tests/data/unsafe.c", ()))
+    assert info.value.exit_code == 65
+    assert "verifier rejected" in info.value.line()
+    assert "invalid unbounded variable-offset read from stack" in info.value.line()
+    assert "processed" in info.value.details  # the full log, for -v
+
+
+def test_print_filter(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*WRAPPER, "--allow", "192.0.2.0/24", "--deny", "192.0.2.128/25", "--print-filter"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0
+    assert "#define V4_STEPS SUBNET_STEP(3) SUBNET_STEP(4)" in out.stdout
+    assert "#define SUBNET_NODES 129" in out.stdout
+    assert '#include "common.h"' not in out.stdout  # inlined
+    assert "alf_source_address" in out.stdout
+
+
+def test_module_and_script_entry_points() -> None:
+    for argv in (WRAPPER, [str(Path(sys.executable).parent / "alfwrapper")]):
+        out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0
+        assert out.stdout.startswith("alfwrapper ")

@@ -1,0 +1,48 @@
+"""The man page and README stay in step with the command line."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+from support import ROOT
+
+from alfwrapper.cli import _parser
+
+
+def long_options() -> set[str]:
+    return {
+        o
+        for action in _parser()._actions
+        for o in action.option_strings
+        if o.startswith("--") and o != "--help"
+    }
+
+
+def test_man_page_lints_clean() -> None:
+    if shutil.which("mandoc") is None:
+        pytest.fail("mandoc is missing: `make setup` installs it")
+    out = subprocess.run(
+        ["mandoc", "-Tlint", "-W", "warning", str(ROOT / "man/alfwrapper.1")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("doc", ["man/alfwrapper.1", "README.md"])
+def test_every_option_is_documented(doc: str) -> None:
+    text = (ROOT / doc).read_text().replace("\\-", "-").replace("Fl -", "--")
+    missing = {o for o in long_options() if not re.search(re.escape(o) + r"\b", text)}
+    assert not missing, f"{doc} does not mention {sorted(missing)}"
+
+
+def test_exit_codes_are_documented() -> None:
+    man = (ROOT / "man/alfwrapper.1").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for code in (64, 65, 66, 69, 70, 71, 77, 78):
+        assert f".It {code}" in man
+    for code in (64, 65, 66, 69, 71, 77, 78):
+        assert f"| {code} |" in readme

@@ -1,0 +1,54 @@
+"""alfwrapper doctor: the parsers, and the real checks on this host."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from support import WRAPPER, require
+
+from alfwrapper.doctor import effective_capabilities, kernel_version
+
+
+def test_kernel_version() -> None:
+    assert kernel_version("6.18.44-fc-v669") == (6, 18)
+    assert kernel_version("5.6.0") == (5, 6)
+    assert kernel_version("weird") == (0, 0)
+
+
+def test_effective_capabilities() -> None:
+    status = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n"
+    caps = effective_capabilities(status)
+    assert caps >> 39 & 1 and caps >> 21 & 1
+    assert effective_capabilities("CapEff:\t0000000000000000\n") == 0
+
+
+def test_doctor_passes_as_root() -> None:
+    require(os.geteuid() == 0, "needs root (the last check loads a filter)")
+    out = subprocess.run([*WRAPPER, "doctor"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout
+    assert all(line.startswith("ok: ") for line in out.stdout.splitlines()), out.stdout
+    assert "compiles, loads" in out.stdout
+
+
+def test_doctor_names_the_missing_capability() -> None:
+    require(os.geteuid() == 0, "needs root to drop to nobody")
+    out = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            *WRAPPER,
+            "doctor",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 69
+    problems = [line for line in out.stdout.splitlines() if line.startswith("problem: ")]
+    assert len(problems) == 1, out.stdout
+    assert "CAP_BPF" in problems[0] and "unprivileged_bpf_disabled" in problems[0]
+    assert "Traceback" not in out.stderr
