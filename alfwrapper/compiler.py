@@ -93,8 +93,8 @@ def _stderr_to(sink: list[str]) -> Iterator[None]:
 
 _PERMISSION = ("Operation not permitted", "EPERM")
 _NEED_CAP = (
-    "needs CAP_BPF (kernel.unprivileged_bpf_disabled is set): run as root, "
-    "or give the service AmbientCapabilities=CAP_BPF"
+    "loading filters needs CAP_BPF while kernel.unprivileged_bpf_disabled is set: run as root "
+    "with its capabilities, or give the service AmbientCapabilities=CAP_BPF"
 )
 
 

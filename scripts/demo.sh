@@ -11,7 +11,7 @@ everything else is dropped silently, even other loopback addresses.
 Try it from another terminal:
   echo hello | ncat 127.0.0.1 $PORT                 # answered: echo hello
   echo hello | ncat ::1 $PORT                       # answered
-  echo hello | ncat -u 127.0.0.1 $PORT              # answered (UDP)
+  (echo hello; sleep 1) | ncat -u 127.0.0.1 $PORT   # answered (UDP)
   echo hello | ncat -w 3 -s 127.0.0.2 127.0.0.1 $PORT   # dropped: times out, no "refused"
 Each line the service receives is printed below.  Stop with Ctrl-C.
 

@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 IN_CI = os.environ.get("CI") == "true"
 WRAPPER = [sys.executable, "-m", "alfwrapper"]
+# Runs a command as root but with no capability left in any set.
+NO_CAPS = ("setpriv", "--bounding-set=-all", "--inh-caps=-all")
 ECHO_SERVER = [sys.executable, str(EXAMPLES / "echo_server.py")]
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT, WRAPPER
+from support import NO_CAPS, ROOT, WRAPPER
 
 from alfwrapper import compiler
 from alfwrapper.errors import AlfError
@@ -120,15 +120,14 @@ def test_port_in_use(bpf_root: None, tmp_path: Path) -> None:
 
 
 def test_missing_privilege(bpf_root: None, tmp_path: Path) -> None:
-    # Nobody, with no capabilities, while kernel.unprivileged_bpf_disabled != 0.
+    # Root without any capability, while kernel.unprivileged_bpf_disabled != 0.
     unpriv = Path("/proc/sys/kernel/unprivileged_bpf_disabled").read_text().strip()
     assert unpriv != "0", "this test needs unprivileged BPF to be disabled (the default)"
-    tmp_path.chmod(0o777)
     returncode, stderr, ran = run(
         tmp_path,
         "--listen",
         "127.0.0.1:8098",
-        prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"),
+        prefix=NO_CAPS,
     )
     assert (returncode, ran) == (77, False), stderr
     assert_one_line(stderr, "permission denied", "CAP_BPF")
@@ -140,7 +139,7 @@ def test_verbose_adds_details_but_no_traceback(bpf_root: None, tmp_path: Path) -
         "-v",
         "--listen",
         "127.0.0.1:8097",
-        prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"),
+        prefix=NO_CAPS,
     )
     assert (returncode, ran) == (77, False)
     assert "Operation not permitted" in stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from support import WRAPPER, require
+from support import NO_CAPS, WRAPPER, require
 
 from alfwrapper.doctor import effective_capabilities, kernel_version
 
@@ -32,14 +32,10 @@ def test_doctor_passes_as_root() -> None:
 
 
 def test_doctor_names_the_missing_capability() -> None:
-    require(os.geteuid() == 0, "needs root to drop to nobody")
+    require(os.geteuid() == 0, "needs root to drop its capabilities")
     out = subprocess.run(
         [
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
+            *NO_CAPS,
             *WRAPPER,
             "doctor",
         ],
