@@ -12,22 +12,40 @@ import socket
 import sys
 import traceback
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, NoReturn
 
-from alfwrapper import __version__, activation, attach, compiler, doctor, sockets
+from alfwrapper import (
+    __version__,
+    activation,
+    attach,
+    compiler,
+    doctor,
+    interfaces,
+    knocking,
+    program,
+    sockets,
+)
 from alfwrapper.errors import EX_NOINPUT, EX_SOFTWARE, EX_USAGE, AlfError
 from alfwrapper.rules import (
     Config,
+    CustomFilter,
+    KnockRules,
     ListenSpec,
-    Prefix,
+    MapSetting,
+    SocketRules,
     SubnetRules,
     parse_listen,
     parse_option_prefix,
+    parse_ports,
     read_rule_file,
+    split_scope,
 )
-from alfwrapper.subnet_table import build_subnet_table
 
-USAGE = "alfwrapper [OPTIONS] -- COMMAND [ARG...]\n       alfwrapper doctor"
+USAGE = (
+    "alfwrapper [OPTIONS] -- COMMAND [ARG...]\n       alfwrapper doctor\n"
+    "       alfwrapper knock HOST PORT (--sequence P,P,P | --secret FILE)"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,8 +106,9 @@ def _parser() -> _Parser:
     p = _Parser(
         prog="alfwrapper",
         usage=USAGE,
-        description="Attach an eBPF source-subnet filter to a service's listening "
-        "sockets, then exec the service with them (sd_listen_fds).",
+        description="Attach eBPF filters to a service's listening sockets, then exec "
+        "the service with them (sd_listen_fds).  Rule options take NAME=VALUE to apply "
+        "to the sockets named NAME only.",
     )
     p.add_argument("--version", action="version", version=f"alfwrapper {__version__}")
     p.add_argument(
@@ -120,33 +139,208 @@ def _parser() -> _Parser:
         metavar="NAME",
         help="name the socket created by the previous --listen* (LISTEN_FDNAMES)",
     )
-    r = p.add_argument_group("source-subnet rules (deny wins; no allow rules = allow all)")
-    r.add_argument(
+    r = p.add_argument_group("rules ([NAME=]VALUE; a packet must pass every kind given)")
+    add = r.add_argument
+    add(
         "--allow", action="append", default=[], metavar="CIDR", help="pass packets from this subnet"
     )
-    r.add_argument(
-        "--deny", action="append", default=[], metavar="CIDR", help="drop packets from this subnet"
+    add(
+        "--deny",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="drop packets from this subnet (deny wins)",
     )
-    r.add_argument(
+    add(
         "--allow-file",
         action="append",
         default=[],
         metavar="FILE",
         help="--allow for each CIDR in FILE (one per line, # comments)",
     )
-    r.add_argument(
+    add(
         "--deny-file",
         action="append",
         default=[],
         metavar="FILE",
         help="--deny for each CIDR in FILE",
     )
+    add(
+        "--interface",
+        action="append",
+        default=[],
+        metavar="IFNAME",
+        help="pass only packets that arrived on this interface (follows the name)",
+    )
+    add(
+        "--knock",
+        action="append",
+        default=[],
+        metavar="PORT,PORT,...",
+        help="port knocking: the source ports of the knock sequence",
+    )
+    add(
+        "--knock-secret",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="port knocking with sequences derived from this secret and the time",
+    )
+    add(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="FILE.c",
+        help="a developer's filter: restricted C with an entry `int filter(struct __sk_buff *)`",
+    )
+    add(
+        "--set",
+        action="append",
+        default=[],
+        nargs=3,
+        metavar=("MAP", "KEY", "VALUE"),
+        help="put KEY -> VALUE in the --filter's map MAP before attaching",
+    )
+    k = p.add_argument_group("knock settings (for every knock rule)")
+    k.add_argument(
+        "--knock-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="most time between two knocks (default 5)",
+    )
+    k.add_argument(
+        "--knock-open-for",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a completed knock admits new connections (default 30)",
+    )
+    k.add_argument(
+        "--knock-window",
+        type=int,
+        default=30,
+        metavar="SECONDS",
+        help="how long each secret-derived sequence is valid (default 30)",
+    )
+    k.add_argument(
+        "--knock-steps",
+        type=int,
+        default=3,
+        metavar="N",
+        help="length of secret-derived sequences, 1 to 8 (default 3)",
+    )
+    k.add_argument(
+        "--knock-sources",
+        type=int,
+        default=131072,
+        metavar="N",
+        help="knock states kept, least recently used evicted (default 131072)",
+    )
     p.add_argument(
         "--print-filter",
         action="store_true",
-        help="print the filter's C source as compiled, and exit",
+        help="print each program's C source as compiled, and exit",
     )
     return p
+
+
+def _knock_settings(args: argparse.Namespace) -> KnockRules:
+    checks = (
+        (0 < args.knock_timeout <= 3600, "--knock-timeout", "between 0 and 3600 seconds"),
+        (0 < args.knock_open_for <= 86400, "--knock-open-for", "between 0 and 86400 seconds"),
+        (5 <= args.knock_window <= 3600, "--knock-window", "between 5 and 3600 seconds"),
+        (1 <= args.knock_steps <= 8, "--knock-steps", "between 1 and 8"),
+        (1024 <= args.knock_sources <= 1 << 24, "--knock-sources", "between 1024 and 16777216"),
+    )
+    for ok, option, hint in checks:
+        if not ok:
+            raise AlfError(option, "out of range", f"give a value {hint}", EX_USAGE)
+    return KnockRules(
+        timeout=args.knock_timeout,
+        open_for=args.knock_open_for,
+        window=args.knock_window,
+        steps=args.knock_steps,
+        sources=args.knock_sources,
+    )
+
+
+def _scoped_rules(args: argparse.Namespace) -> tuple[tuple[str | None, SocketRules], ...]:
+    """Turn the rule options into (scope, rules) pairs, one per scope."""
+    found: dict[str | None, dict[str, list[Any]]] = {}
+
+    def put(option: str, texts: list[str]) -> None:
+        for text in texts:
+            scope, value = split_scope(text)
+            found.setdefault(scope, {}).setdefault(option, []).append(value)
+
+    for option in (
+        "allow",
+        "deny",
+        "allow_file",
+        "deny_file",
+        "interface",
+        "knock",
+        "knock_secret",
+        "filter",
+    ):
+        put(option, getattr(args, option))
+    for map_name, key, value in args.set:
+        scope, name = split_scope(map_name)
+        found.setdefault(scope, {}).setdefault("set", []).append(MapSetting(name, key, value))
+
+    settings = _knock_settings(args)
+    out = []
+    for scope, opts in found.items():
+        where = f" for {scope}" if scope else ""
+        allow = [parse_option_prefix("--allow", c) for c in opts.get("allow", [])]
+        deny = [parse_option_prefix("--deny", c) for c in opts.get("deny", [])]
+        for path in opts.get("allow_file", []):
+            allow += read_rule_file(path)
+        for path in opts.get("deny_file", []):
+            deny += read_rule_file(path)
+        knocks, secrets = opts.get("knock", []), opts.get("knock_secret", [])
+        if len(knocks) + len(secrets) > 1:
+            raise AlfError(
+                "--knock",
+                f"more than one knock rule{where}",
+                "give one --knock or --knock-secret per socket",
+                EX_USAGE,
+            )
+        knock = None
+        if knocks:
+            try:
+                ports = parse_ports(knocks[0])
+            except ValueError as err:
+                raise AlfError(
+                    "--knock", str(err), "give source ports in knock order", EX_USAGE
+                ) from None
+            knock = replace(settings, ports=ports)
+        elif secrets:
+            knock = replace(settings, secret=knocking.read_secret(secrets[0]))
+        filters = opts.get("filter", [])
+        if len(filters) > 1:
+            raise AlfError(
+                "--filter",
+                f"more than one filter{where}",
+                "compose the logic in one C file",
+                EX_USAGE,
+            )
+        sets = tuple(opts.get("set", []))
+        custom = CustomFilter(filters[0] if filters else "", sets) if filters or sets else None
+        interfaces = tuple(opts.get("interface", []))
+        for name in interfaces:
+            if not name or len(name) > 15 or "/" in name or name.isspace():
+                raise AlfError(
+                    "--interface",
+                    f"{name!r} is not an interface name",
+                    "give a name such as eth0 or wg0",
+                    EX_USAGE,
+                )
+        out.append(
+            (scope, SocketRules(SubnetRules(tuple(allow), tuple(deny)), interfaces, knock, custom))
+        )
+    return tuple(out)
 
 
 def parse_config(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
@@ -158,26 +352,42 @@ def parse_config(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
     else:
         options, command = argv, []
     args = _parser().parse_args(options)
-    allow: list[Prefix] = [parse_option_prefix("--allow", c) for c in args.allow]
-    deny: list[Prefix] = [parse_option_prefix("--deny", c) for c in args.deny]
-    for path in args.allow_file:
-        allow += read_rule_file(path)
-    for path in args.deny_file:
-        deny += read_rule_file(path)
-    config = Config(
-        listens=tuple(args.listens),
-        subnets=SubnetRules(allow=tuple(allow), deny=tuple(deny)),
-        command=tuple(command),
-    )
+    config = Config(listens=tuple(args.listens), rules=_scoped_rules(args), command=tuple(command))
     return config, args
 
 
+def _check_sets_have_filter(config: Config, names: Sequence[str]) -> None:
+    for scope, rules in config.rules:
+        if rules.custom and rules.custom.sets and not rules.custom.path:
+            targets = [scope] if scope else (names or [""])
+            for name in targets:
+                if config.rules_for(name).custom is None:
+                    raise AlfError(
+                        "--set",
+                        f"no --filter for {'socket ' + name if name else 'it'}",
+                        "--set fills the maps of a --filter",
+                        EX_USAGE,
+                    )
+
+
+def print_programs(config: Config) -> int:
+    _check_sets_have_filter(config, sorted(config.scopes))
+    targets: list[str | None] = [None, *sorted(config.scopes)]
+    for scope in targets:
+        rules = config.rules_for(scope or "")
+        header = f"sockets named {scope}" if scope else "every socket"
+        if rules.empty:
+            sys.stdout.write(f"/* {header}: no rules, no filter */\n")
+            continue
+        sys.stdout.write(f"/* ===== {header} ===== */\n")
+        sys.stdout.write(program.render(program.plan_program(rules)))
+    return 0
+
+
 def run_wrapper(config: Config, print_filter: bool) -> int:
-    """Sockets in, filter on, exec.  Returns only on --print-filter."""
-    table = build_subnet_table(config.subnets)
+    """Sockets in, filters on, exec.  Returns only on --print-filter."""
     if print_filter:
-        sys.stdout.write(compiler.render(compiler.subnet_source(table)))
-        return 0
+        return print_programs(config)
     if not config.command:
         raise AlfError("usage", "no COMMAND given", "put the program to run after --", EX_USAGE)
     if shutil.which(config.command[0]) is None:
@@ -196,25 +406,102 @@ def run_wrapper(config: Config, print_filter: bool) -> int:
             "add --listen [::]:PORT, or start from a socket unit",
             EX_USAGE,
         )
-    loaded = compiler.load_subnet_filter(table)
     all_sockets: list[socket.socket] = [s for s, _ in inherited] + [s for s, _ in created]
-    for sock in all_sockets:
-        attach.attach_filter(sock, loaded.fd)
+    names = [n for _, n in inherited] + [spec.name for _, spec in created]
+    unknown = config.scopes - set(names)
+    if unknown:
+        raise AlfError(
+            f"rules for {sorted(unknown)[0]}",
+            "no socket has that name",
+            f"socket names: {', '.join(sorted(set(names)))}; name created "
+            "sockets with --name, inherited ones with FileDescriptorName=",
+            EX_USAGE,
+        )
+    _check_sets_have_filter(config, names)
+    plans: dict[SocketRules, program.ProgramPlan] = {}
+    for name in names:
+        rules = config.rules_for(name)
+        if not rules.empty and rules not in plans:
+            plans[rules] = program.plan_program(rules)
+    wanted = sorted({i for plan in plans.values() for i in plan.rules.interfaces})
+    indexes = interfaces.resolve(wanted) if wanted else {}
+    links = interfaces.link_names if wanted else dict
+
+    def ifindex_of(text: str) -> int | None:
+        return links().get(text)
+
+    loaded = {
+        rules: compiler.load_program(plan, {indexes[n]: n for n in rules.interfaces}, ifindex_of)
+        for rules, plan in plans.items()
+    }
+    unfiltered = []
+    for sock, name in zip(all_sockets, names, strict=True):
+        rules = config.rules_for(name)
+        if rules.empty:
+            unfiltered.append((sock, name))
+        else:
+            attach.attach_filter(sock, loaded[rules].fd)
     for sock, spec in created:
         sockets.bind_socket(sock, spec)
-    names = [n for _, n in inherited] + [spec.name for _, spec in created]
+    for sock, name in unfiltered:
+        print(
+            f"alfwrapper: note: {attach.describe(sock)} named {name!r} has no rules and is "
+            "not filtered",
+            file=sys.stderr,
+        )
+    following = [lf for lf in loaded.values() if lf.plan.rules.interfaces]
+    if following:
+
+        def update(state: dict[int, str]) -> None:
+            for lf in following:
+                compiler.set_interfaces(
+                    lf.bpf, {i: n for i, n in state.items() if n in lf.plan.rules.interfaces}
+                )
+
+        interfaces.start_watcher(
+            wanted, update, [lf.bpf[b"iface_allowed"].map_fd for lf in following]
+        )
     activation.exec_with_sockets(all_sockets, names, config.command, os.environ)
+
+
+def knock_main(argv: Sequence[str]) -> int:
+    p = _Parser(
+        prog="alfwrapper knock",
+        usage="alfwrapper knock HOST PORT (--sequence P,P,P | --secret FILE) [--udp]",
+    )
+    p.add_argument("host")
+    p.add_argument("port", type=int)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--sequence", metavar="P,P,P")
+    which.add_argument("--secret", metavar="FILE")
+    p.add_argument("--steps", type=int, default=3, help="secret sequences' length (default 3)")
+    p.add_argument("--window", type=int, default=30, help="secret window seconds (default 30)")
+    p.add_argument("--udp", action="store_true", help="knock with UDP datagrams")
+    args = p.parse_args(argv)
+    if args.sequence:
+        try:
+            ports = parse_ports(args.sequence)
+        except ValueError as err:
+            raise AlfError(
+                "--sequence", str(err), "give source ports in knock order", EX_USAGE
+            ) from None
+    else:
+        secret = knocking.read_secret(args.secret)
+        ports = knocking.secret_ports(secret, knocking.utc_window(args.window), args.steps)
+    knocking.send_knocks(args.host, args.port, ports, udp=args.udp)
+    print(f"knocked on {args.host} port {args.port} from ports {','.join(map(str, ports))}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    verbose = (
-        "-v" in argv[: argv.index("--") if "--" in argv else len(argv)]
-        or "--verbose" in argv[: argv.index("--") if "--" in argv else len(argv)]
-    )
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    verbose = "-v" in options or "--verbose" in options
     try:
         if argv[:1] == ["doctor"]:
             return doctor.main(argv[1:])
+        if argv[:1] == ["knock"]:
+            return knock_main(argv[1:])
         config, args = parse_config(argv)
         return run_wrapper(config, args.print_filter)
     except AlfError as err:

@@ -1,8 +1,8 @@
-"""Build filter programs: pick the template, compile it with BCC, load it, fill its maps.
+"""Compile a planned program with BCC, load it, and fill its maps.
 
-The source and cflags are a pure function of the rules (``subnet_source``), so
-the same rules always give the same program; loading is where the kernel and
-its privileges come in (``load_subnet_filter``).
+The plan (program.py) is a pure function of the rules; this is where the
+kernel and its privileges come in, and where BCC's errors become messages a
+user can act on.
 """
 
 from __future__ import annotations
@@ -11,29 +11,17 @@ import ctypes
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from alfwrapper.errors import EX_DATAERR, EX_NOPERM, EX_OSERR, EX_SOFTWARE, AlfError
+from alfwrapper import knocking, map_values
+from alfwrapper.errors import EX_DATAERR, EX_NOPERM, EX_OSERR, EX_SOFTWARE, EX_USAGE, AlfError
+from alfwrapper.knocking import KnockPlan
+from alfwrapper.program import ENTRY, RESERVED_PREFIXES, ProgramPlan, plan_program
+from alfwrapper.rules import KnockRules, SocketRules
 from alfwrapper.subnet_table import ROOT_ENTRIES, SubnetTable, encode_nodes
-
-FILTER_DIR = Path(__file__).resolve().parent / "filters"
-ENTRY = "filter"
-
-
-@dataclass(frozen=True)
-class FilterSource:
-    """A filter's C file and the -D macros it is compiled with."""
-
-    path: Path
-    defines: tuple[tuple[str, str], ...]
-
-    @property
-    def cflags(self) -> list[str]:
-        return [f"-I{FILTER_DIR}"] + [f"-D{name}={value}" for name, value in self.defines]
 
 
 @dataclass
@@ -42,38 +30,7 @@ class LoadedFilter:
 
     bpf: Any
     fd: int
-
-
-def subnet_source(table: SubnetTable) -> FilterSource:
-    def steps(levels: tuple[int, ...]) -> str:
-        return " ".join(f"SUBNET_STEP({n})" for n in levels)
-
-    return FilterSource(
-        path=FILTER_DIR / "subnets.c",
-        defines=(
-            ("SUBNET_NODES", str(max(1, len(table.nodes)))),
-            ("V4_STEPS", steps(table.levels[4])),
-            ("V6_STEPS", steps(table.levels[6])),
-        ),
-    )
-
-
-def render(source: FilterSource) -> str:
-    """The final C, as BCC compiles it: macros first, local includes inlined."""
-    lines = [f"/* alfwrapper: {source.path.name}, compiled by BCC with these macros */"]
-    lines += [f"#define {name} {value}" for name, value in source.defines]
-
-    def inline(path: Path) -> list[str]:
-        out = []
-        for line in path.read_text().splitlines():
-            match = re.match(r'#include "([^"]+)"', line)
-            if match:
-                out += inline(path.parent / match.group(1))
-            else:
-                out.append(line)
-        return out
-
-    return "\n".join(lines + inline(source.path)) + "\n"
+    plan: ProgramPlan
 
 
 @contextmanager
@@ -115,47 +72,67 @@ def _import_bcc() -> Any:
     return bcc
 
 
-def _first_error(log: str, path: Path) -> str:
-    """The compiler's first error as FILE:LINE:COL: message (BCC calls the file main.c)."""
+def _first_error(log: str) -> str:
+    """The compiler's first error, as FILE:LINE:COL: message."""
     for line in log.splitlines():
         if "error:" in line:
-            return re.sub(r"^/virtual/main\.c", str(path), line.strip())
+            return line.strip()
     return ""
 
 
+_SOURCE_NOTE = re.compile(r"^; (?P<code>.*\S) @ (?P<where>\S+:\d+)$")
+
+
 def _verifier_reason(log: str) -> str:
-    """The verifier's own complaint: the last log line that is not its statistics."""
-    for raw in reversed(log.splitlines()):
-        line = raw.strip()
-        if line and not line.startswith(("processed ", "verification time", "stack depth")):
-            return line
-    return "no verifier log"
+    """The lines of the verifier log that matter: its complaint, and where.
+
+    The complaint is the last line that is not statistics; "where" is the
+    last source annotation before it that shows real code (BCC annotates
+    instructions with "; code @ file:line", and #line markers make the file
+    the part's own).
+    """
+    lines = [raw.strip() for raw in log.splitlines()]
+    complaint, at = "no verifier log", len(lines)
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i] and not lines[i].startswith(("processed ", "verification time", "stack depth")):
+            complaint, at = lines[i], i
+            break
+    for line in reversed(lines[:at]):
+        match = _SOURCE_NOTE.match(line)
+        if match and match.group("code") not in ("}", "{"):
+            return f"{complaint}, near {match.group('where')}: {match.group('code')}"
+    return complaint
 
 
-def compile_and_load(source: FilterSource) -> LoadedFilter:
-    """Compile with BCC and load the entry function as a socket filter."""
+def _what(plan: ProgramPlan) -> str:
+    if plan.rules.custom:
+        return f"the filter {plan.rules.custom.path}"
+    return "the filter"
+
+
+def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
+    """Compile the plan's C with BCC and load its entry function as a socket filter."""
     bcc = _import_bcc()
     log: list[str] = []
+    what = _what(plan)
     try:
         with _stderr_to(log):
-            bpf = bcc.BPF(src_file=str(source.path).encode(), cflags=source.cflags)
+            bpf = bcc.BPF(text=plan.text.encode(), cflags=plan.cflags)
     except Exception as err:  # BCC raises bare Exception
-        text = "".join(log)
+        text = "".join(log).replace("/virtual/main.c", "alfwrapper-composed.c")
         if "Unable to find kernel headers" in text or "kernel headers" in text.lower():
             raise AlfError(
-                f"compiling {source.path.name}",
+                f"compiling {what}",
                 "BCC found no kernel headers",
                 "run `alfwrapper doctor`, or `make setup` to lay out Debian's headers",
                 EX_SOFTWARE,
                 details=text,
             ) from None
         if any(p in text for p in _PERMISSION):
-            raise _permission_error(f"creating the maps of {source.path.name}", text) from None
-        text = text.replace("/virtual/main.c", str(source.path))
-        first = _first_error(text, source.path) or str(err)
+            raise _permission_error(f"creating the maps of {what}", text) from None
         raise AlfError(
-            f"compiling {source.path.name}",
-            first,
+            f"compiling {what}",
+            _first_error(text) or str(err),
             "run with -v for the compiler output",
             EX_DATAERR,
             details=text,
@@ -167,23 +144,20 @@ def compile_and_load(source: FilterSource) -> LoadedFilter:
         text = "".join(log)
         message = str(err)
         if any(p in message for p in _PERMISSION):
-            raise _permission_error(f"loading {source.path.name}", text) from None
-        if "Permission denied" in message:
+            raise _permission_error(f"loading {what}", text) from None
+        if "Permission denied" in message or "Invalid argument" in message:
             raise AlfError(
-                f"loading {source.path.name}",
-                f"the verifier rejected the program: {_verifier_reason(text)}",
-                "run with -v for the verifier log",
+                f"loading {what}",
+                f"the verifier rejected it: {_verifier_reason(text)}",
+                "bound every loop and access, check map lookups for NULL; -v shows the "
+                "verifier log",
                 EX_DATAERR,
                 details=text,
             ) from None
         raise AlfError(
-            f"loading {source.path.name}",
-            message,
-            "run with -v for details",
-            EX_OSERR,
-            details=text,
+            f"loading {what}", message, "run with -v for details", EX_OSERR, details=text
         ) from None
-    return LoadedFilter(bpf=bpf, fd=fn.fd)
+    return LoadedFilter(bpf=bpf, fd=fn.fd, plan=plan)
 
 
 def _update_batch(table: Any, keys: bytes, values: bytes, count: int, name: str) -> None:
@@ -201,15 +175,122 @@ def _update_batch(table: Any, keys: bytes, values: bytes, count: int, name: str)
         ) from None
 
 
-def load_subnet_filter(table: SubnetTable) -> LoadedFilter:
-    """Compile, load and fill the subnet filter for this table."""
-    loaded = compile_and_load(subnet_source(table))
-    roots = (ctypes.c_uint32 * ROOT_ENTRIES)(*table.roots)
-    indexes = (ctypes.c_uint32 * ROOT_ENTRIES)(*range(ROOT_ENTRIES))
+def _u32s(values: Sequence[int]) -> bytes:
+    return bytes((ctypes.c_uint32 * len(values))(*values))
+
+
+def fill_subnets(bpf: Any, table: SubnetTable) -> None:
     _update_batch(
-        loaded.bpf[b"subnet_roots"], bytes(indexes), bytes(roots), ROOT_ENTRIES, "subnet_roots"
+        bpf[b"subnet_roots"],
+        _u32s(range(ROOT_ENTRIES)),
+        _u32s(table.roots),
+        ROOT_ENTRIES,
+        "subnet_roots",
     )
     if table.nodes:
         keys, values = encode_nodes(table)
-        _update_batch(loaded.bpf[b"subnet_nodes"], keys, values, len(table.nodes), "subnet_nodes")
+        _update_batch(bpf[b"subnet_nodes"], keys, values, len(table.nodes), "subnet_nodes")
+
+
+def set_interfaces(bpf: Any, allowed: dict[int, str]) -> None:
+    """Make iface_allowed hold exactly these indexes (new ones first, then removals)."""
+    table = bpf[b"iface_allowed"]
+    for index in allowed:
+        table[table.Key(index)] = table.Leaf(1)
+    for key in [k.value for k in table.keys()]:
+        if key not in allowed:
+            del table[table.Key(key)]
+
+
+def fill_knock(bpf: Any, plan: KnockPlan, rules: KnockRules) -> None:
+    config = bpf[b"knock_config"]
+    leaf = config.Leaf()
+    leaf.step_timeout_ns = int(rules.timeout * 1e9)
+    leaf.open_ns = int(rules.open_for * 1e9)
+    leaf.window_ns = rules.window * 1_000_000_000
+    leaf.tai_to_utc_ns = knocking.tai_to_utc_ns()
+    leaf.first_window = plan.first_window
+    leaf.steps = plan.steps
+    leaf.rows = plan.rows
+    config[config.Key(0)] = leaf
+    ports = [0] * (plan.rows * knocking.MAX_STEPS)
+    for row, sequence in enumerate(plan.ports):
+        ports[row * knocking.MAX_STEPS : row * knocking.MAX_STEPS + len(sequence)] = sequence
+    _update_batch(
+        bpf[b"knock_ports"], _u32s(range(len(ports))), _u32s(ports), len(ports), "knock_ports"
+    )
+
+
+_MAP_DECL = re.compile(r"\bBPF_(?:TABLE\(\s*\"\w+\"\s*,[^,]+,[^,]+,\s*(\w+)|[A-Z_]+\(\s*(\w+))")
+
+
+def map_names(path: str) -> list[str]:
+    """The maps a filter file declares, for error messages."""
+    try:
+        text = open(path, encoding="utf-8").read()  # noqa: PTH123
+    except OSError:
+        return []
+    return [a or b for a, b in _MAP_DECL.findall(text)]
+
+
+def apply_settings(bpf: Any, plan: ProgramPlan, ifindex_of: map_values.IfindexOf) -> None:
+    """--set: each entry parsed by its map's own key and value types."""
+    custom = plan.rules.custom
+    if custom is None:
+        return
+    for setting in custom.sets:
+        where = f"--set {setting.map}"
+        table = None
+        if not setting.map.startswith(RESERVED_PREFIXES):
+            try:
+                table = bpf[setting.map.encode()]
+            except KeyError:
+                pass
+        if table is None:
+            known = ", ".join(map_names(custom.path)) or "none"
+            raise AlfError(
+                where, f"{custom.path} has no map {setting.map!r}", f"its maps: {known}", EX_USAGE
+            )
+        parsed = []
+        for part, ctype, text in (
+            ("key", table.Key, setting.key),
+            ("value", table.Leaf, setting.value),
+        ):
+            try:
+                parsed.append(ctype.from_buffer_copy(map_values.encode(ctype, text, ifindex_of)))
+            except ValueError as err:
+                raise AlfError(
+                    where,
+                    f"{part} {text!r} does not fit {map_values.type_name(ctype)}: {err}",
+                    "write the fields comma-separated, in order",
+                    EX_USAGE,
+                ) from None
+        try:
+            table[parsed[0]] = parsed[1]
+        except Exception as err:
+            raise AlfError(
+                where,
+                f"the kernel refused the entry: {err}",
+                "is the map full, or an array index out of range?",
+                EX_USAGE,
+            ) from None
+
+
+def load_program(
+    plan: ProgramPlan, interfaces: dict[int, str], ifindex_of: map_values.IfindexOf
+) -> LoadedFilter:
+    """Compile, load and fill every map of the plan."""
+    loaded = compile_and_load(plan)
+    if plan.subnets is not None:
+        fill_subnets(loaded.bpf, plan.subnets)
+    if plan.rules.interfaces:
+        set_interfaces(loaded.bpf, interfaces)
+    if plan.knock is not None and plan.rules.knock is not None:
+        fill_knock(loaded.bpf, plan.knock, plan.rules.knock)
+    apply_settings(loaded.bpf, plan, ifindex_of)
     return loaded
+
+
+def load_rules(rules: SocketRules) -> LoadedFilter:
+    """Plan, compile, load and fill a program for rules that name no interface."""
+    return load_program(plan_program(rules), {}, lambda _name: None)

@@ -62,12 +62,112 @@ class ListenSpec:
 
 
 @dataclass(frozen=True)
+class KnockRules:
+    """Port knocking: a static sequence of source ports, or one derived from a secret."""
+
+    ports: tuple[int, ...] = ()
+    secret: bytes = b""
+    steps: int = 3  # length of secret-derived sequences
+    timeout: float = 5.0  # seconds allowed between two knocks
+    open_for: float = 30.0  # seconds a completed knock admits new connections
+    window: int = 30  # seconds each secret-derived sequence is valid for
+    sources: int = 131072  # knock states kept, least recently used evicted
+
+
+@dataclass(frozen=True)
+class MapSetting:
+    """``--set MAP KEY VALUE``: one entry to put in a custom filter's map."""
+
+    map: str
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class CustomFilter:
+    """``--filter FILE.c``: a developer's filter, with its map settings."""
+
+    path: str
+    sets: tuple[MapSetting, ...] = ()
+
+
+@dataclass(frozen=True)
+class SocketRules:
+    """Everything that applies to one socket; a packet must pass every part."""
+
+    subnets: SubnetRules = field(default_factory=SubnetRules)
+    interfaces: tuple[str, ...] = ()
+    knock: KnockRules | None = None
+    custom: CustomFilter | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.subnets.allow or self.subnets.deny or self.interfaces or self.knock or self.custom
+        )
+
+
+@dataclass(frozen=True)
 class Config:
-    """Everything the wrapper needs, parsed and checked."""
+    """Everything the wrapper needs, parsed and checked.
+
+    ``rules`` holds rules for every socket (scope None) and for named sockets
+    (scope = the socket's name, from ``NAME=VALUE`` on the command line).
+    """
 
     listens: tuple[ListenSpec, ...] = ()
-    subnets: SubnetRules = field(default_factory=SubnetRules)
+    rules: tuple[tuple[str | None, SocketRules], ...] = ()
     command: tuple[str, ...] = ()
+
+    @property
+    def scopes(self) -> set[str]:
+        return {scope for scope, _ in self.rules if scope is not None}
+
+    def rules_for(self, name: str) -> SocketRules:
+        """The rules of a socket: those for all sockets plus those for its name.
+
+        Lists add up; a knock sequence or custom filter for the name replaces
+        the one for all sockets; map settings add up.
+        """
+        chosen = [r for scope, r in self.rules if scope is None]
+        chosen += [r for scope, r in self.rules if scope == name]
+        knock = path = None
+        allow: tuple[Prefix, ...] = ()
+        deny: tuple[Prefix, ...] = ()
+        interfaces: tuple[str, ...] = ()
+        sets: tuple[MapSetting, ...] = ()
+        for r in chosen:
+            allow += r.subnets.allow
+            deny += r.subnets.deny
+            interfaces += r.interfaces
+            knock = r.knock or knock
+            if r.custom:
+                path = r.custom.path or path
+                sets += r.custom.sets
+        return SocketRules(
+            subnets=SubnetRules(allow=allow, deny=deny),
+            interfaces=tuple(dict.fromkeys(interfaces)),
+            knock=knock,
+            custom=CustomFilter(path, sets) if path else None,
+        )
+
+
+def split_scope(text: str) -> tuple[str | None, str]:
+    """``NAME=VALUE`` applies to the sockets named NAME; a bare VALUE to every socket."""
+    name, sep, value = text.partition("=")
+    if sep and name and ":" not in name and "/" not in name:
+        return name, value
+    return None, text
+
+
+def parse_ports(text: str) -> tuple[int, ...]:
+    """``P,P,P``: a knock sequence of ports 1..65535, at most 8 long."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and p.isascii() and 0 < int(p) < 65536 for p in parts):
+        raise ValueError(f"{text!r} is not a list of ports 1-65535 such as 7000,8000,9000")
+    if not 1 <= len(parts) <= 8:
+        raise ValueError(f"{text!r} has {len(parts)} ports; give 1 to 8")
+    return tuple(int(p) for p in parts)
 
 
 _V4_MAPPED = 0xFFFF << 32

@@ -37,11 +37,10 @@ def bpf_problem() -> str:
         else:
             from alfwrapper import compiler
             from alfwrapper.errors import AlfError
-            from alfwrapper.rules import SubnetRules
-            from alfwrapper.subnet_table import build_subnet_table
+            from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
 
             try:
-                compiler.load_subnet_filter(build_subnet_table(SubnetRules()))
+                compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("::/0"),))))
                 _bpf_problem.append("")
             except AlfError as err:
                 _bpf_problem.append(f"needs BPF: {err.line()}")

@@ -13,6 +13,7 @@
 
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
+#include <uapi/linux/in.h>
 
 #define ALF_DROP 0
 #define ALF_PASS (-1)

@@ -20,8 +20,11 @@
  *   V4_STEPS      SUBNET_STEP(n) for each IPv4 hash level, n = bytes of prefix
  *   V6_STEPS      the same for IPv6
  *
- * Returns ALF_PASS or ALF_DROP (common.h).
+ * Alone, the entry point `filter` returns ALF_PASS or ALF_DROP (common.h).
+ * Composed (ALF_PART defined), alfwrapper calls subnets_pass() instead.
  */
+#ifndef ALF_SUBNETS_C
+#define ALF_SUBNETS_C
 #include "common.h"
 
 #ifndef SUBNET_NODES
@@ -81,6 +84,7 @@ static __always_inline int subnets_pass(int family, const u8 addr[16])
     return node & SUBNET_PASS;
 }
 
+#ifndef ALF_PART /* alone, not composed with other parts by alfwrapper */
 int filter(struct __sk_buff *skb)
 {
     u8 addr[16] = {};
@@ -89,3 +93,5 @@ int filter(struct __sk_buff *skb)
         return ALF_DROP;
     return subnets_pass(family, addr) ? ALF_PASS : ALF_DROP;
 }
+#endif
+#endif /* ALF_SUBNETS_C */

@@ -40,6 +40,8 @@ class Host:
     v6: str = ""
     server_v4: str = ""  # the server's address on this host's link
     server_v6: str = ""
+    server_if: str = ""  # the server's end of this host's link
+    link: str = ""  # this host's end
 
     def command(self, argv: Sequence[str]) -> list[str]:
         if not self.netns:  # the host itself
@@ -67,36 +69,71 @@ class Network:
     names: list[str] = field(default_factory=list)
 
 
+def link_hosts(
+    server: Host,
+    client: Host,
+    srv_if: str,
+    cli_if: str,
+    net4: str,
+    net6: str,
+    index: int | None = None,
+) -> None:
+    """A veth pair between two hosts, .1/::1 on the server's end, .2/::2 on the client's.
+
+    ``index`` forces the server end's interface index (to test index reuse).
+    """
+    extra = ["index", str(index)] if index else []
+    ip(
+        "link",
+        "add",
+        srv_if,
+        *extra,
+        "netns",
+        server.netns,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        cli_if,
+        "netns",
+        client.netns,
+    )
+    for ns, ifname, host_part in ((server.netns, srv_if, 1), (client.netns, cli_if, 2)):
+        ip("-n", ns, "addr", "add", f"{net4}.{host_part}/24", "dev", ifname)
+        ip("-n", ns, "addr", "add", f"{net6}::{host_part}/64", "dev", ifname, "nodad")
+        ip("-n", ns, "link", "set", ifname, "up")
+    client.v4, client.v6 = f"{net4}.2", f"{net6}::2"
+    client.server_v4, client.server_v6 = f"{net4}.1", f"{net6}::1"
+    client.server_if, client.link = srv_if, cli_if
+
+
 def make_network() -> Network:
     tag = f"alf{os.getpid() % 10000}x{next(_counter)}"
     server, allowed, denied = (Host(f"{tag}{role}") for role in "sab")
     for host in (server, allowed, denied):
         ip("netns", "add", host.netns)
         ip("-n", host.netns, "link", "set", "lo", "up")
-    links = ((allowed, "a", "192.0.2", "2001:db8:a"), (denied, "b", "198.51.100", "2001:db8:b"))
-    for client, side, net4, net6 in links:
-        srv_if, cli_if = f"{tag}{side}0", f"{tag}{side}1"
-        ip(
-            "link",
-            "add",
-            srv_if,
-            "netns",
-            server.netns,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            cli_if,
-            "netns",
-            client.netns,
-        )
-        for ns, ifname, host_part in ((server.netns, srv_if, 1), (client.netns, cli_if, 2)):
-            ip("-n", ns, "addr", "add", f"{net4}.{host_part}/24", "dev", ifname)
-            ip("-n", ns, "addr", "add", f"{net6}::{host_part}/64", "dev", ifname, "nodad")
-            ip("-n", ns, "link", "set", ifname, "up")
-        client.v4, client.v6 = f"{net4}.2", f"{net6}::2"
-        client.server_v4, client.server_v6 = f"{net4}.1", f"{net6}::1"
+    link_hosts(server, allowed, f"{tag}a0", f"{tag}a1", "192.0.2", "2001:db8:a")
+    link_hosts(server, denied, f"{tag}b0", f"{tag}b1", "198.51.100", "2001:db8:b")
     return Network(server, allowed, denied, [server.netns, allowed.netns, denied.netns])
+
+
+def link_line(host: Host, name: str) -> str:
+    """`ip -o link show` of one interface: "INDEX: NAME: ... link/ether MAC ..."."""
+    return subprocess.run(
+        ["ip", "-n", host.netns, "-o", "link", "show", "dev", name],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def ifindex(host: Host, name: str) -> int:
+    return int(link_line(host, name).split(":", 1)[0])
+
+
+def mac(host: Host, name: str) -> str:
+    return link_line(host, name).split("link/ether ")[1].split()[0]
 
 
 class Service:
@@ -153,7 +190,8 @@ class Service:
                 self.proc.wait()
         for f in (self.log, self.errlog):
             f.close()
-            os.unlink(f.name)
+            if os.path.exists(f.name):
+                os.unlink(f.name)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,41 @@
+/* interfaces.c: ingress-interface allow-list.
+ *
+ * Passes a packet that arrived on one of the allowed interfaces and drops
+ * every other one.  Loopback is an interface like any other: traffic over
+ * `lo` passes only if `lo` is allowed.
+ *
+ *   iface_allowed  HASH u32 ifindex -> u32 (1), O(1) whatever its size.
+ *
+ * The wrapper fills it from interface names, and a small watcher process
+ * keeps it following those names: an interface that is deleted leaves the
+ * map at once, one re-created under the name enters it with its new index
+ * (interfaces.py).
+ *
+ * Macros: IFACE_SLOTS, max_entries of iface_allowed (default 4096).
+ * Alone, `filter` returns ALF_PASS or ALF_DROP; composed (ALF_PART defined),
+ * alfwrapper calls interfaces_pass().
+ */
+#ifndef ALF_INTERFACES_C
+#define ALF_INTERFACES_C
+#include "common.h"
+
+#ifndef IFACE_SLOTS
+#define IFACE_SLOTS 4096
+#endif
+
+BPF_HASH(iface_allowed, u32, u32, IFACE_SLOTS);
+
+/* Did the packet arrive on an allowed interface? */
+static __always_inline int interfaces_pass(struct __sk_buff *skb)
+{
+    u32 ifindex = skb->ingress_ifindex;
+    return iface_allowed.lookup(&ifindex) != NULL;
+}
+
+#ifndef ALF_PART
+int filter(struct __sk_buff *skb)
+{
+    return interfaces_pass(skb) ? ALF_PASS : ALF_DROP;
+}
+#endif
+#endif /* ALF_INTERFACES_C */

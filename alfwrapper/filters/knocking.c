@@ -1,0 +1,189 @@
+/* knocking.c: port knocking inside the socket filter, with no daemon.
+ *
+ * A knock is a new connection attempt (a TCP SYN, or any UDP datagram) to
+ * this socket, sent from a source port of the sequence, in order.  Knock
+ * packets are dropped.  Once source address S has sent the whole sequence,
+ * each step within step_timeout of the one before, S may open new
+ * connections for open_ns.  Packets of connections already admitted (TCP
+ * segments other than a SYN) always pass, so they outlive the window.
+ *
+ * A repeat of the port just knocked (a SYN retransmission) is ignored; any
+ * other wrong port resets S's progress.
+ *
+ * Static sequences use row 0 of knock_ports.  Secret-derived ones use one row
+ * per time window: window w = (TAI + tai_to_utc_ns) / window_ns, row w -
+ * first_window, and a knock may start in the row of w-1, w or w+1 (clock
+ * skew).  Each secret row opens the door once: knock_used marks it, so a
+ * sequence sniffed on the wire cannot be replayed.
+ *
+ * Maps:
+ *   knock_config  ARRAY[1] struct knock_config (timeouts, window, sizes)
+ *   knock_ports   ARRAY[KNOCK_ROWS * KNOCK_MAX_STEPS] u32 ports, row-major
+ *   knock_used    ARRAY[KNOCK_ROWS] u32, 1 once a secret row has opened
+ *   knock_state   LRU_HASH struct knock_key -> struct knock_state,
+ *                 KNOCK_SOURCES entries (a flood evicts the oldest)
+ *
+ * Macros: KNOCK_ROWS, KNOCK_SOURCES, KNOCK_SECRET (1 for secret rows).
+ * Alone, `filter` returns ALF_PASS or ALF_DROP; composed, alfwrapper calls
+ * knock_pass().  Needs CAP_BPF (LRU map, TAI clock).
+ */
+#ifndef ALF_KNOCKING_C
+#define ALF_KNOCKING_C
+#include "common.h"
+
+#define KNOCK_MAX_STEPS 8
+#ifndef KNOCK_ROWS
+#define KNOCK_ROWS 1
+#endif
+#ifndef KNOCK_SOURCES
+#define KNOCK_SOURCES 131072
+#endif
+#ifndef KNOCK_SECRET
+#define KNOCK_SECRET 0
+#endif
+
+struct knock_config {
+    u64 step_timeout_ns;
+    u64 open_ns;
+    u64 window_ns;
+    s64 tai_to_utc_ns;
+    u64 first_window;
+    u32 steps;
+    u32 rows;
+};
+
+struct knock_key {
+    u8 family;
+    u8 pad[3];
+    u8 addr[16];
+};
+
+struct knock_state {
+    u64 last_ns;       /* time of the last accepted knock */
+    u64 open_until_ns; /* new connections pass until then */
+    u32 step;          /* knocks accepted so far */
+    u32 row;           /* the row of knock_ports being followed */
+};
+
+BPF_ARRAY(knock_config, struct knock_config, 1);
+BPF_ARRAY(knock_ports, u32, KNOCK_ROWS * KNOCK_MAX_STEPS);
+BPF_ARRAY(knock_used, u32, KNOCK_ROWS);
+BPF_TABLE("lru_hash", struct knock_key, struct knock_state, knock_state, KNOCK_SOURCES);
+
+static __always_inline u32 knock_port(u32 row, u32 step)
+{
+    u32 index = row * KNOCK_MAX_STEPS + step;
+    u32 *port = knock_ports.lookup(&index);
+    return port ? *port : 0;
+}
+
+/* The row a first knock from sport starts, or -1. */
+static __always_inline s64 knock_first_row(struct knock_config *cfg, u32 sport)
+{
+#if KNOCK_SECRET
+    u64 utc = bpf_ktime_get_tai_ns() + cfg->tai_to_utc_ns;
+    u64 window = utc / cfg->window_ns;
+    if (window < cfg->first_window)
+        return -1;
+    s64 now_row = window - cfg->first_window;
+    #pragma unroll
+    for (int delta = 0; delta < 3; delta++) {
+        s64 row = now_row + (delta == 0 ? 0 : delta == 1 ? -1 : 1);
+        if (row >= 0 && row < cfg->rows && knock_port(row, 0) == sport)
+            return row;
+    }
+    return -1;
+#else
+    return knock_port(0, 0) == sport ? 0 : -1;
+#endif
+}
+
+/* Does port knocking let this packet from addr through?  Updates the state. */
+static __always_inline int knock_pass(struct __sk_buff *skb, int family, const u8 addr[16])
+{
+    u8 proto = 0;
+    if (family == 4)
+        bpf_skb_load_bytes_relative(skb, 9, &proto, 1, BPF_HDR_START_NET);
+    else
+        bpf_skb_load_bytes_relative(skb, 6, &proto, 1, BPF_HDR_START_NET);
+    /* A TCP or UDP socket's filter sees skb->data at the transport header. */
+    u8 l4[14] = {};
+    if (proto == IPPROTO_TCP) {
+        if (bpf_skb_load_bytes(skb, 0, l4, 14) < 0)
+            return 0;
+        if ((l4[13] & 0x12) != 0x02) /* not a SYN: an admitted connection */
+            return 1;
+    } else if (proto == IPPROTO_UDP) {
+        if (bpf_skb_load_bytes(skb, 0, l4, 2) < 0)
+            return 0;
+    } else {
+        return 0;
+    }
+    u32 sport = ((u32)l4[0] << 8) | l4[1];
+
+    u32 zero = 0;
+    struct knock_config *cfg = knock_config.lookup(&zero);
+    if (!cfg || cfg->steps == 0 || cfg->steps > KNOCK_MAX_STEPS)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    struct knock_key key = {};
+    key.family = family;
+    __builtin_memcpy(key.addr, addr, 16);
+    struct knock_state *old = knock_state.lookup(&key);
+    if (old && now < old->open_until_ns)
+        return 1;
+
+    struct knock_state st = {};
+    if (old)
+        st = *old;
+    if (st.step && now - st.last_ns > cfg->step_timeout_ns)
+        st.step = 0;
+    if (st.step && st.step < KNOCK_MAX_STEPS) {
+        if (sport == knock_port(st.row, st.step)) {
+            st.step++;
+            st.last_ns = now;
+        } else if (sport == knock_port(st.row, st.step - 1)) {
+            return 0; /* the same knock again: a retransmission */
+        } else {
+            st.step = 0;
+        }
+    }
+    if (st.step == 0) {
+        s64 row = knock_first_row(cfg, sport);
+        if (row < 0) {
+            if (old)
+                knock_state.update(&key, &st); /* a wrong knock resets progress */
+            return 0;
+        }
+        st.row = row;
+        st.step = 1;
+        st.last_ns = now;
+    }
+    if (st.step >= cfg->steps) {
+        st.step = 0;
+#if KNOCK_SECRET
+        u32 row = st.row;
+        u32 *used = knock_used.lookup(&row);
+        if (!used || *used) {
+            knock_state.update(&key, &st); /* a replayed sequence opens nothing */
+            return 0;
+        }
+        *used = 1;
+#endif
+        st.open_until_ns = now + cfg->open_ns;
+    }
+    knock_state.update(&key, &st);
+    return 0; /* knocks themselves are dropped */
+}
+
+#ifndef ALF_PART
+int filter(struct __sk_buff *skb)
+{
+    u8 addr[16] = {};
+    int family = alf_source_address(skb, addr);
+    if (!family)
+        return ALF_DROP;
+    return knock_pass(skb, family, addr) ? ALF_PASS : ALF_DROP;
+}
+#endif
+#endif /* ALF_KNOCKING_C */

@@ -1,0 +1,153 @@
+"""Turn ``--set MAP KEY VALUE`` text into a map's key and value, by the types BCC reports.
+
+The types are the ctypes classes BCC builds for a map (``table.Key`` and
+``table.Leaf``); this module only reads them, so it is tested without a
+kernel.  Accepted, per field type:
+
+- integers (any width): decimal or 0x hex; an interface name (its index);
+  an IPv4 address in a 32-bit field (stored in network byte order, as it
+  sits in the packet);
+- byte arrays of 4 or 16: an IPv4 or IPv6 address;
+- a struct: its fields, comma-separated, in order;
+- an LPM-trie key (a struct of a 32-bit prefix length then a byte array):
+  a CIDR such as 192.0.2.0/24.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from alfwrapper.rules import parse_prefix
+
+IfindexOf = Callable[[str], int | None]
+
+_INTEGERS = (
+    ctypes.c_byte,
+    ctypes.c_ubyte,
+    ctypes.c_short,
+    ctypes.c_ushort,
+    ctypes.c_int,
+    ctypes.c_uint,
+    ctypes.c_long,
+    ctypes.c_ulong,
+    ctypes.c_longlong,
+    ctypes.c_ulonglong,
+    ctypes.c_bool,
+    ctypes.c_char,
+)
+
+
+def type_name(ctype: Any) -> str:
+    """A C-like name for a ctypes type, for error messages."""
+    if issubclass(ctype, ctypes.Array):
+        return f"{type_name(ctype._type_)}[{ctype._length_}]"
+    if issubclass(ctype, ctypes.Structure):
+        fields = ", ".join(
+            f"{type_name(t)} {n}" for n, t, *_ in ctype._fields_ if not n.startswith("__pad")
+        )
+        return f"struct {{{fields}}}"
+    size = ctypes.sizeof(ctype)
+    signed = ctype in (
+        ctypes.c_byte,
+        ctypes.c_short,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_longlong,
+    )
+    return f"{'s' if signed else 'u'}{size * 8}"
+
+
+def _fields(ctype: Any) -> list[tuple[str, Any]]:
+    return [(f[0], f[1]) for f in ctype._fields_ if not f[0].startswith("__pad")]
+
+
+def _is_lpm_key(ctype: Any) -> bool:
+    fields = _fields(ctype)
+    return (
+        len(fields) == 2
+        and ctypes.sizeof(fields[0][1]) == 4
+        and issubclass(fields[0][1], _INTEGERS)
+        and issubclass(fields[1][1], ctypes.Array)
+        and ctypes.sizeof(fields[1][1]) in (4, 16)
+    )
+
+
+def _address(text: str, size: int) -> bytes | None:
+    af = socket.AF_INET if size == 4 else socket.AF_INET6
+    try:
+        return socket.inet_pton(af, text)
+    except OSError:
+        return None
+
+
+def _integer(ctype: Any, text: str, ifindex_of: IfindexOf) -> bytes:
+    size = ctypes.sizeof(ctype)
+    text = text.strip()
+    value: int | None = None
+    try:
+        value = int(text, 0)
+    except ValueError:
+        pass
+    if value is None and size == 4 and (raw := _address(text, 4)) is not None:
+        return raw  # network byte order, as in the packet
+    if value is None:
+        value = ifindex_of(text)
+    if value is None:
+        raise ValueError(
+            f"{text!r} is not a number, an interface name"
+            + (" or an IPv4 address" if size == 4 else "")
+        )
+    signed = type_name(ctype).startswith("s")
+    low, high = (
+        (-(1 << (size * 8 - 1)), (1 << (size * 8 - 1)) - 1)
+        if signed
+        else (0, (1 << (size * 8)) - 1)
+    )
+    if not low <= value <= high:
+        raise ValueError(f"{value} does not fit in {type_name(ctype)}")
+    return value.to_bytes(size, "little", signed=signed)
+
+
+def encode(ctype: Any, text: str, ifindex_of: IfindexOf) -> bytes:
+    """The bytes of a value of ``ctype`` written as ``text``; ValueError if it does not fit."""
+    if issubclass(ctype, ctypes.Structure):
+        if _is_lpm_key(ctype) and "/" in text:
+            prefix = parse_prefix(text)
+            size = ctypes.sizeof(_fields(ctype)[1][1])
+            if (prefix.family == 4) != (size == 4):
+                raise ValueError(f"{text!r} is not an IPv{4 if size == 4 else 6} CIDR")
+            out = bytearray(ctypes.sizeof(ctype))
+            out[0:4] = prefix.length.to_bytes(4, "little")
+            offset = getattr(ctype, _fields(ctype)[1][0]).offset
+            out[offset : offset + size] = prefix.value.to_bytes(size, "big")
+            return bytes(out)
+        fields = _fields(ctype)
+        parts = text.split(",")
+        if len(parts) != len(fields):
+            raise ValueError(
+                f"{text!r} has {len(parts)} comma-separated fields, "
+                f"{type_name(ctype)} has {len(fields)}"
+            )
+        out = bytearray(ctypes.sizeof(ctype))
+        for (name, ftype), part in zip(fields, parts, strict=True):
+            offset = getattr(ctype, name).offset
+            try:
+                raw = encode(ftype, part, ifindex_of)
+            except ValueError as err:
+                raise ValueError(f"field {name}: {err}") from None
+            out[offset : offset + len(raw)] = raw
+        return bytes(out)
+    if issubclass(ctype, ctypes.Array):
+        size = ctypes.sizeof(ctype)
+        if size in (4, 16) and ctypes.sizeof(ctype._type_) == 1:
+            address = _address(text.strip(), size)
+            if address is None:
+                raise ValueError(f"{text!r} is not an IPv{4 if size == 4 else 6} address")
+            return address
+        raise ValueError(f"cannot write {type_name(ctype)} from text")
+    if issubclass(ctype, _INTEGERS):
+        return _integer(ctype, text, ifindex_of)
+    raise ValueError(f"cannot write {type_name(ctype)} from text")

@@ -1,0 +1,153 @@
+"""Plan one socket's filter program: which parts, the C that composes them, and map contents.
+
+Pure: the same SocketRules always give the same C text and macros.  A packet
+passes only if every configured part passes it; parts not configured are not
+in the program at all, so they cost nothing per packet.  Order: interface
+(one lookup), subnets, knocking (it keeps state, so only sources the other
+rules allow can move it), then the developer's filter, whose return value is
+the program's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from alfwrapper import knocking
+from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, AlfError
+from alfwrapper.rules import SocketRules
+from alfwrapper.subnet_table import SubnetTable, build_subnet_table
+
+FILTER_DIR = Path(__file__).resolve().parent / "filters"
+ENTRY = "filter"
+USER_ENTRY = "alf_user_filter"
+RESERVED_PREFIXES = ("subnet_", "iface_", "knock_", "alf_")
+
+# The developer's entry point, as the docs tell them to write it.
+_ENTRY_RE = re.compile(
+    r"^(?P<lead>[ \t]*)int[ \t]+filter[ \t]*"
+    r"\((?P<args>[ \t]*struct[ \t]+__sk_buff[ \t]*\*[ \t]*\w+[ \t]*)\)",
+    re.M,
+)
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """What to compile, with which macros, and what to put in the maps."""
+
+    rules: SocketRules
+    text: str
+    defines: tuple[tuple[str, str], ...]
+    include_dirs: tuple[str, ...]
+    subnets: SubnetTable | None
+    knock: knocking.KnockPlan | None
+
+    @property
+    def cflags(self) -> list[str]:
+        return [f"-I{d}" for d in self.include_dirs] + [f"-D{n}={v}" for n, v in self.defines]
+
+
+def _custom_source(path_text: str) -> str:
+    path = Path(path_text)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AlfError(
+            f"--filter {path_text}", "no such file", "check the path", EX_NOINPUT
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise AlfError(
+            f"--filter {path_text}", str(err), "give a readable C file", EX_NOINPUT
+        ) from None
+    matches = list(_ENTRY_RE.finditer(text))
+    if len(matches) != 1:
+        line = text[: matches[1].start()].count("\n") + 1 if matches else 1
+        raise AlfError(
+            f"{path}:{line}",
+            "needs exactly one entry function `int filter(struct __sk_buff *skb)`"
+            if not matches
+            else "defines `filter` twice",
+            "see alfwrapper/filters/subnets.c for the shape",
+            EX_DATAERR,
+        )
+    m = matches[0]
+    # Same line, so the compiler's line numbers still match the file.
+    renamed = f"{m.group('lead')}static __always_inline int {USER_ENTRY}({m.group('args')})"
+    text = text[: m.start()] + renamed + text[m.end() :]
+    return f'#line 1 "{path.resolve()}"\n{text}\n'
+
+
+def plan_program(rules: SocketRules) -> ProgramPlan:
+    defines: list[tuple[str, str]] = []
+    parts = ["common.h"]
+    body: list[str] = []
+    uses_address = bool(rules.subnets.allow or rules.subnets.deny or rules.knock)
+    if rules.interfaces:
+        parts.append("interfaces.c")
+        defines.append(("IFACE_SLOTS", str(max(4096, len(rules.interfaces)))))
+        body.append("    if (!interfaces_pass(skb))\n        return ALF_DROP;")
+    if uses_address:
+        body.append("    if (!family)\n        return ALF_DROP;")
+    table = None
+    if rules.subnets.allow or rules.subnets.deny:
+        table = build_subnet_table(rules.subnets)
+        parts.append("subnets.c")
+
+        def steps(levels: tuple[int, ...]) -> str:
+            return " ".join(f"SUBNET_STEP({n})" for n in levels)
+
+        defines += [
+            ("SUBNET_NODES", str(max(1, len(table.nodes)))),
+            ("V4_STEPS", steps(table.levels[4])),
+            ("V6_STEPS", steps(table.levels[6])),
+        ]
+        body.append("    if (!subnets_pass(family, addr))\n        return ALF_DROP;")
+    knock = None
+    if rules.knock:
+        knock = knocking.plan_knock(rules.knock)
+        parts.append("knocking.c")
+        defines += [
+            ("KNOCK_ROWS", str(knock.rows)),
+            ("KNOCK_SOURCES", str(rules.knock.sources)),
+            ("KNOCK_SECRET", "1" if rules.knock.secret else "0"),
+        ]
+        body.append("    if (!knock_pass(skb, family, addr))\n        return ALF_DROP;")
+    include_dirs = [str(FILTER_DIR)]
+    custom = ""
+    if rules.custom:
+        custom = _custom_source(rules.custom.path)
+        include_dirs.append(str(Path(rules.custom.path).resolve().parent))
+        body.append(f"    return {USER_ENTRY}(skb);")
+    else:
+        body.append("    return ALF_PASS;")
+    # BCC rewrites map syntax (m.lookup()) only in the main file, not in
+    # #included ones, so the parts are pasted in, each with a #line marker so
+    # that compiler messages still name the part's own file and line.
+    includes = "".join(f'#line 1 "{FILTER_DIR / p}"\n{(FILTER_DIR / p).read_text()}' for p in parts)
+    text = (
+        "/* Generated by alfwrapper: the parts this socket's rules use, composed. */\n"
+        "#define ALF_PART 1\n"
+        f"{includes}"
+        f"{custom}"
+        '#line 1 "alfwrapper-composed.c"\n'
+        f"int {ENTRY}(struct __sk_buff *skb)\n"
+        "{\n"
+        "    u8 addr[16] = {};\n"
+        "    int family = alf_source_address(skb, addr);\n" + "\n".join(body) + "\n}\n"
+    )
+    return ProgramPlan(
+        rules=rules,
+        text=text,
+        defines=tuple(defines),
+        include_dirs=tuple(include_dirs),
+        subnets=table,
+        knock=knock,
+    )
+
+
+def render(plan: ProgramPlan) -> str:
+    """The C as BCC compiles it: the macros, then the composed text."""
+    lines = ["/* alfwrapper: the program for one socket, compiled by BCC with these macros */"]
+    lines += [f"#define {name} {value}" for name, value in plan.defines]
+    return "\n".join(lines) + "\n" + plan.text

@@ -1,0 +1,56 @@
+/* allowlist.c: a developer-defined filter, as an application would ship one.
+ *
+ * Passes IPv4 packets whose source is a key of allowed4, IPv6 packets whose
+ * source is a key of allowed6, and only to destination ports whose entry in
+ * port_limits says so; drops everything else.  Maps are filled with --set:
+ *
+ *   --set allowed4 192.0.2.2 1
+ *   --set allowed6 2001:db8:a::2 1
+ *   --set port_limits 0 8080,1        struct {u16 port; u8 open;}
+ *
+ * Returns ALF_PASS or ALF_DROP (common.h).
+ */
+#include "common.h"
+
+struct addr6 {
+    u8 bytes[16];
+};
+
+struct port_limit {
+    u16 port;
+    u8 open;
+};
+
+BPF_HASH(allowed4, u32, u8, 64);
+BPF_HASH(allowed6, struct addr6, u8, 64);
+BPF_ARRAY(port_limits, struct port_limit, 4);
+
+int filter(struct __sk_buff *skb)
+{
+    u8 addr[16] = {};
+    int family = alf_source_address(skb, addr);
+    u8 *ok = 0;
+    if (family == 4) {
+        u32 key = 0;
+        __builtin_memcpy(&key, addr, 4);
+        ok = allowed4.lookup(&key);
+    } else if (family == 6) {
+        struct addr6 key = {};
+        __builtin_memcpy(key.bytes, addr, 16);
+        ok = allowed6.lookup(&key);
+    }
+    if (!ok || !*ok)
+        return ALF_DROP;
+    u8 ports[4] = {};
+    if (bpf_skb_load_bytes(skb, 0, ports, 4) < 0)
+        return ALF_DROP;
+    u16 dport = ((u16)ports[2] << 8) | ports[3];
+    #pragma unroll
+    for (u32 i = 0; i < 4; i++) {
+        u32 index = i;
+        struct port_limit *limit = port_limits.lookup(&index);
+        if (limit && limit->open && limit->port == dport)
+            return ALF_PASS;
+    }
+    return ALF_DROP;
+}

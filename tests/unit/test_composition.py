@@ -1,0 +1,113 @@
+"""Scopes, knock sequences and program composition: the pure parts."""
+
+from __future__ import annotations
+
+import pytest
+
+from alfwrapper.cli import parse_config
+from alfwrapper.errors import AlfError
+from alfwrapper.knocking import FIRST_PORT, plan_knock, secret_ports, utc_window
+from alfwrapper.program import plan_program
+from alfwrapper.rules import KnockRules, SocketRules, parse_ports, split_scope
+
+
+def rules_for(argv: list[str], name: str) -> SocketRules:
+    config, _ = parse_config(argv)
+    return config.rules_for(name)
+
+
+def test_split_scope() -> None:
+    assert split_scope("admin=192.0.2.0/24") == ("admin", "192.0.2.0/24")
+    assert split_scope("192.0.2.0/24") == (None, "192.0.2.0/24")
+    assert split_scope("2001:db8::/32") == (None, "2001:db8::/32")
+    assert split_scope("/etc/a=b") == (None, "/etc/a=b")
+
+
+def test_scoped_rules_add_up_and_replace() -> None:
+    argv = [
+        "--deny",
+        "203.0.113.0/24",
+        "--allow",
+        "admin=192.0.2.0/24",
+        "--knock",
+        "1,2",
+        "--knock",
+        "admin=3,4",
+        "--interface",
+        "admin=lo",
+    ]
+    admin, web = rules_for(argv, "admin"), rules_for(argv, "web")
+    assert len(admin.subnets.deny) == 1 and len(admin.subnets.allow) == 1
+    assert len(web.subnets.deny) == 1 and not web.subnets.allow
+    assert admin.knock is not None and admin.knock.ports == (3, 4)
+    assert web.knock is not None and web.knock.ports == (1, 2)
+    assert admin.interfaces == ("lo",) and web.interfaces == ()
+
+
+def test_sets_follow_the_filter() -> None:
+    argv = ["--filter", "f.c", "--set", "m", "1", "2", "--set", "admin=m", "3", "4"]
+    admin, web = rules_for(argv, "admin"), rules_for(argv, "web")
+    assert admin.custom is not None and len(admin.custom.sets) == 2
+    assert web.custom is not None and len(web.custom.sets) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--knock", "1,2", "--knock-secret", "/dev/null"], "more than one knock rule"),
+        (["--knock", "1,70000"], "not a list of ports"),
+        (["--knock", "1,2,3,4,5,6,7,8,9"], "give 1 to 8"),
+        (["--knock-timeout", "0"], "--knock-timeout"),
+        (["--filter", "a.c", "--filter", "b.c"], "more than one filter"),
+        (["--interface", "a/b"], "not an interface name"),
+    ],
+)
+def test_rule_option_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(AlfError) as info:
+        parse_config(argv)
+    assert message in info.value.line()
+    assert info.value.exit_code == 64
+
+
+def test_parse_ports() -> None:
+    assert parse_ports("7001, 7002") == (7001, 7002)
+
+
+def test_secret_ports_are_stable_distinct_and_in_range() -> None:
+    secret = b"s" * 32
+    ports = secret_ports(secret, 12345, 8)
+    assert ports == secret_ports(secret, 12345, 8)
+    assert ports != secret_ports(secret, 12346, 8)
+    assert ports != secret_ports(b"t" * 32, 12345, 8)
+    assert len(set(ports)) == 8
+    assert all(FIRST_PORT <= p <= 65535 for p in ports)
+
+
+def test_secret_plan_covers_the_horizon_from_the_window_before() -> None:
+    plan = plan_knock(KnockRules(secret=b"s" * 32, window=30), now=3000.0)
+    assert plan.first_window == utc_window(30, 3000.0) - 1 == 99
+    assert plan.rows == 7 * 86400 // 30 + 2
+    assert plan.ports[1] == secret_ports(b"s" * 32, 100, 3)
+
+
+def test_repeated_static_port_is_refused() -> None:
+    with pytest.raises(AlfError, match="follows itself"):
+        plan_knock(KnockRules(ports=(7001, 7001, 7002)))
+
+
+def test_program_holds_only_the_parts_in_use() -> None:
+    config, _ = parse_config(["--interface", "lo"])
+    text = plan_program(config.rules_for("x")).text
+    entry = text.split("alfwrapper-composed.c")[-1]
+    assert "interfaces_pass" in entry
+    assert "subnets_pass" not in entry and "knock_pass" not in entry
+    assert "BPF_HASH(subnet_nodes" not in text
+    config, _ = parse_config(["--allow", "192.0.2.0/24", "--knock", "1,2"])
+    entry = plan_program(config.rules_for("x")).text.split("alfwrapper-composed.c")[-1]
+    assert entry.index("subnets_pass") < entry.index("knock_pass")
+
+
+def test_same_rules_same_program() -> None:
+    config, _ = parse_config(["--allow", "192.0.2.0/24", "--deny", "192.0.2.7"])
+    a, b = plan_program(config.rules_for("x")), plan_program(config.rules_for("y"))
+    assert (a.text, a.defines) == (b.text, b.defines)
