@@ -4,7 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint unit integration clean
+PREFIX ?= /usr/local
+UNITDIR ?= /etc/systemd/system
+
+.PHONY: setup run test lint unit integration clean install
 
 setup:
 	@./scripts/setup-host.sh
@@ -26,3 +29,16 @@ unit: setup
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# Installs a launcher for this checkout's virtualenv (keep the checkout where the
+# service's user can read it), the example service, the man page and the units.
+install: setup
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/alfwrapper \
+		$(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(UNITDIR)
+	printf '#!/bin/sh\nexec %s/.venv/bin/alfwrapper "$$@"\n' "$(CURDIR)" \
+		> $(DESTDIR)$(PREFIX)/bin/alfwrapper
+	chmod 755 $(DESTDIR)$(PREFIX)/bin/alfwrapper
+	install -m 644 examples/echo_server.py $(DESTDIR)$(PREFIX)/share/alfwrapper/
+	install -m 644 man/alfwrapper.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 units/*.socket units/*.service $(DESTDIR)$(UNITDIR)/
+	@echo "installed; now: systemctl daemon-reload && systemctl start alfwrapper-echo.socket"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import resource
+import signal
 import socket
 import stat
 from collections.abc import Mapping, Sequence
@@ -20,6 +22,8 @@ from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
 SD_LISTEN_FDS_START = 3
 LISTEN_VARS = ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
 DEFAULT_NAME = "unknown"  # what sd_listen_fds_with_names(3) reports for unnamed fds
+# Our own fds in systemd's file descriptor store: a trampoline's map, per socket inode.
+STORE_PREFIX = "alfwrapper-next-"
 
 
 @dataclass(frozen=True)
@@ -90,12 +94,18 @@ def child_environment(environ: Mapping[str, str], names: Sequence[str], pid: int
     return env
 
 
-def inherit_sockets(environ: Mapping[str, str], pid: int) -> list[tuple[socket.socket, str]]:
-    """The inherited listening sockets, each with its name, in fd order."""
+def inherit_sockets(
+    environ: Mapping[str, str], pid: int
+) -> tuple[list[tuple[socket.socket, str]], dict[str, int]]:
+    """The inherited sockets, each with its name, in fd order; and our stored fds by name."""
     listen = parse_listen_env(environ, pid)
     sockets = []
+    stored: dict[str, int] = {}
     for i in range(listen.count):
         fd = SD_LISTEN_FDS_START + i
+        if listen.names[i].startswith(STORE_PREFIX):
+            stored[listen.names[i]] = fd
+            continue
         where = f"inherited fd {fd} ({listen.names[i]})"
         try:
             mode = os.fstat(fd).st_mode
@@ -124,17 +134,34 @@ def inherit_sockets(environ: Mapping[str, str], pid: int) -> list[tuple[socket.s
                 "alfwrapper filters IP sockets only (ListenStream=/ListenDatagram=)",
                 EX_CONFIG,
             )
-        if sock.type == socket.SOCK_STREAM and not sock.getsockopt(
-            socket.SOL_SOCKET, socket.SO_ACCEPTCONN
-        ):
-            raise AlfError(
-                where,
-                "is a connected stream socket, not a listening one",
-                "Accept=yes sockets are not supported yet; use Accept=no",
-                EX_CONFIG,
-            )
         sockets.append((sock, listen.names[i]))
-    return sockets
+    return sockets, stored
+
+
+def store_fd(fd: int, name: str, environ: Mapping[str, str]) -> bool:
+    """Hand an fd to systemd's file descriptor store (sd_pid_notify_with_fds FDSTORE=1).
+
+    It comes back in LISTEN_FDS, named, when the service is restarted.  Needs
+    NotifyAccess= and FileDescriptorStoreMax= in the unit; returns False when
+    there is no NOTIFY_SOCKET (not under systemd).
+    """
+    address = environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify:
+        notify.connect(address)
+        # FDPOLL=0: a BPF map cannot be polled, and systemd would refuse it otherwise.
+        socket.send_fds(notify, [f"FDSTORE=1\nFDPOLL=0\nFDNAME={name}".encode()], [fd])
+    return True
+
+
+def is_connected_stream(sock: socket.socket) -> bool:
+    """A stream socket handed over already connected (Accept=yes), not listening."""
+    return sock.type == socket.SOCK_STREAM and not sock.getsockopt(
+        socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+    )
 
 
 def exec_with_sockets(
@@ -156,6 +183,9 @@ def exec_with_sockets(
     for i, fd in enumerate(parked):
         os.dup2(fd, SD_LISTEN_FDS_START + i, inheritable=True)
     os.closerange(SD_LISTEN_FDS_START + count, _max_fd())
+    # Python ignores SIGPIPE and SIGXFSZ, and exec would hand that on.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
     try:
         os.execvpe(argv[0], list(argv), env)
     except OSError as err:
@@ -168,7 +198,7 @@ def exec_with_sockets(
 
 
 def _max_fd() -> int:
-    try:
-        return int(os.sysconf("SC_OPEN_MAX"))
-    except (ValueError, OSError):
-        return 1 << 20
+    """Above every fd we could hold: the hard limit, not the soft one SC_OPEN_MAX gives."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    return max(soft, min(limit, 1 << 30))

@@ -19,14 +19,24 @@ from alfwrapper import (
     __version__,
     activation,
     attach,
+    backlog,
     compiler,
     doctor,
     interfaces,
     knocking,
+    privileges,
     program,
     sockets,
 )
-from alfwrapper.errors import EX_NOINPUT, EX_SOFTWARE, EX_USAGE, AlfError
+from alfwrapper.errors import (
+    EX_CONFIG,
+    EX_NOINPUT,
+    EX_NOPERM,
+    EX_OSERR,
+    EX_SOFTWARE,
+    EX_USAGE,
+    AlfError,
+)
 from alfwrapper.rules import (
     Config,
     CustomFilter,
@@ -397,7 +407,7 @@ def run_wrapper(config: Config, print_filter: bool) -> int:
             "give a path or a program on PATH",
             EX_NOINPUT,
         )
-    inherited = activation.inherit_sockets(os.environ, os.getpid())
+    inherited, stored = activation.inherit_sockets(os.environ, os.getpid())
     created = [(sockets.open_socket(spec), spec) for spec in config.listens]
     if not inherited and not created:
         raise AlfError(
@@ -418,29 +428,51 @@ def run_wrapper(config: Config, print_filter: bool) -> int:
             EX_USAGE,
         )
     _check_sets_have_filter(config, names)
-    plans: dict[SocketRules, program.ProgramPlan] = {}
-    for name in names:
+    # Which program each socket gets: (rules, with the restart hook?), or None.
+    # Sockets systemd keeps across restarts (inherited, not Accept=yes) get the
+    # hook where the fd store can keep its map; on a restart, the map comes back
+    # and the new program goes into it instead of onto the (locked) socket.
+    under_systemd = bool(os.environ.get("NOTIFY_SOCKET"))
+    handles: dict[int, int] = {}
+    for sock, _ in inherited:
+        if not activation.is_connected_stream(sock):
+            handle = stored.get(store_key(sock))
+            if handle is not None:
+                handles[id(sock)] = handle
+    kept = {id(s) for s, _ in inherited if not activation.is_connected_stream(s)}
+    wants: dict[int, tuple[SocketRules, bool] | None] = {}
+    for sock, name in zip(all_sockets, names, strict=True):
         rules = config.rules_for(name)
-        if not rules.empty and rules not in plans:
-            plans[rules] = program.plan_program(rules)
+        if id(sock) in handles:
+            wants[id(sock)] = (rules, False)  # empty rules: a pass-all program
+        elif rules.empty:
+            wants[id(sock)] = None
+        else:
+            wants[id(sock)] = (rules, id(sock) in kept and under_systemd)
+    plans = {key: program.plan_program(*key) for key in set(wants.values()) if key}
     wanted = sorted({i for plan in plans.values() for i in plan.rules.interfaces})
     indexes = interfaces.resolve(wanted) if wanted else {}
-    links = interfaces.link_names if wanted else dict
 
     def ifindex_of(text: str) -> int | None:
-        return links().get(text)
+        return interfaces.link_index(text)
 
     loaded = {
-        rules: compiler.load_program(plan, {indexes[n]: n for n in rules.interfaces}, ifindex_of)
-        for rules, plan in plans.items()
+        key: compiler.load_program(plan, {indexes[n]: n for n in key[0].interfaces}, ifindex_of)
+        for key, plan in plans.items()
     }
     unfiltered = []
     for sock, name in zip(all_sockets, names, strict=True):
-        rules = config.rules_for(name)
-        if rules.empty:
+        key = wants[id(sock)]
+        if key is None:
             unfiltered.append((sock, name))
+        elif id(sock) in handles:
+            compiler.set_next(handles[id(sock)], loaded[key].fd)
         else:
-            attach.attach_filter(sock, loaded[rules].fd)
+            attach_kept_aware(sock, loaded[key], id(sock) in kept)
+    for sock, _ in inherited:
+        key = wants[id(sock)]
+        if key and not key[0].empty and not check_backlog(sock, key[0], loaded[key].fd):
+            return 0
     for sock, spec in created:
         sockets.bind_socket(sock, spec)
     for sock, name in unfiltered:
@@ -461,7 +493,80 @@ def run_wrapper(config: Config, print_filter: bool) -> int:
         interfaces.start_watcher(
             wanted, update, [lf.bpf[b"iface_allowed"].map_fd for lf in following]
         )
+    privileges.drop_privileges()
     activation.exec_with_sockets(all_sockets, names, config.command, os.environ)
+
+
+def store_key(sock: socket.socket) -> str:
+    """The fd store name of a socket's restart hook: the socket's inode identifies it."""
+    return f"{activation.STORE_PREFIX}{os.fstat(sock.fileno()).st_ino}"
+
+
+def attach_kept_aware(sock: socket.socket, loaded: compiler.LoadedFilter, kept: bool) -> None:
+    """Attach and lock; for a socket systemd keeps, also store the program's restart hook."""
+    try:
+        attach.attach_filter(sock, loaded.fd)
+    except AlfError as err:
+        if not kept or err.exit_code != EX_NOPERM:
+            raise
+        raise AlfError(
+            f"filtering {attach.describe(sock)}",
+            "it still carries the locked filter of an earlier start, and systemd no longer "
+            "holds that filter's restart hook (the service stopped while its socket stayed)",
+            "restart the socket unit (systemctl restart NAME.socket); the old rules stay in "
+            "force until then",
+            EX_CONFIG,
+        ) from None
+    if loaded.plan.hook:
+        activation.store_fd(loaded.bpf[b"alf_next"].map_fd, store_key(sock), os.environ)
+
+
+def check_backlog(sock: socket.socket, rules: SocketRules, prog_fd: int) -> bool:
+    """Deal with what reached an inherited socket before its filter (backlog.py).
+
+    Returns False when the socket is a denied Accept=yes connection: it has
+    been reset and COMMAND must not start.
+    """
+    where = attach.describe(sock)
+    if activation.is_connected_stream(sock):
+        if rules.knock or rules.interfaces:
+            kind = "knocking" if rules.knock else "--interface"
+            raise AlfError(
+                f"{where}",
+                f"{kind} cannot check a connection handed over already accepted (Accept=yes)",
+                "use Accept=no for this socket, or leave that rule out",
+                EX_CONFIG,
+            )
+        peer = sock.getpeername()[0]
+        if backlog.connected_peer_allowed(sock, prog_fd):
+            return True
+        backlog.reset(sock)
+        print(
+            f"alfwrapper: note: connection from {peer} denied and reset; COMMAND not started",
+            file=sys.stderr,
+        )
+        return False
+    try:
+        if sock.type == socket.SOCK_STREAM:
+            denied = backlog.purge_listener(sock, prog_fd)
+            what = "connections"
+        else:
+            denied = backlog.purge_datagrams(sock, prog_fd)
+            what = "datagrams"
+    except OSError as err:
+        raise AlfError(
+            f"checking what reached {where} before its filter",
+            err.strerror or str(err),
+            "run `alfwrapper doctor`",
+            EX_OSERR,
+        ) from None
+    if denied:
+        print(
+            f"alfwrapper: note: {where}: {denied} {what} from denied sources arrived before "
+            "the filter; removed",
+            file=sys.stderr,
+        )
+    return True
 
 
 def knock_main(argv: Sequence[str]) -> int:
@@ -478,6 +583,17 @@ def knock_main(argv: Sequence[str]) -> int:
     p.add_argument("--window", type=int, default=30, help="secret window seconds (default 30)")
     p.add_argument("--udp", action="store_true", help="knock with UDP datagrams")
     args = p.parse_args(argv)
+    if not 0 < args.port < 65536:
+        raise AlfError(
+            "knock", f"port {args.port} is out of range", "ports are 1 to 65535", EX_USAGE
+        )
+    if not 5 <= args.window <= 3600 or not 1 <= args.steps <= 8:
+        raise AlfError(
+            "knock",
+            "--window must be 5 to 3600 and --steps 1 to 8",
+            "use the server's --knock-window and --knock-steps",
+            EX_USAGE,
+        )
     if args.sequence:
         try:
             ports = parse_ports(args.sequence)

@@ -55,8 +55,19 @@ _NEED_CAP = (
 )
 
 
-def _permission_error(what: str, details: str) -> AlfError:
-    return AlfError(what, "permission denied", _NEED_CAP, EX_NOPERM, details=details)
+def _permission_error(what: str, details: str, plan: ProgramPlan | None = None) -> AlfError:
+    hint = _NEED_CAP
+    try:
+        with open("/proc/sys/kernel/unprivileged_bpf_disabled", encoding="ascii") as f:
+            unprivileged_allowed = f.read().strip() == "0"
+    except OSError:
+        unprivileged_allowed = False
+    if unprivileged_allowed and plan is not None and plan.rules.knock:
+        hint = (
+            "knocking needs CAP_BPF even where unprivileged BPF is allowed (its LRU map "
+            "and TAI clock are privileged): give the service AmbientCapabilities=CAP_BPF"
+        )
+    return AlfError(what, "permission denied", hint, EX_NOPERM, details=details)
 
 
 def _import_bcc() -> Any:
@@ -129,7 +140,7 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
                 details=text,
             ) from None
         if any(p in text for p in _PERMISSION):
-            raise _permission_error(f"creating the maps of {what}", text) from None
+            raise _permission_error(f"creating the maps of {what}", text, plan) from None
         raise AlfError(
             f"compiling {what}",
             _first_error(text) or str(err),
@@ -144,7 +155,7 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
         text = "".join(log)
         message = str(err)
         if any(p in message for p in _PERMISSION):
-            raise _permission_error(f"loading {what}", text) from None
+            raise _permission_error(f"loading {what}", text, plan) from None
         if "Permission denied" in message or "Invalid argument" in message:
             raise AlfError(
                 f"loading {what}",
@@ -294,3 +305,18 @@ def load_program(
 def load_rules(rules: SocketRules) -> LoadedFilter:
     """Plan, compile, load and fill a program for rules that name no interface."""
     return load_program(plan_program(rules), {}, lambda _name: None)
+
+
+def set_next(map_fd: int, prog_fd: int) -> None:
+    """Put a program in another one's restart hook, alf_next[0] (one atomic update)."""
+    from bcc.libbcc import lib  # noqa: PLC0415
+
+    key, value = ctypes.c_int(0), ctypes.c_int(prog_fd)
+    if lib.bpf_update_elem(map_fd, ctypes.byref(key), ctypes.byref(value), 0) < 0:
+        err = ctypes.get_errno()
+        raise AlfError(
+            "installing the new rules in the socket's filter",
+            os.strerror(err),
+            "run `alfwrapper doctor`",
+            EX_OSERR,
+        )

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from alfwrapper import privileges
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
 
 RTMGRP_LINK = 1
@@ -34,6 +35,14 @@ def link_names() -> dict[str, int]:
 
     with IPRoute() as ipr:
         return {link.get_attr("IFLA_IFNAME"): link["index"] for link in ipr.get_links()}
+
+
+def link_index(name: str) -> int | None:
+    """One interface's index, or None; for --set values (a missing name is no error here)."""
+    try:
+        return link_names().get(name)
+    except (OSError, ImportError):
+        return None
 
 
 def resolve(names: Sequence[str]) -> dict[str, int]:
@@ -70,16 +79,31 @@ def start_watcher(
     wanted = set(names)
     app_pid = os.getpid()
     pidfd = os.pidfd_open(app_pid)
+    ready_r, ready_w = os.pipe()
     child = os.fork()
     if child:
         os.close(pidfd)
+        os.close(ready_w)
         os.waitpid(child, 0)
+        # The watcher says "ready" after its first full dump; until then the
+        # interface rules would not follow renames, so do not start without it.
+        ready, _, _ = select.select([ready_r], [], [], 10)
+        word = os.read(ready_r, 16) if ready else b""
+        os.close(ready_r)
+        if word != b"ready":
+            raise AlfError(
+                "starting the interface watcher",
+                "it did not report ready",
+                "run with -v; check that netlink works here",
+                EX_OSERR,
+            )
         return
     try:
+        os.close(ready_r)
         os.setsid()
         if os.fork():
             os._exit(0)
-        keep = {0, 1, 2, pidfd, *keep_fds}
+        keep = {0, 1, 2, pidfd, ready_w, *keep_fds}
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
             if fd not in keep:
@@ -87,7 +111,8 @@ def start_watcher(
                     os.close(fd)
                 except OSError:
                     pass
-        _watch(wanted, update, pidfd)
+        privileges.drop_privileges(keep=1 << privileges.CAP_BPF)  # map updates need it
+        _watch(wanted, update, pidfd, ready_w)
         os._exit(0)
     except BaseException as err:  # never return into the wrapper's code
         print(
@@ -98,7 +123,9 @@ def start_watcher(
         os._exit(1)
 
 
-def _watch(wanted: set[str], update: Callable[[dict[int, str]], None], pidfd: int) -> None:
+def _watch(
+    wanted: set[str], update: Callable[[dict[int, str]], None], pidfd: int, ready_w: int
+) -> None:
     from pyroute2 import IPRoute  # noqa: PLC0415
 
     with IPRoute() as ipr:
@@ -113,6 +140,8 @@ def _watch(wanted: set[str], update: Callable[[dict[int, str]], None], pidfd: in
 
         # Events between the wrapper's first look and bind() are caught by this dump.
         publish({i: n for n, i in link_names().items() if n in wanted})
+        os.write(ready_w, b"ready")
+        os.close(ready_w)
         while True:
             ready, _, _ = select.select([ipr.fileno(), pidfd], [], [])
             if pidfd in ready:

@@ -58,12 +58,20 @@ def main() -> int:
         return 1
     open_fds = open_descriptors()
     select = selectors.DefaultSelector()
+    buffers: dict[socket.socket, bytes] = {}
     for sock, name in sockets:
         sock.setblocking(False)
-        select.register(sock, selectors.EVENT_READ, ("listener", name))
+        connected = sock.type == socket.SOCK_STREAM and not sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+        )
+        if connected:  # Accept=yes: systemd accepted it for us
+            buffers[sock] = b""
+            peer = (name, peer_host(sock.getpeername()))
+            select.register(sock, selectors.EVENT_READ, ("conn", peer))
+        else:
+            select.register(sock, selectors.EVENT_READ, ("listener", name))
     # Listed before the selector opened its own fd: what we were handed.
     say(f"ready fds={','.join(map(str, open_fds))} names={':'.join(n for _, n in sockets)}")
-    buffers: dict[socket.socket, bytes] = {}
     while True:
         for key, _ in select.select():
             sock: socket.socket = key.fileobj  # type: ignore[assignment]
@@ -93,6 +101,8 @@ def main() -> int:
                     select.unregister(sock)
                     buffers.pop(sock, None)
                     sock.close()
+                    if not select.get_map():  # Accept=yes: our one connection is over
+                        return 0
                     continue
                 buffers[sock] += data
                 while b"\n" in buffers[sock]:

@@ -118,6 +118,19 @@ def make_network() -> Network:
     return Network(server, allowed, denied, [server.netns, allowed.netns, denied.netns])
 
 
+def wait_listening(host: Host, port: int, timeout: float = 20.0) -> None:
+    """Until a TCP socket listens on port in host (for servers that print no ready line)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(
+            host.command(["ss", "-Hltn", f"sport = :{port}"]), capture_output=True, text=True
+        ).stdout
+        if "LISTEN" in out:
+            return
+        assert time.monotonic() < deadline, f"nothing listens on port {port}"
+        time.sleep(0.05)
+
+
 def link_line(host: Host, name: str) -> str:
     """`ip -o link show` of one interface: "INDEX: NAME: ... link/ether MAC ..."."""
     return subprocess.run(

@@ -8,8 +8,8 @@ import pytest
 from oracle import passes, probe_addresses, random_rules
 
 from alfwrapper import compiler
-from alfwrapper.bpf_syscall import prog_test_run, udp_frame
 from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
+from alfwrapper.syscalls import prog_test_run, udp_frame
 
 
 def verdicts(rules: SubnetRules, addresses: list[tuple[int, int]]) -> list[bool]:

@@ -1,0 +1,333 @@
+"""The shipped units under a real systemd manager (systemd --user in the server's namespace)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hosts import CLIENT, Host, Network, Probe, Service, all_probes, check_policy
+from support import ROOT
+
+UNITS = ROOT / "units"
+ALFWRAPPER = str(Path(sys.executable).parent / "alfwrapper")
+
+
+def installed_unit(text: str) -> str:
+    """A shipped unit as installed here: our paths, and no DynamicUser= (which only a
+    system manager supports; PID 1 here is not systemd)."""
+    text = text.replace("/usr/local/bin/alfwrapper", ALFWRAPPER)
+    text = text.replace("/usr/local/share/alfwrapper/", f"{ROOT}/examples/")
+    text = text.replace("/usr/bin/python3", sys.executable)
+    return re.sub(r"(?m)^DynamicUser=.*\n", "", text)
+
+
+class UserManager:
+    """`systemd --user` in the server's network namespace, with the shipped units."""
+
+    def __init__(self, server: Host) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="alf-systemd-"))
+        self.runtime = self.root / "runtime"
+        self.runtime.mkdir(mode=0o700)
+        self.config = self.root / "config"
+        self.units = self.config / "systemd" / "user"
+        self.units.mkdir(parents=True)
+        self.logs = self.root / "logs"
+        self.logs.mkdir()
+        for unit in UNITS.iterdir():
+            (self.units / unit.name).write_text(installed_unit(unit.read_text()))
+        Path("/run/systemd/system").mkdir(parents=True, exist_ok=True)
+        self.env = {
+            **os.environ,
+            "XDG_RUNTIME_DIR": str(self.runtime),
+            "XDG_CONFIG_HOME": str(self.config),
+        }
+        self.proc = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{server.netns}", "systemd", "--user"],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while self.run("is-system-running", check=False).stdout.strip() not in (
+            "running",
+            "degraded",
+        ):
+            assert self.proc.poll() is None, "systemd --user exited"
+            assert time.monotonic() < deadline, "systemd --user did not come up"
+            time.sleep(0.1)
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["systemctl", "--user", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+        )
+
+    def log_to_file(self, unit: str) -> Path:
+        """A drop-in sending the unit's output to a file (no journal here), returned."""
+        path = self.logs / f"{unit}.log"
+        dropin = self.units / f"{unit}.d"
+        dropin.mkdir(exist_ok=True)
+        (dropin / "log.conf").write_text(
+            f"[Service]\nStandardOutput=append:{path}\nStandardError=append:{path}\n"
+        )
+        return path
+
+    def stop(self) -> None:
+        self.run("exit", check=False)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class UnitLog(Service):
+    """A unit's output file, read like a Service's."""
+
+    def __init__(self, path: Path) -> None:  # noqa: D107 (no process of our own)
+        self.path = path
+
+    def output(self) -> str:
+        return self.path.read_text() if self.path.exists() else ""
+
+    def errors(self) -> str:
+        return self.output()
+
+
+@pytest.fixture
+def manager(network: Network) -> Iterator[UserManager]:
+    if shutil.which("systemd") is None and not Path("/lib/systemd/systemd").exists():
+        pytest.fail("systemd is missing: `make setup` installs it")
+    mgr = UserManager(network.server)
+    try:
+        yield mgr
+    finally:
+        mgr.stop()
+
+
+def test_units_verify(tmp_path: Path) -> None:
+    names = []
+    for unit in UNITS.iterdir():
+        (tmp_path / unit.name).write_text(installed_unit(unit.read_text()))
+        # Templates are verified through an instance, as they are used.
+        names.append(unit.name.replace("@.", "@8084.") if "@." in unit.name else unit.name)
+    out = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *sorted(str(tmp_path / n) for n in names)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stderr.strip() == "", out.stderr
+
+
+def test_on_demand_activation(network: Network, manager: UserManager) -> None:
+    a, b = network.allowed, network.denied
+    log = UnitLog(manager.log_to_file("alfwrapper-echo.service"))
+    manager.run("daemon-reload")
+    manager.run("start", "alfwrapper-echo.socket")
+    assert (
+        manager.run("is-active", "alfwrapper-echo.service", check=False).stdout.strip()
+        == "inactive"
+    )
+    # The first connection starts the service, and is served.
+    assert a.probe("tcp", 4, 8080, "first", timeout=20) == "echo", log.output()
+    assert log.received("tcp", a.v4, "first")
+    check_policy(log, served=all_probes(a, 8080, 8080), dropped=all_probes(b, 8080, 8080))
+    # The service runs with no capability at all, and no_new_privs.
+    pid = manager.run("show", "-p", "MainPID", "--value", "alfwrapper-echo.service").stdout
+    status = Path(f"/proc/{pid.strip()}/status").read_text()
+    for field in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert re.search(rf"^{field}:\s+0+$", status, re.M), status
+    assert re.search(r"^NoNewPrivs:\s+1$", status, re.M)
+
+
+def hammer(host: Host, proto: str, port: int, tag: str, count: int) -> list[str]:
+    """count probes, 8 at a time, each with a 1 s timeout: bounded in count and time."""
+
+    def one(i: int) -> str:
+        fam = 4 if i % 2 else 6
+        target = host.server_v4 if fam == 4 else host.server_v6
+        out = subprocess.run(
+            host.command(
+                [sys.executable, str(CLIENT), proto, target, str(port), f"{tag}-{i}", "1"]
+            ),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return out.stdout.strip()
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, range(count)))
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_activation_race(network: Network, manager: UserManager, proto: str) -> None:
+    # Denied and allowed hosts hammer the socket while the service starts.
+    a, b = network.allowed, network.denied
+    log = UnitLog(manager.log_to_file("alfwrapper-echo.service"))
+    manager.run("daemon-reload")
+    manager.run("start", "alfwrapper-echo.socket")
+    with ThreadPoolExecutor(2) as pool:
+        denied = pool.submit(hammer, b, proto, 8080, "denied", 24)
+        time.sleep(0.05)  # the denied host gets in first: it triggers the activation
+        allowed = pool.submit(hammer, a, proto, 8080, "allowed", 24)
+        results_b, results_a = denied.result(), allowed.result()
+    assert not any(f"denied-{i}" in log.output() for i in range(24)), log.output()
+    assert "echo" not in results_b
+    assert results_a.count("echo") > 0, results_a
+    # After activation everything is as usual.
+    check_policy(log, served=[Probe(a, proto, 4, 8080)], dropped=[Probe(b, proto, 4, 8080)])
+
+
+def test_named_sockets(network: Network, manager: UserManager) -> None:
+    a, b = network.allowed, network.denied
+    log = UnitLog(manager.log_to_file("alfwrapper-multi.service"))
+    manager.run("daemon-reload")
+    manager.run("start", "alfwrapper-multi-web.socket", "alfwrapper-multi-admin.socket")
+    assert a.probe("tcp", 4, 8081, "first", timeout=20) == "echo", log.output()
+    check_policy(
+        log,
+        served=[Probe(b, "tcp", 4, 8081), Probe(a, "tcp", 4, 8082)],
+        dropped=[Probe(b, "tcp", 4, 8082), Probe(b, "tcp", 6, 8082)],
+    )
+    assert "names=web:admin" in log.output() or "names=admin:web" in log.output()
+
+
+def test_accept_yes(network: Network, manager: UserManager) -> None:
+    a, b = network.allowed, network.denied
+    log = UnitLog(manager.log_to_file("alfwrapper-echo-accept@.service"))
+    manager.run("daemon-reload")
+    manager.run("start", "alfwrapper-echo-accept.socket")
+    assert a.probe("tcp", 4, 8083, "accepted", timeout=20) == "echo", log.output()
+    assert log.received("tcp", a.v4, "accepted")
+    # systemd accepts the denied peer too; alfwrapper resets it before the service starts.
+    result = b.probe("tcp", 4, 8083, "denied", timeout=5)
+    assert result != "echo"
+    deadline = time.monotonic() + 10
+    while "denied and reset; COMMAND not started" not in log.output():
+        assert time.monotonic() < deadline, log.output()
+        time.sleep(0.05)
+    assert "denied" not in " ".join(
+        line for line in log.output().splitlines() if line.startswith(("tcp ", "udp "))
+    )
+
+
+def test_accept_yes_refuses_knocking(network: Network, manager: UserManager) -> None:
+    dropin = manager.units / "alfwrapper-echo-accept@.service.d"
+    dropin.mkdir()
+    (dropin / "knock.conf").write_text(
+        f"[Service]\nExecStart=\nExecStart={ALFWRAPPER} --knock 7001,7002 -- "
+        f"{sys.executable} {ROOT}/examples/echo_server.py\n"
+    )
+    log = UnitLog(manager.log_to_file("alfwrapper-echo-accept@.service"))
+    manager.run("daemon-reload")
+    manager.run("start", "alfwrapper-echo-accept.socket")
+    assert network.allowed.probe("tcp", 4, 8083, "x", timeout=5) != "echo"
+    deadline = time.monotonic() + 10
+    while "knocking cannot check a connection" not in log.output():
+        assert time.monotonic() < deadline, log.output()
+        time.sleep(0.05)
+    assert "ready fds" not in log.output()
+
+
+def test_template_instance(network: Network, manager: UserManager) -> None:
+    a, b = network.allowed, network.denied
+    env = manager.config / "alfwrapper"
+    env.mkdir()
+    (env / "8084.env").write_text(
+        installed_unit((ROOT / "examples/alfwrapper-instance.env").read_text())
+    )
+    log = UnitLog(manager.log_to_file("alfwrapper@8084.service"))
+    manager.run("daemon-reload")
+    manager.run("start", "alfwrapper@8084.socket")
+    assert a.probe("tcp", 4, 8084, "first", timeout=20) == "echo", log.output()
+    check_policy(log, served=all_probes(a, 8084), dropped=all_probes(b, 8084))
+
+
+def set_rules(manager: UserManager, unit: str, rules: str, restart: str = "on-failure") -> None:
+    """Change a service's rules (and Restart=) with a drop-in, as an admin would."""
+    dropin = manager.units / f"{unit}.d"
+    dropin.mkdir(exist_ok=True)
+    (dropin / "rules.conf").write_text(
+        f"[Service]\nRestart={restart}\nRestartSec=100ms\nExecStart=\n"
+        f"ExecStart={ALFWRAPPER} {rules} -- {sys.executable} {ROOT}/examples/echo_server.py\n"
+    )
+    manager.run("daemon-reload")
+
+
+def main_pid(manager: UserManager, unit: str) -> int:
+    return int(manager.run("show", "-p", "MainPID", "--value", unit).stdout.strip())
+
+
+def test_restarts_put_new_rules_in_force(network: Network, manager: UserManager) -> None:
+    a, b = network.allowed, network.denied
+    unit = "alfwrapper-echo.service"
+    log = UnitLog(manager.log_to_file(unit))
+    only_a = "--allow 192.0.2.0/24 --allow 2001:db8:a::/48"
+    only_b = "--allow 198.51.100.0/24 --allow 2001:db8:b::/48"
+    set_rules(manager, unit, only_a, restart="always")
+    manager.run("start", "alfwrapper-echo.socket")
+    assert a.probe("tcp", 4, 8080, "first", timeout=20) == "echo", log.output()
+    for round_ in range(4):
+        rules, inside, outside = (only_b, b, a) if round_ % 2 == 0 else (only_a, a, b)
+        set_rules(manager, unit, rules, restart="always")
+        pid = main_pid(manager, unit)
+        starts = log.output().count("ready fds")
+        if round_ < 2:  # an administrator's restart after the rule change
+            manager.run("restart", unit)
+        else:  # a crash, and Restart=always
+            os.kill(pid, 9)
+        deadline = time.monotonic() + 20
+        while main_pid(manager, unit) in (0, pid) or log.output().count("ready fds") == starts:
+            assert time.monotonic() < deadline, f"round {round_}: {log.output()}"
+            time.sleep(0.05)
+        check_policy(
+            log, served=all_probes(inside, 8080, 8080), dropped=all_probes(outside, 8080, 8080)
+        )
+    # The application still cannot touch the filter, and the service is not failing.
+    assert manager.run("is-failed", unit, check=False).stdout.strip() != "failed"
+
+
+def test_service_gone_without_its_socket_fails_clearly(
+    network: Network, manager: UserManager
+) -> None:
+    # The service ends by itself (SIGTERM counts as a clean exit, so no restart):
+    # systemd drops its fd store, and the socket stays with its locked filter.
+    a, b = network.allowed, network.denied
+    unit = "alfwrapper-echo.service"
+    log = UnitLog(manager.log_to_file(unit))
+    manager.run("daemon-reload")
+    manager.run("start", "alfwrapper-echo.socket")
+    assert a.probe("tcp", 4, 8080, "first", timeout=20) == "echo", log.output()
+    os.kill(main_pid(manager, unit), 15)
+    deadline = time.monotonic() + 20
+    while manager.run("is-active", unit, check=False).stdout.strip() == "active":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    a.probe("tcp", 4, 8080, "again", timeout=3)  # activates: the wrapper cannot re-filter
+    while "no longer holds that filter's restart hook" not in log.output():
+        assert time.monotonic() < deadline, log.output()
+        time.sleep(0.1)
+    # Nothing gets through: the old filter still holds, or systemd gave up on the socket.
+    assert b.probe("tcp", 4, 8080, "denied", timeout=2) in ("timeout", "refused")
+    assert not log.received("tcp", b.v4, "denied")
+    assert not log.received("tcp", a.v4, "again")
+    manager.run("reset-failed", unit, check=False)
+    manager.run("restart", "alfwrapper-echo.socket")
+    assert a.probe("tcp", 4, 8080, "repaired", timeout=20) == "echo", log.output()
