@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 PREFIX ?= /usr/local
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: setup run test lint unit integration clean install
+.PHONY: setup run test lint unit integration clean install bench
 
 setup:
 	@./scripts/setup-host.sh
@@ -16,13 +16,17 @@ run: setup
 	@./scripts/demo.sh
 
 lint: setup
-	$(VENV)/bin/ruff check alfwrapper tests examples
-	$(VENV)/bin/ruff format --check alfwrapper tests examples
+	$(VENV)/bin/ruff check alfwrapper tests examples benchmarks
+	$(VENV)/bin/ruff format --check alfwrapper tests examples benchmarks
 	$(VENV)/bin/mypy
 	mandoc -Tlint -W warning man/*.1
 
 test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Writes docs/benchmarks.md and docs/*.png from a run on this machine (as root).
+bench: setup
+	$(PY) benchmarks/bench.py --out docs
 
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

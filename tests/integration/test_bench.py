@@ -1,0 +1,32 @@
+"""`make bench` must not rot: its script runs end to end at tiny sizes (no timing asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from support import ROOT
+
+
+def test_bench_smoke(bpf_root: None, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/bench.py"), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = (tmp_path / "benchmarks.md").read_text()
+    for section in (
+        "## Per-packet filter cost",
+        "No-op floor",
+        "linear scan",
+        "Interface",
+        "Port knocking",
+        "composed",
+        "## Start-up",
+        "Machine:",
+    ):
+        assert section in report
+    assert (tmp_path / "bench-subnets.png").stat().st_size > 1000
