@@ -44,5 +44,9 @@ install: setup
 	chmod 755 $(DESTDIR)$(PREFIX)/bin/alfwrapper
 	install -m 644 examples/echo_server.py $(DESTDIR)$(PREFIX)/share/alfwrapper/
 	install -m 644 man/alfwrapper.1 $(DESTDIR)$(PREFIX)/share/man/man1/
-	install -m 644 units/*.socket units/*.service $(DESTDIR)$(UNITDIR)/
+	install -d $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/www
+	install -m 644 examples/lighttpd/lighttpd.conf $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/
+	install -m 644 examples/lighttpd/www/index.html $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/www/
+	install -m 644 units/*.socket units/*.service examples/lighttpd/*.socket \
+		examples/lighttpd/*.service $(DESTDIR)$(UNITDIR)/
 	@echo "installed; now: systemctl daemon-reload && systemctl start alfwrapper-echo.socket"

@@ -1,8 +1,10 @@
 """End-to-end TCP throughput through the wrapper, against nftables and iptables.
 
-In a network namespace of its own, on loopback with offloads off (so the
+Each variant gets a network namespace of its own, so that one variant's
+host firewall rules (iptables walks its whole chain for every packet) cost
+the others nothing.  On each namespace's loopback, with offloads off (so the
 filter runs once per packet, as in the 2018 paper), at several MTUs, the
-same sink is served four ways at once, on four ports:
+same sink is served four ways:
 
 - unfiltered: behind alfwrapper with no rules, so no filter;
 - alfwrapper: behind alfwrapper with the rules;
@@ -74,7 +76,7 @@ def wait_port(ns: str, port: int) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def start_servers(ns: str, rules_file: Path | None) -> list[subprocess.Popen[bytes]]:
+def start_servers(spaces: dict[str, str], rules_file: Path | None) -> list[subprocess.Popen[bytes]]:
     procs = []
     for variant, port in PORTS.items():
         argv = [sys.executable, "-m", "alfwrapper", "--listen", f"127.0.0.1:{port}"]
@@ -83,23 +85,23 @@ def start_servers(ns: str, rules_file: Path | None) -> list[subprocess.Popen[byt
         argv += ["--", sys.executable, str(HERE / "sink.py")]
         procs.append(
             subprocess.Popen(
-                ["ip", "netns", "exec", ns, *argv],
+                ["ip", "netns", "exec", spaces[variant], *argv],
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
             )
         )
-    for port in PORTS.values():
-        wait_port(ns, port)
+    for variant, port in PORTS.items():
+        wait_port(spaces[variant], port)
     return procs
 
 
-def host_rules(ns: str, rules: list[str]) -> None:
+def host_rules(spaces: dict[str, str], rules: list[str]) -> None:
     """The same rules in nftables (interval set) and iptables (linear, up to 1,000)."""
     elements = ",\n".join(rules)
     ns_run(
-        ns,
+        spaces["nftables"],
         "nft",
         "-f",
         "-",
@@ -118,9 +120,9 @@ def host_rules(ns: str, rules: list[str]) -> None:
         lines = ["*filter"]
         lines += [f"-A INPUT -p tcp --dport {PORTS['iptables']} -s {r} -j ACCEPT" for r in rules]
         lines += [f"-A INPUT -p tcp --dport {PORTS['iptables']} -j DROP", "COMMIT", ""]
-        ns_run(ns, "iptables-restore", stdin="\n".join(lines))
+        ns_run(spaces["iptables"], "iptables-restore", stdin="\n".join(lines))
     else:
-        ns_run(ns, "iptables", "-F", "INPUT")
+        ns_run(spaces["iptables"], "iptables", "-F", "INPUT")
 
 
 def blast(ns: str, port: int, seconds: float) -> float:
@@ -147,12 +149,13 @@ def run(
     rule_counts: list[int], mtus: list[int], rounds: int, seconds: float
 ) -> list[dict[str, object]]:
     """One row per (rules, MTU): median bits per second of each variant."""
-    ns = f"alfbench{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
+    spaces = {v: f"alfbench{os.getpid()}{v[:3]}" for v in PORTS}
     rows: list[dict[str, object]] = []
     try:
-        ns_run(ns, "ip", "link", "set", "lo", "up")
-        ns_run(ns, "ethtool", "-K", "lo", "tso", "off", "gso", "off", "gro", "off")
+        for ns in spaces.values():
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            ns_run(ns, "ip", "link", "set", "lo", "up")
+            ns_run(ns, "ethtool", "-K", "lo", "tso", "off", "gso", "off", "gro", "off")
         with tempfile.TemporaryDirectory() as tmp:
             for count in rule_counts:
                 rules = prefixes(count, count) if count else []
@@ -160,11 +163,12 @@ def run(
                 if rules:
                     rules_file = Path(tmp) / f"{count}.rules"
                     rules_file.write_text("\n".join(rules) + "\n")
-                host_rules(ns, rules)
-                procs = start_servers(ns, rules_file)
+                host_rules(spaces, rules)
+                procs = start_servers(spaces, rules_file)
                 try:
                     for mtu in mtus:
-                        ns_run(ns, "ip", "link", "set", "lo", "mtu", str(mtu))
+                        for ns in spaces.values():
+                            ns_run(ns, "ip", "link", "set", "lo", "mtu", str(mtu))
                         samples: dict[str, list[float]] = {v: [] for v in PORTS}
                         variants = list(PORTS)
                         if count > 1000 or not rules:
@@ -172,7 +176,9 @@ def run(
                         for r in range(rounds):
                             order = variants[r % len(variants) :] + variants[: r % len(variants)]
                             for variant in order:
-                                samples[variant].append(blast(ns, PORTS[variant], seconds))
+                                samples[variant].append(
+                                    blast(spaces[variant], PORTS[variant], seconds)
+                                )
                         rows.append(
                             {
                                 "rules": count,
@@ -188,7 +194,8 @@ def run(
                         os.killpg(proc.pid, signal.SIGTERM)
                         proc.wait()
     finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for ns in spaces.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     return rows
 
 

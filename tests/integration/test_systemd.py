@@ -26,6 +26,7 @@ def installed_unit(text: str) -> str:
     system manager supports; PID 1 here is not systemd)."""
     text = text.replace("/usr/local/bin/alfwrapper", ALFWRAPPER)
     text = text.replace("/usr/local/share/alfwrapper/", f"{ROOT}/examples/")
+    text = text.replace("/var/lib/alfwrapper-lighttpd", f"{ROOT}/examples/lighttpd")
     text = text.replace("/usr/bin/python3", sys.executable)
     return re.sub(r"(?m)^DynamicUser=.*\n", "", text)
 
@@ -121,7 +122,7 @@ def manager(network: Network) -> Iterator[UserManager]:
 
 def test_units_verify(tmp_path: Path) -> None:
     names = []
-    for unit in UNITS.iterdir():
+    for unit in [*UNITS.iterdir(), *(ROOT / "examples/lighttpd").glob("*.s*")]:
         (tmp_path / unit.name).write_text(installed_unit(unit.read_text()))
         # Templates are verified through an instance, as they are used.
         names.append(unit.name.replace("@.", "@8084.") if "@." in unit.name else unit.name)
