@@ -462,6 +462,13 @@ def targets(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def small_table(caption: str, left: str, right: str, rows: list[tuple[str, str]]) -> list[str]:
+    """A caption and a two-column table of right-aligned figures."""
+    return ["", caption, "", f"| {left} | {right} |", "|---:|---:|"] + [
+        f"| {a} | {b} |" for a, b in rows
+    ]
+
+
 def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
     images = plot(out, r)
     today = datetime.date.today().isoformat()
@@ -497,23 +504,19 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
             f"{lpm[1]:.0f} | {lpm[2]:.0f} | {lpm[3]:.0f} | {ours[4] / 2**20:.1f} MiB | "
             f"{lpm[4] / 2**20:.1f} MiB |"
         )
-    lines += [
-        "",
+    lines += small_table(
         "The 2018 proof of concept's linear scan, re-implemented "
         "(`benchmarks/linear_reference.c`; IPv6, no rule matching, its worst case):",
-        "",
-        "| Rules | ns per packet |",
-        "|---:|---:|",
-    ]
-    lines += [f"| {n} | {c:.0f} |" for n, c in r["linear"]]
-    lines += [
-        "",
+        "Rules",
+        "ns per packet",
+        [(f"{n}", f"{c:.0f}") for n, c in r["linear"]],
+    )
+    lines += small_table(
         "Interface allow-list (`--interface`; the map holds this many interfaces):",
-        "",
-        "| Interfaces | ns per packet |",
-        "|---:|---:|",
-    ]
-    lines += [f"| {n:,} | {c:.0f} |" for n, c in r["interfaces"]]
+        "Interfaces",
+        "ns per packet",
+        [(f"{n:,}", f"{c:.0f}") for n, c in r["interfaces"]],
+    )
     lines += [
         "",
         "Port knocking in steady state (TCP SYNs; `--knock 7001,7002,7003`):",
