@@ -1,4 +1,4 @@
-"""Attach, lock and detach socket filters: the socket options, named once.
+"""Attach and lock socket filters: the socket options, named once.
 
 SO_ATTACH_BPF: Linux 4.0.  SO_LOCK_FILTER: Linux 3.9.  Attaching an already
 loaded program needs no capability; after SO_LOCK_FILTER neither the wrapper
@@ -12,7 +12,6 @@ import socket
 
 from alfwrapper.errors import EX_NOPERM, EX_OSERR, AlfError
 
-SO_DETACH_BPF = 27  # the same value as SO_DETACH_FILTER
 SO_LOCK_FILTER = 44
 SO_ATTACH_BPF = 50
 
@@ -54,8 +53,3 @@ def attach_filter(sock: socket.socket, prog_fd: int, lock: bool = True) -> None:
             "run `alfwrapper doctor`",
             EX_OSERR,
         ) from None
-
-
-def detach_filter(sock: socket.socket) -> None:
-    """Remove the socket's filter; fails with EPERM when it is locked."""
-    sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_BPF, 0)

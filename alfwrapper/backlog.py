@@ -135,7 +135,7 @@ def udp_allowed(prog_fd: int, peer: Endpoint, local: Endpoint, payload: bytes) -
     return prog_test_run(prog_fd, frame).retval != 0
 
 
-def _reset(conn: socket.socket) -> None:
+def reset(conn: socket.socket) -> None:
     # SO_LINGER with a zero timeout: close sends a RST and drops unread data.
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     conn.close()
@@ -154,7 +154,7 @@ def purge_listener(sock: socket.socket, prog_fd: int) -> int:
                 conn, _ = sock.accept()
             except BlockingIOError:
                 break
-            _reset(conn)
+            reset(conn)
     finally:
         sock.setblocking(True)
     return denied
@@ -186,7 +186,3 @@ def purge_datagrams(sock: socket.socket, prog_fd: int) -> int:
 def connected_peer_allowed(sock: socket.socket, prog_fd: int) -> bool:
     """Accept=yes: does the program pass the peer of this connected socket?"""
     return tcp_allowed(prog_fd, endpoint(sock.getpeername()), endpoint(sock.getsockname()))
-
-
-def reset(sock: socket.socket) -> None:
-    _reset(sock)

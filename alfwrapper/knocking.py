@@ -18,10 +18,9 @@ import select
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, EX_OSERR, EX_USAGE, AlfError
-from alfwrapper.rules import KnockRules
+from alfwrapper.errors import EX_DATAERR, EX_OSERR, EX_USAGE, AlfError
+from alfwrapper.rules import KnockRules, read_input
 
 MAX_STEPS = 8  # KNOCK_MAX_STEPS in knocking.c
 HORIZON_SECONDS = 7 * 86400
@@ -40,19 +39,7 @@ class KnockPlan:
 
 
 def read_secret(path: str) -> bytes:
-    try:
-        secret = Path(path).read_bytes().strip()
-    except FileNotFoundError:
-        raise AlfError(
-            f"knock secret {path}", "no such file", "check the path", EX_NOINPUT
-        ) from None
-    except OSError as err:
-        raise AlfError(
-            f"knock secret {path}",
-            err.strerror or str(err),
-            "check the path and its permissions",
-            EX_NOINPUT,
-        ) from None
+    secret = read_input(path, "knock secret").strip()
     if len(secret) < 16:
         raise AlfError(
             f"knock secret {path}",

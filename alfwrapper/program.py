@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alfwrapper import knocking
-from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, AlfError
-from alfwrapper.rules import SocketRules
+from alfwrapper.errors import EX_DATAERR, AlfError
+from alfwrapper.rules import SocketRules, read_text_input
 from alfwrapper.subnet_table import SubnetTable, build_subnet_table
 
 FILTER_DIR = Path(__file__).resolve().parent / "filters"
@@ -62,16 +62,7 @@ HOOK_CALL = "    alf_next.call(skb, 0); /* newer rules, if a restarted wrapper p
 
 def _custom_source(path_text: str) -> str:
     path = Path(path_text)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AlfError(
-            f"--filter {path_text}", "no such file", "check the path", EX_NOINPUT
-        ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise AlfError(
-            f"--filter {path_text}", str(err), "give a readable C file", EX_NOINPUT
-        ) from None
+    text = read_text_input(path_text, "--filter", "give a restricted-C file")
     matches = list(_ENTRY_RE.finditer(text))
     if len(matches) != 1:
         line = text[: matches[1].start()].count("\n") + 1 if matches else 1

@@ -230,26 +230,34 @@ def parse_rule_lines(lines: list[str], origin: str) -> list[Prefix]:
     return prefixes
 
 
-def read_rule_file(path: str) -> list[Prefix]:
-    """Read a rule file; a missing or unreadable file is an error, never an empty list."""
+def read_input(path: str, what: str) -> bytes:
+    """A file the user named; missing or unreadable is an error, never empty input."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_bytes()
     except FileNotFoundError:
-        raise AlfError(f"rule file {path}", "no such file", "check the path", EX_NOINPUT) from None
-    except UnicodeDecodeError as err:
-        raise AlfError(
-            f"rule file {path}",
-            f"not UTF-8 text ({err.reason} at byte {err.start})",
-            "write one CIDR per line",
-            EX_DATAERR,
-        ) from None
+        raise AlfError(f"{what} {path}", "no such file", "check the path", EX_NOINPUT) from None
     except OSError as err:
         raise AlfError(
-            f"rule file {path}",
+            f"{what} {path}",
             err.strerror or str(err),
             "check the path and its permissions",
             EX_NOINPUT,
         ) from None
+
+
+def read_text_input(path: str, what: str, hint: str) -> str:
+    """read_input, decoded as UTF-8; anything else is bad data."""
+    try:
+        return read_input(path, what).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise AlfError(
+            f"{what} {path}", f"not UTF-8 text ({err.reason} at byte {err.start})", hint, EX_DATAERR
+        ) from None
+
+
+def read_rule_file(path: str) -> list[Prefix]:
+    """Read a rule file: one CIDR per line."""
+    text = read_text_input(path, "rule file", "write one CIDR per line")
     return parse_rule_lines(text.splitlines(), path)
 
 

@@ -48,6 +48,16 @@ def assert_one_line(stderr: str, *needles: str) -> None:
         (["--listen", "8080", "--name", "a:b"], 64, ["not a valid socket name"]),
         (["--bogus"], 64, ["usage", "--bogus"]),
         ([], 64, ["sockets", "none inherited"]),
+        (
+            ["--listen", "8080", "--knock-secret", "/nonexistent/secret"],
+            66,
+            ["knock secret /nonexistent/secret", "no such file"],
+        ),
+        (
+            ["--listen", "8080", "--filter", "/nonexistent/f.c"],
+            66,
+            ["--filter /nonexistent/f.c", "no such file"],
+        ),
     ],
 )
 def test_bad_input(tmp_path: Path, options: list[str], code: int, needles: list[str]) -> None:
