@@ -2,21 +2,72 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hosts import Network, Service, all_probes, check_policy
-from support import WRAPPER
-from test_wrapper import start, wrapped
+from support import ROOT
 
+SYSTEM_PYTHON = "/usr/bin/python3"  # the interpreter python3-bpfcc is built for
 SYSCTL = Path("/proc/sys/kernel/unprivileged_bpf_disabled")
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 # What AmbientCapabilities=CAP_BPF gives a unit's unprivileged user.
 NOBODY_WITH_BPF = [*NOBODY, "--inh-caps=-all,+bpf", "--ambient-caps=+bpf"]
 NOBODY_WITHOUT_CAPS = [*NOBODY, "--inh-caps=-all", "--bounding-set=-all"]
+
+
+@pytest.fixture(scope="module")
+def readable_copy() -> Iterator[Path]:
+    """alfwrapper, pyroute2 and the echo service where uid 65534 can read them.
+
+    The checkout (and its virtualenv) may sit in a directory only root can
+    enter, as a fresh `mktemp -d` clone does; the system Python has BCC.
+    """
+    import pyroute2
+
+    root = Path(tempfile.mkdtemp(prefix="alf-readable-"))
+    root.chmod(0o755)
+    shutil.copytree(
+        ROOT / "alfwrapper", root / "alfwrapper", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copytree(
+        Path(pyroute2.__file__).parent,
+        root / "pyroute2",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    shutil.copy(ROOT / "examples/echo_server.py", root / "echo_server.py")
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def as_nobody(
+    copy: Path, caps: list[str], *options: str, command: list[str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """argv and environment to run the wrapper from the readable copy as uid 65534."""
+    command = command or [SYSTEM_PYTHON, str(copy / "echo_server.py")]
+    return (
+        [*caps, SYSTEM_PYTHON, "-m", "alfwrapper", *options, "--", *command],
+        {"PYTHONPATH": str(copy)},
+    )
+
+
+def start_as(
+    network: Network, services: list[Service], argv: list[str], env: dict[str, str]
+) -> Service:
+    svc = Service(network.server, argv, env=env)
+    services.append(svc)
+    svc.wait_for(r"^ready ")
+    return svc
 
 
 def assert_no_privileges(pid: int) -> None:
@@ -26,12 +77,22 @@ def assert_no_privileges(pid: int) -> None:
     assert re.search(r"^NoNewPrivs:\s+1$", status, re.M), status
 
 
-def test_unprivileged_user_with_cap_bpf(network: Network, services: list[Service]) -> None:
-    svc = start(
+def test_unprivileged_user_with_cap_bpf(
+    network: Network, services: list[Service], readable_copy: Path
+) -> None:
+    svc = start_as(
         network,
         services,
-        NOBODY_WITH_BPF
-        + wrapped("--listen", "[::]:8080", "--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"),
+        *as_nobody(
+            readable_copy,
+            NOBODY_WITH_BPF,
+            "--listen",
+            "[::]:8080",
+            "--allow",
+            "192.0.2.0/24",
+            "--allow",
+            "2001:db8:a::/48",
+        ),
     )
     # The wrapper exec'd the application in its own process: same pid.
     assert_no_privileges(svc.proc.pid)
@@ -54,14 +115,15 @@ def unprivileged_bpf() -> Iterator[None]:
 
 
 def test_builtin_filters_need_no_capability_where_unprivileged_bpf_is_allowed(
-    network: Network, services: list[Service], unprivileged_bpf: None
+    network: Network, services: list[Service], unprivileged_bpf: None, readable_copy: Path
 ) -> None:
     a = network.allowed
-    svc = start(
+    svc = start_as(
         network,
         services,
-        NOBODY_WITHOUT_CAPS
-        + wrapped(
+        *as_nobody(
+            readable_copy,
+            NOBODY_WITHOUT_CAPS,
             "--listen",
             "[::]:8080",
             "--listen-datagram",
@@ -80,24 +142,25 @@ def test_builtin_filters_need_no_capability_where_unprivileged_bpf_is_allowed(
     )
 
 
-def test_knocking_needs_cap_bpf_even_then(network: Network, unprivileged_bpf: None) -> None:
+def test_knocking_needs_cap_bpf_even_then(
+    network: Network, unprivileged_bpf: None, readable_copy: Path
+) -> None:
+    argv, env = as_nobody(
+        readable_copy,
+        NOBODY_WITHOUT_CAPS,
+        "--listen",
+        "[::]:8080",
+        "--knock",
+        "7001,7002",
+        command=["true"],
+    )
     out = subprocess.run(
-        network.server.command(
-            [
-                *NOBODY_WITHOUT_CAPS,
-                *WRAPPER,
-                "--listen",
-                "[::]:8080",
-                "--knock",
-                "7001,7002",
-                "--",
-                "true",
-            ]
-        ),
+        network.server.command(argv),
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, **env},
     )
-    assert out.returncode == 77
+    assert out.returncode == 77, out.stderr
     assert "knocking needs CAP_BPF even where unprivileged BPF is allowed" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
