@@ -48,6 +48,25 @@ def _stderr_to(sink: list[str]) -> Iterator[None]:
             sink.append(tmp.read().decode("utf-8", "replace"))
 
 
+@contextmanager
+def _in_root_directory() -> Iterator[None]:
+    """Compile from /: BCC's include path has entries relative to the working directory,
+    and clang stops at one it may not read (a service started in a directory its user
+    cannot enter)."""
+    saved = (
+        os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        if os.access(".", os.R_OK | os.X_OK)
+        else None
+    )
+    os.chdir("/")
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.fchdir(saved)
+            os.close(saved)
+
+
 _PERMISSION = ("Operation not permitted", "EPERM")
 _NEED_CAP = (
     "loading filters needs CAP_BPF while kernel.unprivileged_bpf_disabled is set: run as root "
@@ -127,7 +146,7 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
     log: list[str] = []
     what = _what(plan)
     try:
-        with _stderr_to(log):
+        with _stderr_to(log), _in_root_directory():
             bpf = bcc.BPF(text=plan.text.encode(), cflags=plan.cflags)
     except Exception as err:  # BCC raises bare Exception
         text = "".join(log).replace("/virtual/main.c", "alfwrapper-composed.c")
