@@ -7,6 +7,7 @@ moves the filtered sockets to fd 3 onwards just before exec.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import resource
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
+from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_OSERR, AlfError, excerpt
 
 SD_LISTEN_FDS_START = 3
 LISTEN_VARS = ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
@@ -47,11 +48,18 @@ def parse_listen_env(environ: Mapping[str, str], pid: int) -> ListenEnv:
     if not fds_text.isdigit() or not fds_text.isascii():
         raise AlfError(
             what,
-            f"LISTEN_FDS={fds_text!r} is not a number",
+            f"LISTEN_FDS={excerpt(fds_text, quote=False)} is not a number",
             "fix the parent that sets it",
             EX_CONFIG,
         )
     count = int(fds_text)
+    if count > _max_fd() - SD_LISTEN_FDS_START:
+        raise AlfError(
+            what,
+            f"LISTEN_FDS={excerpt(fds_text, quote=False)} is more fds than this process can hold",
+            "fix the parent that sets it",
+            EX_CONFIG,
+        )
     pid_text = environ.get("LISTEN_PID")
     if pid_text is None:
         raise AlfError(
@@ -63,7 +71,7 @@ def parse_listen_env(environ: Mapping[str, str], pid: int) -> ListenEnv:
     if pid_text != str(pid):
         raise AlfError(
             what,
-            f"LISTEN_PID={pid_text} is not this process ({pid})",
+            f"LISTEN_PID={excerpt(pid_text, quote=False)} is not this process ({pid})",
             "these sockets were meant for another process; start alfwrapper "
             "directly from the socket unit or systemd-socket-activate",
             EX_CONFIG,
@@ -103,9 +111,6 @@ def inherit_sockets(
     stored: dict[str, int] = {}
     for i in range(listen.count):
         fd = SD_LISTEN_FDS_START + i
-        if listen.names[i].startswith(STORE_PREFIX):
-            stored[listen.names[i]] = fd
-            continue
         where = f"inherited fd {fd} ({listen.names[i]})"
         try:
             mode = os.fstat(fd).st_mode
@@ -116,6 +121,10 @@ def inherit_sockets(
                 "LISTEN_FDS counts more fds than were passed",
                 EX_CONFIG,
             ) from None
+        # A socket is a socket whatever its name; only our own stored maps are set aside.
+        if listen.names[i].startswith(STORE_PREFIX) and not stat.S_ISSOCK(mode):
+            stored[listen.names[i]] = fd
+            continue
         if not stat.S_ISSOCK(mode):
             raise AlfError(
                 where,
@@ -134,6 +143,17 @@ def inherit_sockets(
                 "alfwrapper filters IP sockets only (ListenStream=/ListenDatagram=)",
                 EX_CONFIG,
             )
+        if sock.type == socket.SOCK_STREAM and is_connected_stream(sock):
+            try:
+                sock.getpeername()
+            except OSError:
+                raise AlfError(
+                    where,
+                    "is a TCP socket that is neither listening nor connected (never "
+                    "listened, or a connection its peer reset before it was handed over)",
+                    "pass listening sockets (ListenStream=) or Accept=yes connections",
+                    EX_CONFIG,
+                ) from None
         sockets.append((sock, listen.names[i]))
     return sockets, stored
 
@@ -189,11 +209,14 @@ def exec_with_sockets(
     try:
         os.execvpe(argv[0], list(argv), env)
     except OSError as err:
+        # Every other fd is closed by now, so the process must end without the
+        # interpreter's clean-up (BCC's would fail on the closed fds).
         raise AlfError(
             f"starting {argv[0]}",
             err.strerror or str(err),
-            "check COMMAND and its permissions",
-            EX_OSERR,
+            "check COMMAND: an executable file, with its interpreter present",
+            EX_NOINPUT if err.errno in (errno.ENOENT, errno.ENOEXEC, errno.EACCES) else EX_OSERR,
+            exit_now=True,
         ) from None
 
 

@@ -14,6 +14,12 @@ from alfwrapper.errors import EX_NOPERM, EX_OSERR, AlfError
 
 SO_LOCK_FILTER = 44
 SO_ATTACH_BPF = 50
+SO_COOKIE = 57  # Linux 4.12
+
+
+def socket_cookie(sock: socket.socket) -> int:
+    """The socket's cookie: what bpf_get_socket_cookie() returns for its packets."""
+    return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little")
 
 
 def describe(sock: socket.socket) -> str:

@@ -1,26 +1,36 @@
-"""What reached an inherited socket before its filter did: checked, and removed if denied.
+"""What reached an inherited socket before its filter did: judged, and removed unless allowed.
 
-systemd listens before the service starts, so with on-demand activation the
-connection that triggered the start, and any that arrived before the filter
-was attached, are already queued, unfiltered.  After attaching, the wrapper:
+systemd listens before the service starts, so the connection that triggered
+the start, and any that arrived before the filter was attached, are already
+queued, unfiltered.  Right after attaching, the wrapper judges every one of
+them with the loaded program itself (BPF_PROG_TEST_RUN on the packet that
+opened it: a SYN from the peer, or the datagram), so the verdict is the
+kernel's, for every part.  What cannot be judged is treated as denied.
 
-- TCP listener: lists the connections waiting in the accept queue with
-  sock_diag (no privilege needed; a waiting child has no inode yet) and asks
-  the loaded program about each peer (BPF_PROG_TEST_RUN on a SYN from it).
-  If all are allowed, the queue is left alone and the application serves
-  them, the triggering client included.  If any is denied, the wrapper
-  accepts everything waiting: denied connections are reset, and allowed ones
-  are closed too (the client retries and is filtered as usual).  Closing is
-  the only choice: a socket destroyed with SOCK_DESTROY still hands its
-  queued data to the next accept(), and an accepted connection cannot be put
-  back into the queue.
-- UDP socket: peeks at the queued datagrams one by one (SO_PEEK_OFF) and runs
-  the program on each, payload included.  If one is denied, the datagrams up
-  to the last denied one are read and discarded; allowed ones after it stay.
-- Accept=yes (a connected socket): the peer is checked before the
-  application starts; a denied peer's connection is reset.
+- TCP listener.  The accept queue holds established connections, connections
+  the peer has closed (CLOSE_WAIT), and connections the peer has reset
+  (CLOSE: gone from the tables sock_diag reads, but still queued with their
+  data, and accept() still returns them).  sock_diag (pyroute2) lists the
+  first two; the listener's queue length (TCP_INFO) counts all three.  If
+  every queued connection is listed and allowed, the queue is left alone and
+  the application serves them, the triggering client included.  Otherwise
+  the wrapper accepts connections in queue order (accept() is the only way
+  to reach a reset one) until none that is denied or unjudgeable is left,
+  and resets each one it took: denied ones, reset ones (their peer is gone),
+  and allowed ones that were queued ahead of a denied one (an accepted
+  connection cannot be put back).  The rest stay queued for the application.
+- Half-open handshakes (SYN_RECV) need nothing here: the packet that
+  completes one reaches the listener, whose filter judges it like a SYN.
+- UDP: peeks at the queued datagrams one by one (SO_PEEK_OFF) and judges
+  each, payload included.  Datagrams up to the last denied one are read and
+  discarded; allowed ones after it stay.
+- Accept=yes (a connected socket): its peer is judged before the
+  application starts; if it is denied, or already reset, it is reset and the
+  application is not started.
 
-Handshakes still in progress are safe: their final ACK meets the filter.
+Interface rules need the interface a packet came in on, which nothing
+records for a queued connection: with them, every queued connection or
+datagram is unjudgeable, so it is removed (fail closed).
 """
 
 from __future__ import annotations
@@ -28,26 +38,16 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame
 
-NETLINK_SOCK_DIAG = 4
-SOCK_DIAG_BY_FAMILY = 20
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-TCP_ESTABLISHED, TCP_CLOSE_WAIT = 1, 8
-# Waiting connections are established, or half-closed if the client gave up and sent
-# FIN: its data is still queued for accept().
-WAITING_STATES = (1 << TCP_ESTABLISHED) | (1 << TCP_CLOSE_WAIT)
 SO_PEEK_OFF = 42
-
-_NLMSG = struct.Struct("=IHHII")
-_REQ = struct.Struct("=BBBxI")  # inet_diag_req_v2 up to the socket id
-_SOCKID = struct.Struct(">HH16s16s")  # sport, dport, src, dst (then if, cookie)
-_MSG_HEAD = struct.Struct("=BBBB")  # inet_diag_msg: family, state, timer, retrans
-_MSG_TAIL = struct.Struct("=IIIII")  # expires, rqueue, wqueue, uid, inode
-_SOCKID_SIZE = 48
+TCP_ESTABLISHED, TCP_CLOSE, TCP_CLOSE_WAIT = 1, 7, 8
+# Queued connections sock_diag can list: established, or half-closed by the peer.
+LISTED_STATES = (1 << TCP_ESTABLISHED) | (1 << TCP_CLOSE_WAIT)
+_TCPI_UNACKED = struct.Struct("=B7xIIIII")  # struct tcp_info up to tcpi_unacked
 
 
 @dataclass(frozen=True)
@@ -57,132 +57,233 @@ class Endpoint:
     port: int
 
 
+# The kernel's verdict on the packet that opened a connection (payload None) or
+# on a datagram: True passes, False drops, None cannot be judged.
+Judge = Callable[[Endpoint, Endpoint, bytes | None], bool | None]
+
+
+@dataclass
+class Report:
+    """What was waiting on one socket, and what became of it."""
+
+    what: str  # "connections" or "datagrams"
+    waiting: int = 0
+    denied: int = 0  # judged and denied
+    unjudged: int = 0  # could not be judged (reset by the peer, interface unknown)
+    collateral: int = 0  # allowed, but removed because queued ahead of a denied one
+    kept: int = 0
+
+    def count_removed(self, verdict: bool | None) -> None:
+        """One item removed, by what its verdict was."""
+        if verdict is True:
+            self.collateral += 1
+        elif verdict is False:
+            self.denied += 1
+        else:
+            self.unjudged += 1
+
+    @property
+    def removed(self) -> int:
+        return self.denied + self.unjudged + self.collateral
+
+    def __str__(self) -> str:
+        parts = []
+        if self.denied:
+            parts.append(f"{self.denied} from denied sources")
+        if self.unjudged:
+            parts.append(f"{self.unjudged} that could not be judged")
+        if self.collateral:
+            parts.append(f"{self.collateral} allowed ones queued ahead of those")
+        return (
+            f"{self.waiting} {self.what} arrived before the filter; removed "
+            f"{', '.join(parts)}; kept {self.kept}"
+        )
+
+
 def endpoint(sockaddr: tuple[str, int] | tuple[str, int, int, int]) -> Endpoint:
     host, port = sockaddr[0], sockaddr[1]
     if host.startswith("::ffff:") and "." in host:
-        host = host[7:]
+        host = host[7:]  # an IPv4 client of a dual-stack socket
     if ":" in host:
         return Endpoint(6, int.from_bytes(socket.inet_pton(socket.AF_INET6, host), "big"), port)
     return Endpoint(4, int.from_bytes(socket.inet_pton(socket.AF_INET, host), "big"), port)
 
 
-def _wire(family: int, raw: bytes) -> Endpoint:
-    if family == socket.AF_INET:
-        return Endpoint(4, int.from_bytes(raw[:4], "big"), 0)
-    value = int.from_bytes(raw, "big")
-    if value >> 32 == 0xFFFF:  # IPv4 client of a dual-stack socket
-        return Endpoint(4, value & 0xFFFFFFFF, 0)
-    return Endpoint(6, value, 0)
+def program_judge(prog_fd: int, interfaces: bool) -> Judge:
+    """Judge with the loaded program; with interface rules nothing can be judged."""
+
+    def judge(peer: Endpoint, local: Endpoint, payload: bytes | None) -> bool | None:
+        if interfaces:
+            return None
+        # A dual-stack socket's own address is "::" for its IPv4 clients too.
+        to = local.address if local.family == peer.family else 0
+        if payload is None:
+            frame = tcp_syn_frame(peer.family, peer.address, peer.port, to, local.port)
+        else:
+            frame = udp_frame(peer.family, peer.address, payload, peer.port, to, local.port)
+        return prog_test_run(prog_fd, frame).retval != 0
+
+    return judge
+
+
+def accept_queue_length(sock: socket.socket) -> int:
+    """Connections in a TCP listener's accept queue (TCP_INFO's tcpi_unacked; Linux 2.6.x)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_UNACKED.size)
+    return int(_TCPI_UNACKED.unpack(info)[5])
+
+
+def tcp_state(sock: socket.socket) -> int:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
 
 
 def waiting_connections(sock: socket.socket) -> list[tuple[Endpoint, Endpoint]]:
-    """(peer, local) of connections on this listener not yet accepted."""
-    port = sock.getsockname()[1]
+    """(peer, local) of the listed connections on this listener's port not yet accepted.
+
+    A connection not yet accepted has no inode.  Others on the same port (a
+    second listener) may be listed too; the caller checks the count.
+    """
+    from pyroute2 import DiagSocket  # noqa: PLC0415
+
+    bound = endpoint(sock.getsockname())
     found = []
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as nl:
+    with DiagSocket() as diag:
+        diag.bind()
         for family in (socket.AF_INET, socket.AF_INET6):
-            request = (
-                _REQ.pack(family, socket.IPPROTO_TCP, 0, WAITING_STATES)
-                + _SOCKID.pack(port, 0, bytes(16), bytes(16))
-                + bytes(12)
-            )
-            nl.send(
-                _NLMSG.pack(
-                    _NLMSG.size + len(request),
-                    SOCK_DIAG_BY_FAMILY,
-                    NLM_F_REQUEST | NLM_F_DUMP,
-                    1,
-                    0,
-                )
-                + request
-            )
-            done = False
-            while not done:
-                data = nl.recv(65536)
-                offset = 0
-                while offset < len(data):
-                    length, kind, _, _, _ = _NLMSG.unpack_from(data, offset)
-                    body = offset + _NLMSG.size
-                    if kind == NLMSG_DONE:
-                        done = True
-                    elif kind == NLMSG_ERROR:
-                        code = -struct.unpack_from("=i", data, body)[0]
-                        raise OSError(code, f"sock_diag: {errno.errorcode.get(code, code)}")
-                    else:
-                        fam = data[body]
-                        sport, dport, src, dst = _SOCKID.unpack_from(data, body + _MSG_HEAD.size)
-                        inode = _MSG_TAIL.unpack_from(data, body + _MSG_HEAD.size + _SOCKID_SIZE)[4]
-                        if sport == port and inode == 0:
-                            peer, local = _wire(fam, dst), _wire(fam, src)
-                            found.append(
-                                (
-                                    Endpoint(peer.family, peer.address, dport),
-                                    Endpoint(local.family, local.address, sport),
-                                )
-                            )
-                    offset += (length + 3) & ~3
+            for msg in diag.get_sock_stats(
+                family=family, states=LISTED_STATES, protocol=socket.IPPROTO_TCP
+            ):
+                if msg["idiag_sport"] != bound.port or msg["idiag_inode"] != 0:
+                    continue
+                local = endpoint((msg["idiag_src"], msg["idiag_sport"]))
+                if bound.address and local != bound:
+                    continue  # accepted by a listener on another address
+                found.append((endpoint((msg["idiag_dst"], msg["idiag_dport"])), local))
     return found
-
-
-def tcp_allowed(prog_fd: int, peer: Endpoint, local: Endpoint) -> bool:
-    """Would the program pass a SYN from peer to local?"""
-    frame = tcp_syn_frame(peer.family, peer.address, peer.port, local.address, local.port)
-    return prog_test_run(prog_fd, frame).retval != 0
-
-
-def udp_allowed(prog_fd: int, peer: Endpoint, local: Endpoint, payload: bytes) -> bool:
-    frame = udp_frame(peer.family, peer.address, payload, peer.port, local.address, local.port)
-    return prog_test_run(prog_fd, frame).retval != 0
 
 
 def reset(conn: socket.socket) -> None:
     # SO_LINGER with a zero timeout: close sends a RST and drops unread data.
-    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    conn.close()
+    try:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    finally:
+        conn.close()
 
 
-def purge_listener(sock: socket.socket, prog_fd: int) -> int:
-    """Remove waiting connections the program denies; returns how many were denied."""
-    waiting = waiting_connections(sock)
-    denied = sum(not tcp_allowed(prog_fd, peer, local) for peer, local in waiting)
-    if not denied:
-        return 0
+def purge_listener(sock: socket.socket, judge: Judge) -> Report:
+    """Judge the accept queue; remove in queue order until nothing denied is left."""
+    report = Report("connections")
+    queued = accept_queue_length(sock)
+    report.waiting = queued
+    if queued == 0:
+        return report
+    listed = waiting_connections(sock)
+    verdicts = {(peer, local): judge(peer, local, None) for peer, local in listed}
+    bad = {key for key, ok in verdicts.items() if ok is not True}
+    if len(listed) == queued and not bad:
+        report.kept = queued
+        return report
+    # Reset connections are queued but not listed.  More listed than queued
+    # means some belong to another socket, and which cannot be told: take all.
+    unlisted = queued - len(listed) if len(listed) <= queued else queued
+    taken = 0
     sock.setblocking(False)
     try:
-        while True:
+        while taken < queued and (bad or unlisted > 0):
             try:
-                conn, _ = sock.accept()
+                conn, address = sock.accept()
             except BlockingIOError:
                 break
+            taken += 1
+            peer = endpoint(address)
+            try:
+                local = endpoint(conn.getsockname())
+                state = tcp_state(conn)
+            except OSError:
+                local, state = Endpoint(peer.family, 0, 0), TCP_CLOSE
+            key = (peer, local)
+            if state == TCP_CLOSE:
+                verdict = None  # reset by the peer: its data must not reach anyone
+            elif key in verdicts:
+                verdict = verdicts[key]
+            else:
+                verdict = judge(peer, local, None)
+            if key in bad:
+                bad.discard(key)
+            elif key not in verdicts:
+                unlisted -= 1
+            report.count_removed(verdict)
             reset(conn)
     finally:
         sock.setblocking(True)
-    return denied
+    report.kept = queued - taken
+    return report
 
 
-def purge_datagrams(sock: socket.socket, prog_fd: int) -> int:
-    """Discard queued datagrams up to the last one the program denies; returns the denied."""
+def _ipv6_packet(ancillary: list[tuple[int, int, bytes]]) -> bool:
+    """Did a datagram on an IPv6 socket come as an IPv6 packet (not IPv4)?
+
+    Its source cannot tell: an IPv4 packet's and an IPv6 packet's from an
+    IPv4-mapped address read the same.  Its destination (IPV6_PKTINFO, taken
+    from the packet's own header) can: an IPv4 packet's is IPv4-mapped.
+    """
+    for level, kind, data in ancillary:
+        if level == socket.IPPROTO_IPV6 and kind == socket.IPV6_PKTINFO and len(data) >= 16:
+            return not data[:12] == bytes(10) + b"\xff\xff"
+    return False
+
+
+def purge_datagrams(sock: socket.socket, judge: Judge) -> Report:
+    """Discard queued datagrams up to the last one that is not allowed."""
+    report = Report("datagrams")
     local = endpoint(sock.getsockname())
     verdicts = []
+    six = sock.family == socket.AF_INET6
+    if six:
+        pktinfo = sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
     sock.setsockopt(socket.SOL_SOCKET, SO_PEEK_OFF, 0)
     try:
         while True:
             try:
-                data, address = sock.recvfrom(65536, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                data, ancillary, _, address = sock.recvmsg(
+                    65536, 256, socket.MSG_PEEK | socket.MSG_DONTWAIT
+                )
             except BlockingIOError:
                 break
             peer = endpoint(address)
-            verdicts.append(udp_allowed(prog_fd, peer, local, data))
+            if six and _ipv6_packet(ancillary):
+                # An IPv6 packet, whatever its source looks like (an IPv4-mapped
+                # one is judged as the IPv6 packet it is: dropped).
+                raw = socket.inet_pton(socket.AF_INET6, address[0])
+                peer = Endpoint(6, int.from_bytes(raw, "big"), address[1])
+            verdicts.append(judge(peer, local, data))
     finally:
         sock.setsockopt(socket.SOL_SOCKET, SO_PEEK_OFF, -1)
-    if all(verdicts):
-        return 0
-    last_denied = max(i for i, ok in enumerate(verdicts) if not ok)
-    for _ in range(last_denied + 1):
+        if six:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, pktinfo)
+    report.waiting = len(verdicts)
+    bad = [i for i, ok in enumerate(verdicts) if ok is not True]
+    if not bad:
+        report.kept = len(verdicts)
+        return report
+    for ok in verdicts[: bad[-1] + 1]:
         sock.recv(65536, socket.MSG_DONTWAIT)
-    return verdicts.count(False)
+        report.count_removed(ok)
+    report.kept = len(verdicts) - bad[-1] - 1
+    return report
 
 
-def connected_peer_allowed(sock: socket.socket, prog_fd: int) -> bool:
-    """Accept=yes: does the program pass the peer of this connected socket?"""
-    return tcp_allowed(prog_fd, endpoint(sock.getpeername()), endpoint(sock.getsockname()))
+def connected_peer_allowed(sock: socket.socket, judge: Judge) -> bool:
+    """Accept=yes: does the program pass the peer of this connected socket?
+
+    A connection the peer has already reset cannot be judged: not allowed.
+    """
+    try:
+        peer, local = endpoint(sock.getpeername()), endpoint(sock.getsockname())
+    except OSError as err:
+        if err.errno == errno.ENOTCONN:
+            return False
+        raise
+    if tcp_state(sock) == TCP_CLOSE:
+        return False
+    return judge(peer, local, None) is True

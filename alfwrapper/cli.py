@@ -36,6 +36,7 @@ from alfwrapper.errors import (
     EX_SOFTWARE,
     EX_USAGE,
     AlfError,
+    excerpt,
 )
 from alfwrapper.rules import (
     Config,
@@ -87,14 +88,14 @@ class _NameAction(argparse.Action):
         if not namespace.listens:
             raise AlfError(
                 "--name",
-                f"{name!r} follows no --listen or --listen-datagram",
+                f"{excerpt(name)} follows no --listen or --listen-datagram",
                 "put --name NAME right after the socket it names",
                 EX_USAGE,
             )
         if not name or ":" in name or len(name) > 255 or not name.isprintable():
             raise AlfError(
                 "--name",
-                f"{name!r} is not a valid socket name",
+                f"{excerpt(name)} is not a valid socket name",
                 "use up to 255 printable characters without ':'",
                 EX_USAGE,
             )
@@ -255,6 +256,12 @@ def _parser() -> _Parser:
     return p
 
 
+# Below these, a knock cannot work over a real network: the next knock, or the
+# connection that follows the last one, arrives after the door has closed.
+MIN_KNOCK_TIMEOUT = 0.2
+MIN_KNOCK_OPEN_FOR = 1.0
+
+
 def _knock_settings(args: argparse.Namespace) -> KnockRules:
     checks = (
         (0 < args.knock_timeout <= 3600, "--knock-timeout", "between 0 and 3600 seconds"),
@@ -266,6 +273,19 @@ def _knock_settings(args: argparse.Namespace) -> KnockRules:
     for ok, option, hint in checks:
         if not ok:
             raise AlfError(option, "out of range", f"give a value {hint}", EX_USAGE)
+    short = (
+        (args.knock_timeout, MIN_KNOCK_TIMEOUT, "--knock-timeout", "the next knock"),
+        (args.knock_open_for, MIN_KNOCK_OPEN_FOR, "--knock-open-for", "the connection"),
+    )
+    for value, least, option, what in short:
+        if value < least:
+            raise AlfError(
+                option,
+                f"{value:g} s is shorter than a round trip: {what} would arrive after the "
+                "door has closed",
+                f"give at least {least:g} seconds",
+                EX_USAGE,
+            )
     return KnockRules(
         timeout=args.knock_timeout,
         open_for=args.knock_open_for,
@@ -343,7 +363,7 @@ def _scoped_rules(args: argparse.Namespace) -> tuple[tuple[str | None, SocketRul
             if not name or len(name) > 15 or "/" in name or name.isspace():
                 raise AlfError(
                     "--interface",
-                    f"{name!r} is not an interface name",
+                    f"{excerpt(name)} is not an interface name",
                     "give a name such as eth0 or wg0",
                     EX_USAGE,
                 )
@@ -460,6 +480,16 @@ def run_wrapper(config: Config, print_filter: bool) -> int:
         key: compiler.load_program(plan, {indexes[n]: n for n in key[0].interfaces}, ifindex_of)
         for key, plan in plans.items()
     }
+    # The knock part tells a listener's handshake from an accepted connection's
+    # traffic by the socket's cookie: it must know its listeners before any
+    # packet reaches them.
+    listeners: dict[Any, list[int]] = {}
+    for sock in all_sockets:
+        key = wants[id(sock)]
+        if key and key[0].knock and sock.type == socket.SOCK_STREAM:
+            listeners.setdefault(key, []).append(attach.socket_cookie(sock))
+    for key, cookies in listeners.items():
+        compiler.set_knock_listeners(loaded[key].bpf, cookies)
     unfiltered = []
     for sock, name in zip(all_sockets, names, strict=True):
         key = wants[id(sock)]
@@ -471,27 +501,32 @@ def run_wrapper(config: Config, print_filter: bool) -> int:
             attach_kept_aware(sock, loaded[key], id(sock) in kept)
     for sock, _ in inherited:
         key = wants[id(sock)]
-        if key and not key[0].empty and not check_backlog(sock, key[0], loaded[key].fd):
+        if (
+            key
+            and not key[0].empty
+            and not check_backlog(sock, key[0], loaded[key].fd, config.command[0])
+        ):
             return 0
     for sock, spec in created:
         sockets.bind_socket(sock, spec)
     for sock, name in unfiltered:
         print(
-            f"alfwrapper: note: {attach.describe(sock)} named {name!r} has no rules and is "
+            f"alfwrapper: note: {attach.describe(sock)} named {excerpt(name)} has no rules and is "
             "not filtered",
             file=sys.stderr,
         )
     following = [lf for lf in loaded.values() if lf.plan.rules.interfaces]
     if following:
-
-        def update(state: dict[int, str]) -> None:
-            for lf in following:
-                compiler.set_interfaces(
-                    lf.bpf, {i: n for i, n in state.items() if n in lf.plan.rules.interfaces}
-                )
-
         interfaces.start_watcher(
-            wanted, update, [lf.bpf[b"iface_allowed"].map_fd for lf in following]
+            [
+                interfaces.WatchedMap(
+                    lf.bpf[b"iface_allowed"].map_fd,
+                    lf.plan.rules.interfaces,
+                    lf.bpf[b"iface_alive"].map_fd,
+                )
+                for lf in following
+            ],
+            os.path.basename(config.command[0]),
         )
     privileges.drop_privileges()
     activation.exec_with_sockets(all_sockets, names, config.command, os.environ)
@@ -521,13 +556,14 @@ def attach_kept_aware(sock: socket.socket, loaded: compiler.LoadedFilter, kept: 
         activation.store_fd(loaded.bpf[b"alf_next"].map_fd, store_key(sock), os.environ)
 
 
-def check_backlog(sock: socket.socket, rules: SocketRules, prog_fd: int) -> bool:
-    """Deal with what reached an inherited socket before its filter (backlog.py).
+def check_backlog(sock: socket.socket, rules: SocketRules, prog_fd: int, command: str) -> bool:
+    """Judge what reached an inherited socket before its filter (backlog.py).
 
     Returns False when the socket is a denied Accept=yes connection: it has
     been reset and COMMAND must not start.
     """
     where = attach.describe(sock)
+    judge = backlog.program_judge(prog_fd, bool(rules.interfaces))
     if activation.is_connected_stream(sock):
         if rules.knock or rules.interfaces:
             kind = "knocking" if rules.knock else "--interface"
@@ -537,22 +573,23 @@ def check_backlog(sock: socket.socket, rules: SocketRules, prog_fd: int) -> bool
                 "use Accept=no for this socket, or leave that rule out",
                 EX_CONFIG,
             )
-        peer = sock.getpeername()[0]
-        if backlog.connected_peer_allowed(sock, prog_fd):
+        try:
+            peer = sock.getpeername()[0]
+        except OSError:
+            peer = "a peer that has already reset it"
+        if backlog.connected_peer_allowed(sock, judge):
             return True
         backlog.reset(sock)
         print(
-            f"alfwrapper: note: connection from {peer} denied and reset; COMMAND not started",
+            f"alfwrapper: note: connection from {peer} denied and reset; {command} not started",
             file=sys.stderr,
         )
         return False
     try:
         if sock.type == socket.SOCK_STREAM:
-            denied = backlog.purge_listener(sock, prog_fd)
-            what = "connections"
+            report = backlog.purge_listener(sock, judge)
         else:
-            denied = backlog.purge_datagrams(sock, prog_fd)
-            what = "datagrams"
+            report = backlog.purge_datagrams(sock, judge)
     except OSError as err:
         raise AlfError(
             f"checking what reached {where} before its filter",
@@ -560,12 +597,8 @@ def check_backlog(sock: socket.socket, rules: SocketRules, prog_fd: int) -> bool
             "run `alfwrapper doctor`",
             EX_OSERR,
         ) from None
-    if denied:
-        print(
-            f"alfwrapper: note: {where}: {denied} {what} from denied sources arrived before "
-            "the filter; removed",
-            file=sys.stderr,
-        )
+    if report.removed:
+        print(f"alfwrapper: note: {where}: {report}", file=sys.stderr)
     return True
 
 
@@ -624,6 +657,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(err.line(), file=sys.stderr)
         if verbose and err.details:
             print(err.details.rstrip(), file=sys.stderr)
+        if err.exit_now:
+            sys.stderr.flush()
+            os._exit(err.exit_code)
         return err.exit_code
     except KeyboardInterrupt:
         return 130

@@ -17,9 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from alfwrapper import knocking, map_values
-from alfwrapper.errors import EX_DATAERR, EX_NOPERM, EX_OSERR, EX_SOFTWARE, EX_USAGE, AlfError
+from alfwrapper.errors import (
+    EX_DATAERR,
+    EX_NOPERM,
+    EX_OSERR,
+    EX_SOFTWARE,
+    EX_USAGE,
+    AlfError,
+    excerpt,
+)
 from alfwrapper.knocking import KnockPlan
-from alfwrapper.program import ENTRY, RESERVED_PREFIXES, ProgramPlan, plan_program
+from alfwrapper.program import BODY, ENTRY, RESERVED_PREFIXES, ProgramPlan, plan_program
 from alfwrapper.rules import KnockRules, SocketRules
 from alfwrapper.subnet_table import ROOT_ENTRIES, SubnetTable, encode_nodes
 
@@ -170,6 +178,9 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
     try:
         with _stderr_to(log):
             fn = bpf.load_func(ENTRY.encode(), bcc.BPF.SOCKET_FILTER)
+            if plan.rules.interfaces:
+                body = bpf.load_func(BODY.encode(), bcc.BPF.SOCKET_FILTER)
+                bpf[b"iface_alive"][ctypes.c_int(0)] = ctypes.c_int(body.fd)
     except Exception as err:
         text = "".join(log)
         message = str(err)
@@ -188,6 +199,21 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             f"loading {what}", message, "run with -v for details", EX_OSERR, details=text
         ) from None
     return LoadedFilter(bpf=bpf, fd=fn.fd, plan=plan)
+
+
+def set_knock_listeners(bpf: Any, cookies: list[int]) -> None:
+    """Tell the knock part which sockets are TCP listeners (their SO_COOKIE)."""
+    table = bpf[b"knock_listeners"]
+    for cookie in cookies:
+        try:
+            table[table.Key(cookie)] = table.Leaf(1)
+        except Exception as err:
+            raise AlfError(
+                "knocking",
+                f"too many listening sockets share one knock rule: {err}",
+                "give each listener its own knock rule",
+                EX_USAGE,
+            ) from None
 
 
 def _update_batch(table: Any, keys: bytes, values: bytes, count: int, name: str) -> None:
@@ -291,7 +317,7 @@ def apply_settings(bpf: Any, plan: ProgramPlan, ifindex_of: map_values.IfindexOf
             except ValueError as err:
                 raise AlfError(
                     where,
-                    f"{part} {text!r} does not fit {map_values.type_name(ctype)}: {err}",
+                    f"{part} {excerpt(text)} does not fit {map_values.type_name(ctype)}: {err}",
                     "write the fields comma-separated, in order",
                     EX_USAGE,
                 ) from None

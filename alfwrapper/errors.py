@@ -14,6 +14,13 @@ EX_NOPERM = 77
 EX_CONFIG = 78
 
 
+def excerpt(text: str, limit: int = 40, quote: bool = True) -> str:
+    """At most ``limit`` characters of user input, for an error message (quoted, unless
+    it is a path or a name that reads better bare)."""
+    shown = text if len(text) <= limit else text[:limit] + "..."
+    return repr(shown) if quote else shown
+
+
 class AlfError(Exception):
     """An error a user can act on: what failed, why, and what to do.
 
@@ -28,8 +35,12 @@ class AlfError(Exception):
         hint: str = "",
         exit_code: int = EX_SOFTWARE,
         details: str = "",
+        exit_now: bool = False,
     ) -> None:
         super().__init__(what, why, hint, exit_code)
+        # After the point of no return (fds closed for exec): main() exits at
+        # once, without the interpreter's clean-up.
+        self.exit_now = exit_now
         self.what = what
         self.why = why
         self.hint = hint

@@ -1,18 +1,15 @@
-"""Interface names to indexes, and the watcher that keeps the filter following the names.
+"""Interface names to indexes, and starting the watcher that keeps the filter following names.
 
 An interface rule names an interface, but a packet carries only an index,
 and an index changes when, say, a VPN's wg0 is deleted and created again.
-So before exec the wrapper starts one small watcher process (double-forked:
-it is not the application's child, and it stays in the service's cgroup).
-It listens to netlink link events in the service's network namespace:
-
-- a link with an allowed name appears (created or renamed): its index enters
-  the map;
-- a link is deleted or renamed away: its index leaves the map, so another
-  interface that later reuses the index is not allowed by mistake.
-
-It resynchronises from a full dump on start and whenever netlink reports
-lost events, and exits when the application does (a pidfd, Linux 5.3).
+So before exec the wrapper starts one small watcher process (watcher.py):
+double-forked, so it is not the application's child, and it stays in the
+service's cgroup.  It is a fresh interpreter that never loads BCC, holds
+only the maps it updates, and, when the wrapper runs as root, runs under
+its own user (WATCHER_USER, else nobody), so the application cannot signal
+or trace it.  It also holds the only reference to the programs' iface_alive
+arrays: if it dies anyway, the kernel empties them and every packet on
+those sockets is dropped (interfaces.c).
 """
 
 from __future__ import annotations
@@ -20,10 +17,9 @@ from __future__ import annotations
 import os
 import select
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from alfwrapper import privileges
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
 
 RTMGRP_LINK = 1
@@ -67,95 +63,71 @@ def resolve(names: Sequence[str]) -> dict[str, int]:
     return {n: links[n] for n in names}
 
 
-def start_watcher(
-    names: Iterable[str], update: Callable[[dict[int, str]], None], keep_fds: Iterable[int]
-) -> None:
-    """Fork the watcher; returns in the wrapper at once.
+@dataclass(frozen=True)
+class WatchedMap:
+    """One program's iface_allowed map, the names it allows, and its iface_alive array."""
 
-    ``update`` receives the full set {index: name} of allowed interfaces
-    whenever it changes.  ``keep_fds`` are the map fds it needs; the
-    watcher closes every other descriptor, listening sockets included.
+    allowed_fd: int
+    names: tuple[str, ...]
+    alive_fd: int
+
+
+READY_SECONDS = 20.0
+
+
+def start_watcher(maps: Sequence[WatchedMap], label: str) -> int:
+    """Start the watcher for these maps; returns its pid once it reports ready.
+
+    ``label`` names the service in the watcher's command line and messages.
     """
-    wanted = set(names)
     app_pid = os.getpid()
     pidfd = os.pidfd_open(app_pid)
     ready_r, ready_w = os.pipe()
+    pid_r, pid_w = os.pipe()
     child = os.fork()
     if child:
         os.close(pidfd)
         os.close(ready_w)
+        os.close(pid_w)
         os.waitpid(child, 0)
         # The watcher says "ready" after its first full dump; until then the
         # interface rules would not follow renames, so do not start without it.
-        ready, _, _ = select.select([ready_r], [], [], 10)
+        ready, _, _ = select.select([ready_r], [], [], READY_SECONDS)
         word = os.read(ready_r, 16) if ready else b""
+        watcher = int(os.read(pid_r, 16) or b"0")
         os.close(ready_r)
+        os.close(pid_r)
         if word != b"ready":
             raise AlfError(
                 "starting the interface watcher",
                 "it did not report ready",
-                "run with -v; check that netlink works here",
+                "its own message above says why; check that netlink works here",
                 EX_OSERR,
             )
-        return
+        return watcher
     try:
         os.close(ready_r)
+        os.close(pid_r)
         os.setsid()
         if os.fork():
             os._exit(0)
-        keep = {0, 1, 2, pidfd, ready_w, *keep_fds}
+        os.write(pid_w, str(os.getpid()).encode())
+        os.close(pid_w)
+        keep = [pidfd, ready_w]
+        argv = [sys.executable, "-m", "alfwrapper.watcher", label, str(pidfd), str(ready_w)]
+        for m in maps:
+            argv.append(f"{m.allowed_fd}:{m.alive_fd}:{','.join(m.names)}")
+            keep += [m.allowed_fd, m.alive_fd]
+        for fd in keep:
+            os.set_inheritable(fd, True)
+        # Nothing else of the wrapper's: no listening socket, no other map.
         for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            if fd not in keep:
+            if int(name) > 2 and int(name) not in keep:
                 try:
-                    os.close(fd)
+                    os.close(int(name))
                 except OSError:
-                    pass
-        privileges.drop_privileges(keep=1 << privileges.CAP_BPF)  # map updates need it
-        _watch(wanted, update, pidfd, ready_w)
-        os._exit(0)
+                    pass  # the listing's own fd
+        os.execv(sys.executable, argv)
     except BaseException as err:  # never return into the wrapper's code
-        print(
-            f"alfwrapper: interface watcher: {err} (interface rules no longer follow "
-            "renames; restart the service)",
-            file=sys.stderr,
-        )
-        os._exit(1)
-
-
-def _watch(
-    wanted: set[str], update: Callable[[dict[int, str]], None], pidfd: int, ready_w: int
-) -> None:
-    from pyroute2 import IPRoute  # noqa: PLC0415
-
-    with IPRoute() as ipr:
-        ipr.bind(groups=RTMGRP_LINK)
-        current: dict[int, str] = {}
-
-        def publish(state: dict[int, str]) -> None:
-            nonlocal current
-            if state != current:
-                update(state)
-                current = dict(state)
-
-        # Events between the wrapper's first look and bind() are caught by this dump.
-        publish({i: n for n, i in link_names().items() if n in wanted})
-        os.write(ready_w, b"ready")
-        os.close(ready_w)
-        while True:
-            ready, _, _ = select.select([ipr.fileno(), pidfd], [], [])
-            if pidfd in ready:
-                return
-            state = dict(current)
-            try:
-                messages: list[Any] = list(ipr.get())
-            except OSError:  # ENOBUFS: events were lost; start from a full dump
-                publish({i: n for n, i in link_names().items() if n in wanted})
-                continue
-            for msg in messages:
-                index, name = msg["index"], msg.get_attr("IFLA_IFNAME")
-                if msg["event"] == "RTM_NEWLINK" and name in wanted:
-                    state[index] = name
-                else:  # deleted, or a new name that is not allowed
-                    state.pop(index, None)
-            publish(state)
+        print(f"alfwrapper: starting the interface watcher: {err}", file=sys.stderr)
+    os._exit(1)

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from alfwrapper.errors import EX_DATAERR, EX_OSERR, EX_USAGE, AlfError
-from alfwrapper.rules import KnockRules, read_input
+from alfwrapper.rules import SECRET_LIMIT, KnockRules, read_input
 
 MAX_STEPS = 8  # KNOCK_MAX_STEPS in knocking.c
 HORIZON_SECONDS = 7 * 86400
@@ -39,7 +39,7 @@ class KnockPlan:
 
 
 def read_secret(path: str) -> bytes:
-    secret = read_input(path, "knock secret").strip()
+    secret = read_input(path, "knock secret", SECRET_LIMIT).strip()
     if len(secret) < 16:
         raise AlfError(
             f"knock secret {path}",

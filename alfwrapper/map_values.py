@@ -20,6 +20,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from alfwrapper.errors import excerpt
 from alfwrapper.rules import parse_prefix
 
 IfindexOf = Callable[[str], int | None]
@@ -97,7 +98,7 @@ def _integer(ctype: Any, text: str, ifindex_of: IfindexOf) -> bytes:
         value = ifindex_of(text)
     if value is None:
         raise ValueError(
-            f"{text!r} is not a number, an interface name"
+            f"{excerpt(text)} is not a number, an interface name"
             + (" or an IPv4 address" if size == 4 else "")
         )
     signed = type_name(ctype).startswith("s")
@@ -118,7 +119,7 @@ def encode(ctype: Any, text: str, ifindex_of: IfindexOf) -> bytes:
             prefix = parse_prefix(text)
             size = ctypes.sizeof(_fields(ctype)[1][1])
             if (prefix.family == 4) != (size == 4):
-                raise ValueError(f"{text!r} is not an IPv{4 if size == 4 else 6} CIDR")
+                raise ValueError(f"{excerpt(text)} is not an IPv{4 if size == 4 else 6} CIDR")
             out = bytearray(ctypes.sizeof(ctype))
             out[0:4] = prefix.length.to_bytes(4, "little")
             offset = getattr(ctype, _fields(ctype)[1][0]).offset
@@ -128,7 +129,7 @@ def encode(ctype: Any, text: str, ifindex_of: IfindexOf) -> bytes:
         parts = text.split(",")
         if len(parts) != len(fields):
             raise ValueError(
-                f"{text!r} has {len(parts)} comma-separated fields, "
+                f"{excerpt(text)} has {len(parts)} comma-separated fields, "
                 f"{type_name(ctype)} has {len(fields)}"
             )
         out = bytearray(ctypes.sizeof(ctype))
@@ -145,7 +146,7 @@ def encode(ctype: Any, text: str, ifindex_of: IfindexOf) -> bytes:
         if size in (4, 16) and ctypes.sizeof(ctype._type_) == 1:
             address = _address(text.strip(), size)
             if address is None:
-                raise ValueError(f"{text!r} is not an IPv{4 if size == 4 else 6} address")
+                raise ValueError(f"{excerpt(text)} is not an IPv{4 if size == 4 else 6} address")
             return address
         raise ValueError(f"cannot write {type_name(ctype)} from text")
     if issubclass(ctype, _INTEGERS):

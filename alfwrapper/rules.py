@@ -6,12 +6,14 @@ with a message fit for a user; callers add where the input came from.
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
+import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NamedTuple
 
-from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, EX_USAGE, AlfError
+from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, EX_USAGE, AlfError, excerpt
 
 FAMILY_BITS = {4: 32, 6: 128}
 
@@ -164,9 +166,9 @@ def parse_ports(text: str) -> tuple[int, ...]:
     """``P,P,P``: a knock sequence of ports 1..65535, at most 8 long."""
     parts = [p.strip() for p in text.split(",")]
     if not all(p.isdigit() and p.isascii() and 0 < int(p) < 65536 for p in parts):
-        raise ValueError(f"{text!r} is not a list of ports 1-65535 such as 7000,8000,9000")
+        raise ValueError(f"{excerpt(text)} is not a list of ports 1-65535 such as 7000,8000,9000")
     if not 1 <= len(parts) <= 8:
-        raise ValueError(f"{text!r} has {len(parts)} ports; give 1 to 8")
+        raise ValueError(f"{excerpt(text)} has {len(parts)} ports; give 1 to 8")
     return tuple(int(p) for p in parts)
 
 
@@ -191,21 +193,21 @@ def parse_prefix(text: str) -> Prefix:
     try:
         raw = socket.inet_pton(af, addr)
     except OSError:
-        raise ValueError(f"{text!r} is not an IPv4 or IPv6 address or CIDR") from None
+        raise ValueError(f"{excerpt(text)} is not an IPv4 or IPv6 address or CIDR") from None
     width = FAMILY_BITS[family]
     if sep:
         if not length_text.isdigit() or not length_text.isascii():
-            raise ValueError(f"{text!r} has a bad prefix length {length_text!r}")
+            raise ValueError(f"{excerpt(text)} has a bad prefix length {excerpt(length_text)}")
         length = int(length_text)
         if length > width:
-            raise ValueError(f"{text!r}: prefix length {length} is longer than {width}")
+            raise ValueError(f"{excerpt(text)}: prefix length {length} is longer than {width}")
     else:
         length = width
     value = int.from_bytes(raw, "big")
     host_bits = width - length
     if value & ((1 << host_bits) - 1):
         network = Prefix(family, value >> host_bits << host_bits, length)
-        raise ValueError(f"{text!r} has host bits set (did you mean {network}?)")
+        raise ValueError(f"{excerpt(text)} has host bits set (did you mean {network}?)")
     if family == 6 and length >= 96 and (value >> 32) == 0xFFFF:
         return Prefix(4, value & 0xFFFFFFFF, length - 96)
     return Prefix(family, value, length)
@@ -230,34 +232,107 @@ def parse_rule_lines(lines: list[str], origin: str) -> list[Prefix]:
     return prefixes
 
 
-def read_input(path: str, what: str) -> bytes:
-    """A file the user named; missing or unreadable is an error, never empty input."""
+# How much of a file the user names is read, at most, and for how long.  A
+# 1,000,000-line rule file of IPv6 addresses written out in full
+# (2001:0db8:0000:...:0001/128) is 44 MB.
+RULE_FILE_LIMIT = 64 << 20
+SECRET_LIMIT = 4096
+FILTER_LIMIT = 1 << 20
+READ_SECONDS = 30.0
+_CHUNK = 1 << 20
+
+
+def read_input(path: str, what: str, limit: int) -> bytes:
+    """A regular file the user named, at most ``limit`` bytes, read within READ_SECONDS.
+
+    Missing, unreadable, not a regular file (a FIFO, a device, a directory),
+    too large or too slow is an error, never empty or partial input.
+    """
+    where = f"{what} {excerpt(path, 200, quote=False)}"
     try:
-        return Path(path).read_bytes()
+        # O_NONBLOCK: opening a FIFO with no writer must not hang; it is refused below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
-        raise AlfError(f"{what} {path}", "no such file", "check the path", EX_NOINPUT) from None
+        raise AlfError(where, "no such file", "check the path", EX_NOINPUT) from None
     except OSError as err:
         raise AlfError(
-            f"{what} {path}",
+            where,
             err.strerror or str(err),
             "check the path and its permissions",
             EX_NOINPUT,
         ) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise AlfError(
+                where,
+                f"is not a regular file (it is a {_file_kind(info.st_mode)})",
+                "give a file, not a FIFO, device or directory",
+                EX_NOINPUT,
+            )
+        too_big = AlfError(
+            where,
+            f"is larger than {limit} bytes",
+            "split it, or check that it is the file you meant",
+            EX_DATAERR,
+        )
+        if info.st_size > limit:
+            raise too_big
+        deadline = time.monotonic() + READ_SECONDS
+        chunks = []
+        total = 0
+        while True:
+            try:
+                chunk = os.read(fd, _CHUNK)
+            except OSError as err:
+                raise AlfError(
+                    where, err.strerror or str(err), "check the file", EX_NOINPUT
+                ) from None
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:
+                raise too_big
+            if time.monotonic() > deadline:
+                raise AlfError(
+                    where,
+                    f"reading took longer than {READ_SECONDS:.0f} s",
+                    "put it on a local file system",
+                    EX_NOINPUT,
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
-def read_text_input(path: str, what: str, hint: str) -> str:
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISSOCK, "socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
+def read_text_input(path: str, what: str, hint: str, limit: int) -> str:
     """read_input, decoded as UTF-8; anything else is bad data."""
     try:
-        return read_input(path, what).decode("utf-8")
+        return read_input(path, what, limit).decode("utf-8")
     except UnicodeDecodeError as err:
         raise AlfError(
-            f"{what} {path}", f"not UTF-8 text ({err.reason} at byte {err.start})", hint, EX_DATAERR
+            f"{what} {excerpt(path, 200, quote=False)}",
+            f"not UTF-8 text ({err.reason} at byte {err.start})",
+            hint,
+            EX_DATAERR,
         ) from None
 
 
 def read_rule_file(path: str) -> list[Prefix]:
     """Read a rule file: one CIDR per line."""
-    text = read_text_input(path, "rule file", "write one CIDR per line")
+    text = read_text_input(path, "rule file", "write one CIDR per line", RULE_FILE_LIMIT)
     return parse_rule_lines(text.splitlines(), path)
 
 
@@ -280,27 +355,31 @@ def parse_listen(kind: str, text: str) -> ListenSpec:
     if text.startswith("["):
         close = text.find("]")
         if close < 0 or text[close + 1 : close + 2] != ":":
-            raise AlfError(option, f"{text!r} is not [ADDR]:PORT", "write e.g. [::]:8080", EX_USAGE)
+            raise AlfError(
+                option, f"{excerpt(text)} is not [ADDR]:PORT", "write e.g. [::]:8080", EX_USAGE
+            )
         host, port_text = text[1:close], text[close + 2 :]
     elif ":" in text:
         host, _, port_text = text.rpartition(":")
         if ":" in host:
             raise AlfError(
                 option,
-                f"{text!r}: put an IPv6 address in brackets",
+                f"{excerpt(text)}: put an IPv6 address in brackets",
                 "write e.g. [2001:db8::1]:8080",
                 EX_USAGE,
             )
         host = host or "::"
     if not port_text.isdigit() or not port_text.isascii() or not 0 < int(port_text) < 65536:
-        raise AlfError(option, f"{text!r} has no valid port", "ports are 1 to 65535", EX_USAGE)
+        raise AlfError(
+            option, f"{excerpt(text)} has no valid port", "ports are 1 to 65535", EX_USAGE
+        )
     af = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         socket.inet_pton(af, host)
     except OSError:
         raise AlfError(
             option,
-            f"{host!r} is not an IP address",
+            f"{excerpt(host)} is not an IP address",
             "give a numeric IPv4 or IPv6 address; host names are not resolved",
             EX_USAGE,
         ) from None

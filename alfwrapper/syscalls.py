@@ -1,9 +1,15 @@
-"""Raw system calls Python lacks: bpf(2) test runs, capset(2), prctl(2).  The only module
-with ctypes.
+"""What Python lacks for the kernel: libbpf's test runs and map calls, capset(2), prctl(2).
+
+The only module with ctypes.  BPF goes through libbpf (libbpf.so.1, Debian's
+libbpf1), never a hand-made bpf(2) call: bpf_prog_test_run_opts and the map
+element calls, which the wrapper needs without BCC (the interface watcher
+is a small process that never loads BCC).  capset(2) and the prctl(2)
+options have no library in Debian's Python, so they are written here.
 
 BPF_PROG_TEST_RUN (Linux 4.12; socket filters take an Ethernet frame and see
 the network header after it) runs a loaded program on a packet we make up:
-the tests check the kernel's verdicts with it, and the benchmarks time it.
+the backlog check judges queued connections with it, the tests check the
+kernel's verdicts with it, and the benchmarks time it.
 """
 
 from __future__ import annotations
@@ -14,33 +20,63 @@ import os
 import platform
 from dataclasses import dataclass
 
-BPF_PROG_TEST_RUN = 10
-_SYS_BPF = {"x86_64": 321, "aarch64": 280}
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libbpf: ctypes.CDLL | None = None
 
 
-class _TestRunAttr(ctypes.Structure):
-    # union bpf_attr, the BPF_PROG_TEST_RUN member (include/uapi/linux/bpf.h)
+def libbpf() -> ctypes.CDLL:
+    """libbpf.so.1, loaded on first use; OSError when it is missing."""
+    global _libbpf
+    if _libbpf is None:
+        name = ctypes.util.find_library("bpf") or "libbpf.so.1"
+        try:
+            lib = ctypes.CDLL(name, use_errno=True)
+        except OSError:
+            raise OSError(0, "libbpf.so.1 is missing (apt-get install libbpf1)") from None
+        lib.bpf_prog_test_run_opts.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        for name_ in ("bpf_map_update_elem", "bpf_map_lookup_elem"):
+            getattr(lib, name_).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + (
+                [ctypes.c_uint64] if name_ == "bpf_map_update_elem" else []
+            )
+        lib.bpf_map_delete_elem.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        lib.bpf_map_get_next_key.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        _libbpf = lib
+    return _libbpf
+
+
+def _bpf_check(result: int, what: str, obj: str = "") -> None:
+    # libbpf returns -errno (and sets errno) on failure.
+    if result < 0:
+        err = ctypes.get_errno() or -result
+        raise OSError(err, f"{what}: {os.strerror(err)}", obj or None)
+
+
+class _TestRunOpts(ctypes.Structure):
+    # struct bpf_test_run_opts, libbpf's bpf.h (1.0 and later)
     _fields_ = [
-        ("prog_fd", ctypes.c_uint32),
-        ("retval", ctypes.c_uint32),
+        ("sz", ctypes.c_size_t),
+        ("data_in", ctypes.c_void_p),
+        ("data_out", ctypes.c_void_p),
         ("data_size_in", ctypes.c_uint32),
         ("data_size_out", ctypes.c_uint32),
-        ("data_in", ctypes.c_uint64),
-        ("data_out", ctypes.c_uint64),
-        ("repeat", ctypes.c_uint32),
-        ("duration", ctypes.c_uint32),
+        ("ctx_in", ctypes.c_void_p),
+        ("ctx_out", ctypes.c_void_p),
         ("ctx_size_in", ctypes.c_uint32),
         ("ctx_size_out", ctypes.c_uint32),
-        ("ctx_in", ctypes.c_uint64),
-        ("ctx_out", ctypes.c_uint64),
+        ("retval", ctypes.c_uint32),
+        ("repeat", ctypes.c_int),
+        ("duration", ctypes.c_uint32),
         ("flags", ctypes.c_uint32),
         ("cpu", ctypes.c_uint32),
         ("batch_size", ctypes.c_uint32),
-        ("_pad", ctypes.c_uint32),
     ]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# struct __sk_buff up to ingress_ifindex (uapi/linux/bpf.h): the context fields a
+# test run may set.  Only mark, priority, ingress_ifindex, cb and tstamp may be
+# non-zero; ingress_ifindex is the 10th u32.
+_SKB_INGRESS_IFINDEX = 9
+_SKB_CTX_WORDS = 10
 
 
 @dataclass(frozen=True)
@@ -49,19 +85,59 @@ class TestRun:
     duration_ns: int  # the kernel's mean time per run
 
 
-def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1) -> TestRun:
-    """Run the program on an Ethernet frame ``repeat`` times in the kernel."""
-    number = _SYS_BPF.get(platform.machine())
-    if number is None:
-        raise OSError(0, f"bpf(2) syscall number unknown for {platform.machine()}")
+def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1, ingress_ifindex: int = 0) -> TestRun:
+    """Run the program on an Ethernet frame ``repeat`` times in the kernel.
+
+    ``ingress_ifindex`` is the interface the packet is taken to have arrived on.
+    """
     data = ctypes.create_string_buffer(frame, len(frame))
-    attr = _TestRunAttr(
-        prog_fd=prog_fd, data_size_in=len(frame), data_in=ctypes.addressof(data), repeat=repeat
+    ctx = (ctypes.c_uint32 * _SKB_CTX_WORDS)()
+    ctx[_SKB_INGRESS_IFINDEX] = ingress_ifindex
+    opts = _TestRunOpts(
+        sz=ctypes.sizeof(_TestRunOpts),
+        data_in=ctypes.addressof(data),
+        data_size_in=len(frame),
+        ctx_in=ctypes.addressof(ctx),
+        ctx_size_in=ctypes.sizeof(ctx),
+        repeat=repeat,
     )
-    if _libc.syscall(number, BPF_PROG_TEST_RUN, ctypes.byref(attr), ctypes.sizeof(attr)) < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"BPF_PROG_TEST_RUN: {os.strerror(err)}", f"prog fd {prog_fd}")
-    return TestRun(retval=attr.retval, duration_ns=attr.duration)
+    _bpf_check(
+        libbpf().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)),
+        "BPF_PROG_TEST_RUN",
+        f"prog fd {prog_fd}",
+    )
+    return TestRun(retval=opts.retval, duration_ns=opts.duration)
+
+
+def map_update(map_fd: int, key: bytes, value: bytes) -> None:
+    """Put key -> value in a map (BPF_ANY)."""
+    _bpf_check(
+        libbpf().bpf_map_update_elem(map_fd, key, value, 0), "map update", f"map fd {map_fd}"
+    )
+
+
+def map_delete(map_fd: int, key: bytes) -> bool:
+    """Remove key from a map; False if it was not there."""
+    result = libbpf().bpf_map_delete_elem(map_fd, key)
+    if result < 0 and (ctypes.get_errno() or -result) == 2:  # ENOENT
+        return False
+    _bpf_check(result, "map delete", f"map fd {map_fd}")
+    return True
+
+
+def map_keys(map_fd: int, key_size: int) -> list[bytes]:
+    """Every key of a hash map."""
+    keys: list[bytes] = []
+    previous: bytes | None = None
+    current = ctypes.create_string_buffer(key_size)
+    while True:
+        result = libbpf().bpf_map_get_next_key(map_fd, previous, current)
+        if result < 0:
+            if (ctypes.get_errno() or -result) == 2:  # ENOENT: the last key
+                return keys
+            _bpf_check(result, "map iteration", f"map fd {map_fd}")
+        previous = current.raw
+        keys.append(previous)
 
 
 def _checksum(header: bytes) -> int:

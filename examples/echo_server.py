@@ -6,6 +6,7 @@ line echoed back, UDP datagrams get an echo reply.  It writes one line to
 stdout per thing it receives, so you (and the tests) can see what reached it:
 
     ready fds=3,4 names=web:dns
+    accept web 192.0.2.2
     tcp web 192.0.2.2 hello
     udp dns 2001:db8:1::2 hello
 
@@ -83,6 +84,7 @@ def main() -> int:
                     continue
                 conn.setblocking(False)
                 buffers[conn] = b""
+                say("accept", name, peer_host(address))
                 select.register(conn, selectors.EVENT_READ, ("conn", (name, peer_host(address))))
             elif role == "listener":
                 try:
@@ -90,7 +92,10 @@ def main() -> int:
                 except BlockingIOError:
                     continue
                 say("udp", name, peer_host(address), data.decode(errors="replace").strip())
-                sock.sendto(b"echo " + data, address)
+                try:
+                    sock.sendto(b"echo " + data, address)
+                except OSError:  # no route back: the sender is told nothing
+                    pass
             else:
                 cname, peer = name
                 try:
@@ -108,7 +113,10 @@ def main() -> int:
                 while b"\n" in buffers[sock]:
                     line, buffers[sock] = buffers[sock].split(b"\n", 1)
                     say("tcp", cname, peer, line.decode(errors="replace").strip())
-                    sock.sendall(b"echo " + line + b"\n")
+                    try:
+                        sock.sendall(b"echo " + line + b"\n")
+                    except OSError:  # the peer is gone; its next read ends the connection
+                        pass
 
 
 if __name__ == "__main__":

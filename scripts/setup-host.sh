@@ -4,7 +4,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-PACKAGES="python3-bpfcc python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool"
+PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -39,6 +39,15 @@ if [ ! -e "$build/include" ] && [ ! -e /sys/kernel/kheaders.tar.xz ]; then
     ln -sfn "$arch" "$build"
     ln -sfn "$common" "/lib/modules/$release/source"
     echo "setup: linked $build -> $arch"
+fi
+
+# The interface watcher's own user (interfaces.py): the application cannot signal
+# a process of another user.
+if ! getent passwd alfwrapper >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+        adduser --system --group --no-create-home --home /nonexistent alfwrapper >/dev/null 2>&1
+        echo "setup: created the system user alfwrapper"
+    fi
 fi
 
 VENV=.venv

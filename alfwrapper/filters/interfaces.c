@@ -9,7 +9,14 @@
  * The wrapper fills it from interface names, and a small watcher process
  * keeps it following those names: an interface that is deleted leaves the
  * map at once, one re-created under the name enters it with its new index
- * (interfaces.py).
+ * (interfaces.py, watcher.py).
+ *
+ *   iface_alive    PROG_ARRAY[1]: the composed program's body.  Composed,
+ *                  the entry point tail-calls it and drops the packet if the
+ *                  call fails.  Only the watcher holds this array open, and
+ *                  the kernel empties a program array when its last user
+ *                  reference goes: if the watcher dies, no interface passes
+ *                  (fail closed) rather than the map freezing as it was.
  *
  * Macros: IFACE_SLOTS, max_entries of iface_allowed (default 4096).
  * Alone, `filter` returns ALF_PASS or ALF_DROP; composed (ALF_PART defined),
@@ -24,6 +31,9 @@
 #endif
 
 BPF_HASH(iface_allowed, u32, u32, IFACE_SLOTS);
+#ifdef ALF_PART
+BPF_PROG_ARRAY(iface_alive, 1);
+#endif
 
 /* Did the packet arrive on an allowed interface? */
 static __always_inline int interfaces_pass(struct __sk_buff *skb)

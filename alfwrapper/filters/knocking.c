@@ -4,8 +4,15 @@
  * this socket, sent from a source port of the sequence, in order.  Knock
  * packets are dropped.  Once source address S has sent the whole sequence,
  * each step within step_timeout of the one before, S may open new
- * connections for open_ns.  Packets of connections already admitted (TCP
- * segments other than a SYN) always pass, so they outlive the window.
+ * connections for open_ns.  The packet that completes a TCP handshake
+ * reaches the listening socket, like the SYN did, and is judged like it: it
+ * passes only while its source is open (read-only; it is no knock).  TCP
+ * segments of connections already admitted arrive on the accepted socket
+ * (which inherited this filter) and always pass, so they outlive the window.
+ * The listening sockets are told apart by their socket cookie
+ * (bpf_get_socket_cookie, Linux 4.12), which the wrapper puts in
+ * knock_listeners.  Headers are read through the network header
+ * (alf_parse_packet), so a test run and a real socket agree.
  *
  * A repeat of the port just knocked (a SYN retransmission) is ignored; any
  * other wrong port resets S's progress.
@@ -22,8 +29,11 @@
  *   knock_used    ARRAY[KNOCK_ROWS] u32, 1 once a secret row has opened
  *   knock_state   LRU_HASH struct knock_key -> struct knock_state,
  *                 KNOCK_SOURCES entries (a flood evicts the oldest)
+ *   knock_listeners HASH u64 socket cookie -> u8, the TCP listeners this
+ *                 program is attached to (KNOCK_LISTENERS entries)
  *
- * Macros: KNOCK_ROWS, KNOCK_SOURCES, KNOCK_SECRET (1 for secret rows).
+ * Macros: KNOCK_ROWS, KNOCK_SOURCES, KNOCK_SECRET (1 for secret rows),
+ * KNOCK_LISTENERS.
  * Alone, `filter` returns ALF_PASS or ALF_DROP; composed, alfwrapper calls
  * knock_pass().  Needs CAP_BPF (LRU map, TAI clock).
  */
@@ -40,6 +50,9 @@
 #endif
 #ifndef KNOCK_SECRET
 #define KNOCK_SECRET 0
+#endif
+#ifndef KNOCK_LISTENERS
+#define KNOCK_LISTENERS 64
 #endif
 
 struct knock_config {
@@ -69,6 +82,7 @@ BPF_ARRAY(knock_config, struct knock_config, 1);
 BPF_ARRAY(knock_ports, u32, KNOCK_ROWS * KNOCK_MAX_STEPS);
 BPF_ARRAY(knock_used, u32, KNOCK_ROWS);
 BPF_TABLE("lru_hash", struct knock_key, struct knock_state, knock_state, KNOCK_SOURCES);
+BPF_HASH(knock_listeners, u64, u8, KNOCK_LISTENERS);
 
 static __always_inline u32 knock_port(u32 row, u32 step)
 {
@@ -98,37 +112,40 @@ static __always_inline s64 knock_first_row(struct knock_config *cfg, u32 sport)
 #endif
 }
 
-/* Does port knocking let this packet from addr through?  Updates the state. */
-static __always_inline int knock_pass(struct __sk_buff *skb, int family, const u8 addr[16])
+/* Is addr inside its open window now?  Read-only. */
+static __always_inline int knock_is_open(struct knock_key *key)
 {
-    u8 proto = 0;
-    if (family == 4)
-        bpf_skb_load_bytes_relative(skb, 9, &proto, 1, BPF_HDR_START_NET);
-    else
-        bpf_skb_load_bytes_relative(skb, 6, &proto, 1, BPF_HDR_START_NET);
-    /* A TCP or UDP socket's filter sees skb->data at the transport header. */
-    u8 l4[14] = {};
-    if (proto == IPPROTO_TCP) {
-        if (bpf_skb_load_bytes(skb, 0, l4, 14) < 0)
-            return 0;
-        if ((l4[13] & 0x12) != 0x02) /* not a SYN: an admitted connection */
-            return 1;
-    } else if (proto == IPPROTO_UDP) {
-        if (bpf_skb_load_bytes(skb, 0, l4, 2) < 0)
-            return 0;
-    } else {
+    struct knock_state *st = knock_state.lookup(key);
+    return st && bpf_ktime_get_ns() < st->open_until_ns;
+}
+
+/* Does port knocking let this packet through?  Updates the knock state. */
+static __always_inline int knock_pass(struct __sk_buff *skb, struct alf_packet *pkt)
+{
+    if (!pkt->has_ports)
         return 0;
+    struct knock_key key = {};
+    key.family = pkt->family;
+    __builtin_memcpy(key.addr, pkt->addr, 16);
+    if (pkt->proto == IPPROTO_TCP &&
+        (pkt->tcp_flags & (ALF_TCP_SYN | ALF_TCP_ACK)) != ALF_TCP_SYN) {
+        /* Not a new connection.  On the listening socket itself this is the
+         * packet that completes a handshake (or a stray one): it is judged
+         * like the SYN was, by the knock state, without changing it.  On an
+         * accepted connection (another socket, which inherited this filter)
+         * it belongs to a connection the filter already admitted. */
+        u64 cookie = bpf_get_socket_cookie(skb);
+        if (knock_listeners.lookup(&cookie))
+            return knock_is_open(&key);
+        return 1;
     }
-    u32 sport = ((u32)l4[0] << 8) | l4[1];
+    u32 sport = pkt->sport;
 
     u32 zero = 0;
     struct knock_config *cfg = knock_config.lookup(&zero);
     if (!cfg || cfg->steps == 0 || cfg->steps > KNOCK_MAX_STEPS)
         return 0;
     u64 now = bpf_ktime_get_ns();
-    struct knock_key key = {};
-    key.family = family;
-    __builtin_memcpy(key.addr, addr, 16);
     struct knock_state *old = knock_state.lookup(&key);
     if (old && now < old->open_until_ns)
         return 1;
@@ -179,11 +196,10 @@ static __always_inline int knock_pass(struct __sk_buff *skb, int family, const u
 #ifndef ALF_PART
 int filter(struct __sk_buff *skb)
 {
-    u8 addr[16] = {};
-    int family = alf_source_address(skb, addr);
-    if (!family)
+    struct alf_packet pkt = {};
+    if (!alf_parse_packet(skb, &pkt))
         return ALF_DROP;
-    return knock_pass(skb, family, addr) ? ALF_PASS : ALF_DROP;
+    return knock_pass(skb, &pkt) ? ALF_PASS : ALF_DROP;
 }
 #endif
 #endif /* ALF_KNOCKING_C */
