@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 PREFIX ?= /usr/local
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: setup run test lint unit integration clean install bench
+.PHONY: setup run test lint unit integration clean install bench mutate
 
 setup:
 	@./scripts/setup-host.sh
@@ -27,6 +27,11 @@ test: setup lint
 # Writes docs/benchmarks.md and docs/*.png from a run on this machine (as root).
 bench: setup
 	$(PY) benchmarks/bench.py --out docs
+
+# Breaks each feature on purpose in a scratch clone of HEAD and runs its tests
+# (tests/mutate.py); every mutation must be killed.  As root; about ten minutes.
+mutate: setup
+	$(PY) tests/mutate.py
 
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -118,14 +118,15 @@ def make_network() -> Network:
     return Network(server, allowed, denied, [server.netns, allowed.netns, denied.netns])
 
 
-def wait_listening(host: Host, port: int, timeout: float = 20.0) -> None:
-    """Until a TCP socket listens on port in host (for servers that print no ready line)."""
+def wait_listening(host: Host, port: int, timeout: float = 20.0, proto: str = "tcp") -> None:
+    """Until a TCP socket listens (or a UDP socket is bound) on port in host."""
     deadline = time.monotonic() + timeout
+    flags = "-Hltn" if proto == "tcp" else "-Hlun"
     while True:
         out = subprocess.run(
-            host.command(["ss", "-Hltn", f"sport = :{port}"]), capture_output=True, text=True
+            host.command(["ss", flags, f"sport = :{port}"]), capture_output=True, text=True
         ).stdout
-        if "LISTEN" in out:
+        if out.strip():
             return
         assert time.monotonic() < deadline, f"nothing listens on port {port}"
         time.sleep(0.05)

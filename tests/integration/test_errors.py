@@ -190,7 +190,7 @@ def test_print_filter(tmp_path: Path) -> None:
     assert out.returncode == 0
     assert "#define V4_STEPS SUBNET_STEP(3) SUBNET_STEP(4)" in out.stdout
     assert "#define SUBNET_NODES 129" in out.stdout
-    assert "if (!subnets_pass(family, addr))" in out.stdout
+    assert "if (!subnets_pass(pkt.family, pkt.addr))" in out.stdout
     assert "knock_pass" not in out.stdout.split("alfwrapper-composed.c")[-1]
 
 
@@ -199,3 +199,133 @@ def test_module_and_script_entry_points() -> None:
         out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0
         assert out.stdout.startswith("alfwrapper ")
+
+
+# -- input that is too much, too slow, or not a file --------------------------
+
+
+@pytest.mark.parametrize("option", ["--allow-file", "--knock-secret", "--filter"])
+def test_fifo_without_writer_is_refused_at_once(tmp_path: Path, option: str) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    returncode, stderr, ran = run(tmp_path, "--listen", "8080", option, str(fifo))
+    assert (returncode, ran) == (66, False), stderr
+    assert_one_line(stderr, str(fifo), "not a regular file (it is a FIFO)")
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"), [("/dev/zero", "character device"), ("/tmp", "directory")]
+)
+def test_device_or_directory_as_rule_file(tmp_path: Path, path: str, kind: str) -> None:
+    returncode, stderr, ran = run(tmp_path, "--listen", "8080", "--deny-file", path)
+    assert (returncode, ran) == (66, False), stderr
+    assert_one_line(stderr, f"rule file {path}", f"not a regular file (it is a {kind})")
+
+
+def test_rule_file_over_the_size_limit(tmp_path: Path) -> None:
+    from alfwrapper.rules import RULE_FILE_LIMIT
+
+    big = tmp_path / "big.rules"
+    with big.open("wb") as f:
+        f.truncate(RULE_FILE_LIMIT + 1)  # sparse: nothing is written, nothing need be read
+    returncode, stderr, ran = run(tmp_path, "--listen", "8080", "--allow-file", str(big))
+    assert (returncode, ran) == (65, False), stderr
+    assert_one_line(stderr, str(big), f"larger than {RULE_FILE_LIMIT} bytes")
+
+
+def test_huge_bad_line_is_quoted_short(tmp_path: Path) -> None:
+    rules = tmp_path / "long.rules"
+    rules.write_text("192.0.2.0/24\n" + "x" * 1_000_000 + "\n")
+    returncode, stderr, ran = run(tmp_path, "--listen", "8080", "--allow-file", str(rules))
+    assert (returncode, ran) == (65, False)
+    assert_one_line(stderr, f"{rules}:2", "'xxxx")
+    assert len(stderr) < 400, len(stderr)
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        (["--knock-open-for", "1e-12"], "--knock-open-for: 1e-12 s is shorter than a round trip"),
+        (["--knock-timeout", "0.01"], "--knock-timeout: 0.01 s is shorter than a round trip"),
+        (["--knock-open-for", "nan"], "--knock-open-for: out of range"),
+    ],
+)
+def test_knock_settings_that_cannot_work(tmp_path: Path, options: list[str], needle: str) -> None:
+    returncode, stderr, ran = run(tmp_path, "--listen", "8080", "--knock", "7001,7002", *options)
+    assert (returncode, ran) == (64, False), stderr
+    assert_one_line(stderr, needle)
+
+
+def test_listen_fds_out_of_range(tmp_path: Path) -> None:
+    code = (
+        f"LISTEN_PID=$$ LISTEN_FDS=99999999999999999999 exec {' '.join(WRAPPER)} "
+        f"--allow 192.0.2.0/24 -- /bin/sh -c 'touch {tmp_path}/command-ran'"
+    )
+    out = subprocess.run(["/bin/sh", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 78, out.stderr
+    assert not (tmp_path / "command-ran").exists()
+    assert_one_line(out.stderr, "LISTEN_FDS=99999999999999999999", "more fds than this process")
+
+
+def exec_with_socket(tmp_path: Path, make: str, name: str, *options: str, command: str) -> str:
+    """Make a socket with the Python statement ``make`` (as s), pass it as fd 3, run the
+    wrapper on it; returns the result as "code|stderr"."""
+    script = (
+        "import os, socket, sys\n"
+        f"{make}\n"
+        "os.dup2(s.fileno(), 3)\nos.set_inheritable(3, True)\n"
+        f"os.environ.update(LISTEN_FDS='1', LISTEN_PID=str(os.getpid()), LISTEN_FDNAMES={name!r})\n"
+        f"os.execvp(sys.executable, [sys.executable, '-m', 'alfwrapper', *{list(options)!r}, "
+        f"'--', '/bin/sh', '-c', {command!r}])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    return f"{out.returncode}|{out.stdout}|{out.stderr}"
+
+
+def test_inherited_tcp_socket_neither_listening_nor_connected(tmp_path: Path) -> None:
+    result = exec_with_socket(
+        tmp_path,
+        "s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)",
+        "web",
+        "--allow",
+        "192.0.2.0/24",
+        command=f"touch {tmp_path}/command-ran",
+    )
+    code, _, stderr = result.split("|", 2)
+    assert code == "78", result
+    assert not (tmp_path / "command-ran").exists()
+    assert_one_line(stderr, "inherited fd 3 (web)", "neither listening nor connected")
+
+
+def test_socket_with_a_reserved_looking_name_is_still_filtered(
+    bpf_root: None, tmp_path: Path
+) -> None:
+    # Names once set aside for the wrapper's own stored fds: a socket is a socket.
+    result = exec_with_socket(
+        tmp_path,
+        "s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM); s.bind(('::1', 0)); s.listen()",
+        "alfwrapper-next-1",
+        "--allow",
+        "192.0.2.0/24",
+        command="echo $LISTEN_FDS $LISTEN_FDNAMES",
+    )
+    code, stdout, stderr = result.split("|", 2)
+    assert (code, stdout.strip()) == ("0", "1 alfwrapper-next-1"), result
+    assert "no rules" not in stderr
+
+
+def test_command_that_cannot_be_executed(bpf_root: None, tmp_path: Path) -> None:
+    # Found and executable, but no valid program: exec fails after the filters are in.
+    bogus = tmp_path / "bogus"
+    bogus.write_bytes(b"\x7fELF not really\n")
+    bogus.chmod(0o755)
+    out = subprocess.run(
+        [*WRAPPER, "--listen", "127.0.0.1:8095", "--deny", "203.0.113.0/24", "--", str(bogus)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 66, out.stderr
+    assert_one_line(out.stderr, f"starting {bogus}", "Exec format error")

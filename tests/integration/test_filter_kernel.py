@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from oracle import passes, probe_addresses, random_rules
 
-from alfwrapper import compiler
-from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
-from alfwrapper.syscalls import prog_test_run, udp_frame
+from alfwrapper import compiler, knocking
+from alfwrapper.rules import KnockRules, SocketRules, SubnetRules, parse_prefix
+from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame
 
 
 def verdicts(rules: SubnetRules, addresses: list[tuple[int, int]]) -> list[bool]:
@@ -43,3 +44,43 @@ def test_non_ip_is_dropped(bpf_root: None) -> None:
     arp = bytes(6) + bytes(6) + b"\x08\x06" + bytes(28)
     assert prog_test_run(loaded.fd, arp).retval == 0
     assert prog_test_run(loaded.fd, udp_frame(6, parse_prefix("2001:db8::1").value)).retval != 0
+
+
+def _shift_clock(loaded: compiler.LoadedFilter, seconds: int) -> None:
+    """Move the filter's idea of UTC by seconds (its TAI-to-UTC offset), as if time passed."""
+    config = loaded.bpf[b"knock_config"]
+    leaf = config[config.Key(0)]
+    leaf.tai_to_utc_ns += seconds * 1_000_000_000
+    config[config.Key(0)] = leaf
+
+
+def _knock_opens(loaded: compiler.LoadedFilter, source: int, ports: tuple[int, ...]) -> bool:
+    def run(sport: int) -> bool:
+        frame = tcp_syn_frame(4, source, sport, 0xC0000201, 8080)
+        return prog_test_run(loaded.fd, frame).retval != 0
+
+    assert not any(run(port) for port in ports)  # knocks are dropped
+    return run(50000)
+
+
+def test_secret_knock_follows_the_clock_across_the_horizon(bpf_root: None) -> None:
+    """The sequence of the window the kernel's clock is in opens; an old window's does
+    not; this holds at the start, the middle and the end of the 7-day horizon, and not
+    beyond it.  The client's sequences come from the client's clock arithmetic
+    (`alfwrapper knock`), the filter's from its map rows and the kernel's TAI clock."""
+    window = 30
+    rules = KnockRules(secret=b"k" * 32, window=window, steps=3)
+    loaded = compiler.load_rules(SocketRules(knock=rules))
+    rows = knocking.HORIZON_SECONDS // window
+    shifted = 0
+    source = 0xC6336400  # 198.51.100.0, a new source for each probe
+    for ahead in (0, 1, 7, rows // 2, rows - 2, rows + 3):
+        _shift_clock(loaded, (ahead - shifted) * window)
+        shifted = ahead
+        now = time.time() + ahead * window
+        current = knocking.secret_ports(rules.secret, knocking.utc_window(window, now), 3)
+        stale = knocking.secret_ports(rules.secret, knocking.utc_window(window, now) - 5, 3)
+        source += 2
+        assert not _knock_opens(loaded, source, stale), f"{ahead} windows ahead: stale opened"
+        opened = _knock_opens(loaded, source + 1, current)
+        assert opened == (ahead < rows), f"{ahead} windows ahead (horizon {rows}): {opened}"

@@ -131,7 +131,7 @@ def test_interface_rule_follows_the_name(network: Network, services: list[Servic
 def test_watcher_exits_with_the_application(network: Network, services: list[Service]) -> None:
     name = network.allowed.server_if
     svc = start(network, services, wrapped("--listen", "[::]:8080", "--interface", name))
-    pattern = f"alfwrapper --listen \\[::\\]:8080 --interface {name}"
+    pattern = f"alfwrapper.watcher .*:{name}$"
     assert subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
     svc.stop()
     deadline = time.monotonic() + 10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import socket
 import subprocess
@@ -10,7 +11,17 @@ import time
 from pathlib import Path
 
 import pytest
-from hosts import CLIENT, Host, Network, Probe, Service, all_probes, check_policy
+from hosts import (
+    CLIENT,
+    Host,
+    Network,
+    Probe,
+    Service,
+    all_probes,
+    check_policy,
+    ip,
+    wait_listening,
+)
 from support import ECHO_SERVER, ROOT, WRAPPER
 
 ALLOW_A = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]
@@ -57,6 +68,10 @@ def test_created_sockets(network: Network, services: list[Service], policy: str)
     # Exactly stdin/out/err and the two sockets: no fd of the wrapper leaks.
     assert svc.wait_for(r"^ready (.*)$").group(1) == "fds=0,1,2,3,4 names=web:dns"
     allowed_in_denied_out(svc, network)
+    # Each socket reached the application under its own name: TCP as web, UDP as dns.
+    names = {(w[0], w[1]) for w in map(str.split, svc.output().splitlines()) if len(w) > 1}
+    assert {("tcp", "web"), ("udp", "dns")} <= names, svc.output()
+    assert not names & {("tcp", "dns"), ("udp", "web"), ("accept", "dns")}, svc.output()
 
 
 def test_ipv4_only_sockets(network: Network, services: list[Service]) -> None:
@@ -73,12 +88,27 @@ def test_ipv4_only_sockets(network: Network, services: list[Service]) -> None:
 
 
 def test_ipv6_only_socket(network: Network, services: list[Service]) -> None:
-    # Bound to the server's address on the denied host's link: only IPv6 reaches it.
-    svc = start(
-        network, services, wrapped("--listen", "[2001:db8:b::1]:8080", "--allow", "2001:db8:a::/48")
+    # Bound to the server's address on the allowed host's link: only IPv6 reaches it.
+    # The denied host gets a route to that address, so both can try.
+    a, b = network.allowed, network.denied
+    ip(
+        "-n",
+        b.netns,
+        "-6",
+        "route",
+        "add",
+        "2001:db8:a::/64",
+        "via",
+        a.server_v6.replace("a::", "b::"),
     )
-    check_policy(svc, served=[], dropped=[Probe(network.denied, "tcp", 6, 8080)])
-    assert network.allowed.probe("tcp", 6, 8080, "x", 1.0) in ("refused", "timeout")
+    svc = start(
+        network,
+        services,
+        wrapped("--listen", f"[{a.server_v6}]:8080", "--allow", "2001:db8:a::/48"),
+    )
+    b_to_a = dataclasses.replace(b, server_v6=a.server_v6)
+    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(b_to_a, "tcp", 6, 8080)])
+    assert a.probe("tcp", 4, 8080, "x", 1.0) == "refused"  # nothing listens on IPv4
 
 
 def test_no_rules_passes_ip_traffic(network: Network, services: list[Service]) -> None:
@@ -112,6 +142,7 @@ def test_inherited_stream_socket(network: Network, services: list[Service]) -> N
         ["systemd-socket-activate", "-l", "8080", "--fdname=web", *wrapped(*ALLOW_A)],
         ready=False,
     )
+    wait_listening(network.server, 8080)
     first = network.allowed.probe("tcp", 4, 8080, "trigger", timeout=20)
     assert first == "echo", svc.errors()
     assert svc.wait_for(r"^ready (.*)$").group(1) == "fds=0,1,2,3 names=web"
@@ -127,10 +158,11 @@ def test_inherited_datagram_socket(network: Network, services: list[Service]) ->
         ["systemd-socket-activate", "--datagram", "-l", "8081", "--fdname=dns", *wrapped(*ALLOW_A)],
         ready=False,
     )
-    # The trigger datagram may arrive while the wrapper is still starting: retry.
-    deadline = time.monotonic() + 20
-    while network.allowed.probe("udp", 4, 8081, "trigger", timeout=1.0) != "echo":
-        assert time.monotonic() < deadline, svc.errors()
+    wait_listening(network.server, 8081, proto="udp")
+    # One trigger, sent once: it waits in the queue while the wrapper starts, is
+    # judged allowed, and must reach the application (not be discarded and retried).
+    assert network.allowed.probe("udp", 4, 8081, "trigger", timeout=20) == "echo", svc.errors()
+    assert svc.received("udp", network.allowed.v4, "trigger")
     svc.wait_for(r"^ready fds=0,1,2,3 names=dns$")
     check_policy(
         svc,
@@ -152,6 +184,7 @@ def test_inherited_and_created_sockets(network: Network, services: list[Service]
         ],
         ready=False,
     )
+    wait_listening(network.server, 8080)
     assert network.allowed.probe("tcp", 6, 8080, "trigger", timeout=20) == "echo", svc.errors()
     assert svc.wait_for(r"^ready (.*)$").group(1) == "fds=0,1,2,3,4 names=web:dns"
     allowed_in_denied_out(svc, network)

@@ -6,7 +6,7 @@ import pytest
 
 from alfwrapper.cli import parse_config
 from alfwrapper.errors import AlfError
-from alfwrapper.knocking import FIRST_PORT, plan_knock, secret_ports, utc_window
+from alfwrapper.knocking import FIRST_PORT, plan_knock, secret_ports
 from alfwrapper.program import plan_program
 from alfwrapper.rules import KnockRules, SocketRules, parse_ports, split_scope
 
@@ -81,13 +81,6 @@ def test_secret_ports_are_stable_distinct_and_in_range() -> None:
     assert ports != secret_ports(b"t" * 32, 12345, 8)
     assert len(set(ports)) == 8
     assert all(FIRST_PORT <= p <= 65535 for p in ports)
-
-
-def test_secret_plan_covers_the_horizon_from_the_window_before() -> None:
-    plan = plan_knock(KnockRules(secret=b"s" * 32, window=30), now=3000.0)
-    assert plan.first_window == utc_window(30, 3000.0) - 1 == 99
-    assert plan.rows == 7 * 86400 // 30 + 2
-    assert plan.ports[1] == secret_ports(b"s" * 32, 100, 3)
 
 
 def test_repeated_static_port_is_refused() -> None:

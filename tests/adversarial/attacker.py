@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""The denied client, run inside a host's namespace: one attack, one line of result.
+
+    attacker.py tcp rst|fin|open ADDR PORT DATA [HOLD]
+        connect, send DATA and a newline, then reset (SO_LINGER 0), half-close
+        (FIN), or keep the connection open; holds it HOLD seconds (default 0)
+    attacker.py halfopen ADDR PORT DATA RELEASE HOLD
+        a handshake whose final ACK (and the data after it) is held back by a
+        firewall rule in this namespace until the file RELEASE exists
+    attacker.py flood ADDR TCPPORT UDPPORT STOP TAG
+        datagrams and connections (each carrying TAG-n) every 10 ms until the
+        file STOP exists; prints how many
+    attacker.py raw IP_VERSION SRC DST udp|syn PORT DATA [EXT,...] [SPORT]
+        one crafted packet with scapy (craft.py): a UDP datagram, a TCP SYN, or a
+        knock (a SYN not waited on), from a SRC that may be forged, with IPv6
+        extension headers (hbh, dest, frag, ah) or IPv4 options (ipopt); for a
+        SYN, prints "synack", "rst" or "none"
+
+Prints "sent" (or the SYN's answer) when done; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+
+def tcp(mode: str, address: str, port: int, data: str, hold: float) -> str:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect((address, port))
+    sock.sendall(data.encode() + b"\n")
+    if mode == "rst":
+        time.sleep(0.2)  # let the data reach the server's queue first
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        return "sent"
+    if mode == "fin":
+        sock.shutdown(socket.SHUT_WR)
+    print("connected", flush=True)
+    time.sleep(hold)
+    sock.close()
+    return "sent"
+
+
+def nft(*rule: str) -> None:
+    subprocess.run(["nft", *rule], check=True, capture_output=True)
+
+
+def halfopen(address: str, port: int, data: str, release: str, hold: float) -> str:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    nft("add", "table", "inet", "alfhold")
+    nft("add chain inet alfhold out { type filter hook output priority 0 ; }")
+    nft("add", "rule", "inet", "alfhold", "out", "tcp", "dport", str(port), "tcp", "flags",
+        "&", "syn", "==", "0", "drop")  # fmt: skip
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.connect((address, port))  # SYN out, SYN-ACK in; our ACK is dropped here
+        sock.sendall(data.encode() + b"\n")
+        print("connected", flush=True)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        nft("delete", "table", "inet", "alfhold")
+    # Retransmissions of the ACK and the data now reach the listener's filter.
+    time.sleep(hold)
+    sock.close()
+    return "sent"
+
+
+def raw(version: str, src: str, dst: str, kind: str, port: int, data: str, exts: list[str],
+        sport: int) -> str:  # fmt: skip
+    from craft import packet  # noqa: PLC0415
+    from scapy.all import TCP, AsyncSniffer, conf, fragment, fragment6, send  # noqa: PLC0415
+
+    conf.verb = 0
+    pkt = packet(version, src, dst, kind, port, data, tuple(exts), sport)
+    if kind in ("udp", "knock"):
+        send(pkt)
+        return "sent"
+    if kind == "udpfrag":
+        pieces = fragment6(pkt, 1280) if version == "6" else fragment(pkt, 1200)
+        send(pieces)
+        return f"sent {len(pieces)}"
+    # Watch for the answer ourselves: scapy's own matching misses answers to
+    # packets with extension headers.
+    route = conf.route6.route(dst) if version == "6" else conf.route.route(dst)
+    sniffer = AsyncSniffer(
+        iface=route[0],
+        lfilter=lambda p: TCP in p and p[TCP].sport == port and p[TCP].dport == sport,
+        count=1,
+        timeout=2,
+    )
+    sniffer.start()
+    time.sleep(0.1)
+    send(pkt)
+    sniffer.join()
+    answers = sniffer.results or []
+    if not answers:
+        return "none"
+    return "synack" if answers[0][TCP].flags & 0x12 == 0x12 else "rst"
+
+
+def flood(address: str, tcp_port: int, udp_port: int, stop: str, tag: str) -> str:
+    """UDP datagrams and TCP connections, every 10 ms, until the file stop exists
+    (at most 60 s): whatever a socket accepts before its filter, this puts there."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    udp = socket.socket(family, socket.SOCK_DGRAM)
+    sent = 0
+    deadline = time.monotonic() + 60
+    print("flooding", flush=True)
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        message = f"{tag}-{sent}\n".encode()
+        try:
+            udp.sendto(message, (address, udp_port))
+        except OSError:
+            pass
+        with socket.socket(family, socket.SOCK_STREAM) as tcp:
+            tcp.setblocking(False)
+            tcp.connect_ex((address, tcp_port))
+            time.sleep(0.01)
+            try:
+                tcp.send(message)
+            except OSError:
+                pass
+        sent += 1
+    return f"sent {sent}"
+
+
+def main() -> str:
+    args = sys.argv[1:]
+    if args[0] == "tcp":
+        hold = float(args[5]) if len(args) > 5 else 0.0
+        return tcp(args[1], args[2], int(args[3]), args[4], hold)
+    if args[0] == "halfopen":
+        return halfopen(args[1], int(args[2]), args[3], args[4], float(args[5]))
+    if args[0] == "flood":
+        return flood(args[1], int(args[2]), int(args[3]), args[4], args[5])
+    if args[0] == "raw":
+        exts = [e for e in (args[7].split(",") if len(args) > 7 else []) if e]
+        sport = int(args[8]) if len(args) > 8 else 40000
+        return raw(args[1], args[2], args[3], args[4], int(args[5]), args[6], exts, sport)
+    raise SystemExit(f"attacker.py: unknown attack {args[0]!r}")
+
+
+if __name__ == "__main__":
+    print(main(), flush=True)

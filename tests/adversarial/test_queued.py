@@ -1,0 +1,155 @@
+"""The denied client against the activation race: whatever it queued before the filter
+existed (established, half-closed, reset, half-open connections; datagrams) never reaches
+the application, with every kind of rule.
+
+The sockets are made by a socket unit in miniature (activate.py): it listens, the
+attacks are queued, and only then does it exec the wrapper, as systemd does.
+"""
+
+from __future__ import annotations
+
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hosts import Host, Network, Probe, Service, check_policy
+from support import ECHO_SERVER, ROOT, WRAPPER
+
+HERE = Path(__file__).resolve().parent
+ACTIVATE = ROOT / "tests/integration/activate.py"
+ATTACKER = HERE / "attacker.py"
+ALLOWLIST = str(ROOT / "tests/data/allowlist.c")
+
+PARTS = {
+    "subnets": ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"],
+    "interfaces": ["--interface", "{allowed_if}"],
+    "knocking": ["--knock", "7001,7002,7003"],
+    "filter": [
+        "--filter",
+        ALLOWLIST,
+        "--set",
+        "allowed4",
+        "192.0.2.2",
+        "1",
+        "--set",
+        "allowed6",
+        "2001:db8:a::2",
+        "1",
+        "--set",
+        "port_limits",
+        "0",
+        "8080,1",
+        "--set",
+        "port_limits",
+        "1",
+        "8081,1",
+    ],  # fmt: skip
+}
+# With these parts, a queued connection from the allowed host can be judged, and is kept.
+JUDGED = ("subnets", "filter")
+
+
+def attack(host: Host, *argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        host.command([sys.executable, str(ATTACKER), *argv]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
+    """The first line proc prints, within timeout."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"{proc.args}: nothing printed in {timeout} s"
+    return proc.stdout.readline().strip()
+
+
+class Activation:
+    """activate.py in the server namespace, with the wrapper and the echo service behind it."""
+
+    def __init__(self, network: Network, services: list[Service], tmp: Path, rules: list[str]):
+        self.go = tmp / "go"
+        argv = [
+            sys.executable, str(ACTIVATE), "--go", str(self.go),
+            "tcp:[::]:8080:web", "udp:[::]:8081:dns", "--",
+            *WRAPPER, *rules, "--", *ECHO_SERVER,
+        ]  # fmt: skip
+        self.svc = Service(network.server, argv)
+        services.append(self.svc)
+        self.svc.wait_for(r"^listening$")
+
+    def start(self) -> None:
+        self.go.touch()
+        self.svc.wait_for(r"^ready ", timeout=60)
+
+
+def seen_from(svc: Service, *sources: str) -> list[str]:
+    """Lines of the application's log that show anything from these sources."""
+    return [
+        line
+        for line in svc.output().splitlines()
+        if line.split()[:1] in (["accept"], ["tcp"], ["udp"]) and set(line.split()) & set(sources)
+    ]
+
+
+@pytest.mark.parametrize("scenario", ["everything", "reset-only"])
+@pytest.mark.parametrize("part", PARTS)
+def test_nothing_queued_by_a_denied_host_reaches_the_application(
+    network: Network, services: list[Service], tmp_path: Path, part: str, scenario: str
+) -> None:
+    a, b = network.allowed, network.denied
+    rules = [r.format(allowed_if=a.server_if) for r in PARTS[part]]
+    act = Activation(network, services, tmp_path, rules)
+    release = tmp_path / "release"
+    # Reset connections alone: gone from what sock_diag lists, yet queued with their data.
+    attacks = [
+        attack(b, "tcp", "rst", b.server_v4, "8080", "EVIL-RST-4"),
+        attack(b, "tcp", "rst", b.server_v6, "8080", "EVIL-RST-6"),
+    ]
+    if scenario == "everything":  # all the denied host can leave queued before the filter
+        attacks += [
+            attack(b, "tcp", "fin", b.server_v4, "8080", "EVIL-FIN-4", "6"),
+            attack(b, "tcp", "open", b.server_v6, "8080", "EVIL-OPEN-6", "6"),
+            attack(b, "halfopen", b.server_v4, "8080", "EVIL-HALF-4", str(release), "8"),
+            attack(b, "raw", "4", b.v4, b.server_v4, "udp", "8081", "EVIL-UDP-4", "ipopt"),
+            attack(b, "raw", "6", b.v6, b.server_v6, "udp", "8081", "EVIL-UDP-6", "hbh"),
+            # The allowed host's IPv4 address, as an IPv4-mapped IPv6 source.
+            attack(b, "raw", "6", "::ffff:192.0.2.2", b.server_v6, "udp", "8081", "EVIL-MAP"),
+        ]
+    for proc in attacks:
+        assert wait_line(proc) in ("connected", "sent"), proc.communicate(timeout=10)
+    # Then an allowed client: queued behind every denied one.
+    late = subprocess.Popen(
+        a.command(
+            [
+                sys.executable,
+                str(ROOT / "tests/integration/client.py"),
+                "tcp",
+                a.server_v4,
+                "8080",
+                "allowed-late",
+                "30",
+            ]
+        ),  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.3)
+    act.start()
+    release.touch()
+    for proc in attacks:
+        proc.communicate(timeout=60)
+    late_result, _ = late.communicate(timeout=60)
+    # Whatever was queued has been dealt with by now; new traffic meets the filter.
+    if part in JUDGED:
+        check_policy(act.svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+        assert late_result.strip() == "echo", act.svc.errors()
+    assert not seen_from(act.svc, b.v4, b.v6), act.svc.output()
+    assert "EVIL" not in act.svc.output()
+    assert "arrived before the filter; removed" in act.svc.errors()
+    assert "Traceback" not in act.svc.errors()

@@ -1,0 +1,76 @@
+"""The interface watcher against its own application: it cannot be signalled by it, and
+if it dies anyway the socket's interface rules fail closed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from hosts import Network, Probe, Service, check_policy
+from support import ECHO_SERVER, WRAPPER
+
+# Run as the application (uid 0, no capabilities): find the watcher, try to stop it,
+# say what happened, then become the echo service.
+APP = """
+import os, signal, sys
+name = sys.argv[1]
+pids = [p for p in os.listdir('/proc') if p.isdigit()]
+def cmdline(p):
+    try:
+        return open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')
+    except OSError:
+        return []
+watcher = [int(p) for p in pids if b'alfwrapper.watcher' in cmdline(p)
+           and any(a.endswith(b':' + name.encode()) for a in cmdline(p))]
+results = []
+for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):
+    try:
+        os.kill(watcher[0], sig)
+        results.append(f'{sig.name}:sent')
+    except OSError as err:
+        results.append(f'{sig.name}:{err.errno}')
+print('watcher', watcher[0], ' '.join(results), flush=True)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def status(pid: int) -> dict[str, str]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def test_application_cannot_stop_the_watcher_and_its_death_closes_the_socket(
+    network: Network, services: list[Service]
+) -> None:
+    a, b = network.allowed, network.denied
+    name = a.server_if
+    svc = Service(
+        network.server,
+        [*WRAPPER, "--listen", "[::]:8080", "--interface", name, "--",
+         sys.executable, "-c", APP, name, *ECHO_SERVER],
+    )  # fmt: skip
+    services.append(svc)
+    match = svc.wait_for(r"^watcher (\d+) (.*)$")
+    svc.wait_for(r"^ready ")
+    watcher = int(match.group(1))
+    # EPERM (1) for every signal: the watcher runs under another user.
+    assert match.group(2) == "SIGKILL:1 SIGSTOP:1 SIGTERM:1", svc.output()
+    info = status(watcher)
+    assert info["State"].split()[0] in ("S", "R"), info["State"]
+    assert info["Uid"].split()[0] != "0", info["Uid"]
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+    # Killed anyway (here by root): no interface passes any more, not the old ones.
+    os.kill(watcher, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{watcher}").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.2)  # the kernel empties the program array from a work queue
+    check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "tcp", 6, 8080)])
+    assert svc.proc.poll() is None, "the application itself is untouched"

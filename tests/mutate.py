@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""`make mutate`: break each feature on purpose and check that its tests notice.
+
+Each mutation below is one small semantic change to the committed code (HEAD),
+applied in a scratch clone; then only the tests named for it run there.  A
+mutation is "killed" when those tests fail, and "survived" when they pass: a
+feature whose removal no test notices.  Every mutation must be killed.
+
+    tests/mutate.py [--list] [NAME ...]
+
+Run as root, from the checkout's virtualenv (`make mutate`); it takes about
+ten minutes.  Not part of `make test`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS = [
+    Mutation(
+        "deny-precedence",
+        "alfwrapper/subnet_table.py",
+        "    if deny == _FULL:\n        return 0\n",
+        "    if deny == _FULL:\n        return NODE_PASS if allow == _FULL else 0\n",
+        (
+            "tests/unit/test_subnet_table.py",
+            "tests/integration/test_wrapper.py::test_created_sockets",
+        ),
+    ),
+    Mutation(
+        "mapped-prefix-rules",
+        "alfwrapper/rules.py",
+        "    if family == 6 and length >= 96 and (value >> 32) == 0xFFFF:",
+        "    if False:",
+        ("tests/unit/test_rules.py",),
+    ),
+    Mutation(
+        "mapped-source-packets",
+        "alfwrapper/filters/common.h",
+        "if (w0 == 0 && w1 == 0 && w2 == __builtin_bswap32(0xffff))",
+        "if (0)",
+        ("tests/adversarial/test_same_verdict.py::test_test_run_and_socket_agree",),
+    ),
+    Mutation(
+        "so-lock-filter",
+        "alfwrapper/attach.py",
+        "def attach_filter(sock: socket.socket, prog_fd: int, lock: bool = True)",
+        "def attach_filter(sock: socket.socket, prog_fd: int, lock: bool = False)",
+        ("tests/integration/test_wrapper.py::test_application_cannot_remove_filter",),
+    ),
+    Mutation(
+        "capability-drop",
+        "alfwrapper/privileges.py",
+        "        syscalls.capset(keep, keep, 0)\n",
+        "        pass\n",
+        ("tests/integration/test_privileges.py",),
+    ),
+    Mutation(
+        "no-new-privs",
+        "alfwrapper/privileges.py",
+        "        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)\n",
+        "        pass\n",
+        ("tests/integration/test_privileges.py",),
+    ),
+    Mutation(
+        "listen-pid",
+        "alfwrapper/activation.py",
+        "    if pid_text != str(pid):",
+        "    if False:",
+        ("tests/unit/test_activation.py", "tests/integration/test_errors.py"),
+    ),
+    Mutation(
+        "queue-judgement-unlisted",
+        "alfwrapper/backlog.py",
+        "    if len(listed) == queued and not bad:",
+        "    if not bad:",
+        ("tests/adversarial/test_queued.py",),
+    ),
+    Mutation(
+        "queue-judgement-datagrams",
+        "alfwrapper/backlog.py",
+        "    bad = [i for i, ok in enumerate(verdicts) if ok is not True]",
+        "    bad = []",
+        ("tests/adversarial/test_queued.py",),
+    ),
+    Mutation(
+        "watcher-own-user",
+        "alfwrapper/watcher.py",
+        "        become_watcher_user()\n",
+        "        pass\n",
+        ("tests/adversarial/test_watcher.py",),
+    ),
+    Mutation(
+        "watcher-fail-closed",
+        "alfwrapper/program.py",
+        "    return ALF_DROP; /* the interface watcher is gone: fail closed */",
+        "    return ALF_PASS; /* the interface watcher is gone: fail closed */",
+        ("tests/adversarial/test_watcher.py",),
+    ),
+    Mutation(
+        "watcher-follows-deletion",
+        "alfwrapper/watcher.py",
+        "                    state.pop(index, None)\n",
+        "                    pass\n",
+        ("tests/integration/test_parts.py::test_interface_rule_follows_the_name",),
+    ),
+    Mutation(
+        "knock-timeout",
+        "alfwrapper/filters/knocking.c",
+        "    if (st.step && now - st.last_ns > cfg->step_timeout_ns)\n        st.step = 0;\n",
+        "",
+        ("tests/integration/test_parts.py::test_knock_step_timeout",),
+    ),
+    Mutation(
+        "knock-clock",
+        "alfwrapper/filters/knocking.c",
+        "    s64 now_row = window - cfg->first_window;",
+        "    s64 now_row = 1;",
+        ("tests/integration/test_filter_kernel.py",),
+    ),
+    Mutation(
+        "knock-reads-at-offset-0",
+        "alfwrapper/filters/common.h",
+        "bpf_skb_load_bytes_relative(skb, pkt->l4_offset & 0xffff, l4, want,\n"
+        "                                        BPF_HDR_START_NET)",
+        "bpf_skb_load_bytes(skb, 0, l4, want)",
+        ("tests/adversarial/test_same_verdict.py::test_knocking_agrees_on_crafted_knocks",),
+    ),
+    Mutation(
+        "knock-handshake",
+        "alfwrapper/filters/knocking.c",
+        "        if (knock_listeners.lookup(&cookie))\n            return knock_is_open(&key);\n",
+        "",
+        ("tests/adversarial/test_queued.py",),
+    ),
+    Mutation(
+        "knock-listeners-filled",
+        "alfwrapper/cli.py",
+        "        compiler.set_knock_listeners(loaded[key].bpf, cookies)\n",
+        "        pass\n",
+        ("tests/adversarial/test_queued.py",),
+    ),
+    Mutation(
+        "set-ipv4-byte-order",
+        "alfwrapper/map_values.py",
+        "        return raw  # network byte order, as in the packet",
+        "        return raw[::-1]",
+        ("tests/unit/test_map_values.py",),
+    ),
+    Mutation(
+        "developer-filter-offsets",
+        "alfwrapper/filters/developer.h",
+        "#define bpf_skb_load_bytes(skb, off, to, len)",
+        "#define alf_unused_load_bytes(skb, off, to, len)",
+        ("tests/adversarial/test_same_verdict.py::test_test_run_and_socket_agree",),
+    ),
+    Mutation(
+        "bind-after-attach",
+        "alfwrapper/cli.py",
+        "    created = [(sockets.open_socket(spec), spec) for spec in config.listens]\n",
+        "    created = [(sockets.open_socket(spec), spec) for spec in config.listens]\n"
+        "    for sock, spec in created:\n        sockets.bind_socket(sock, spec)\n",
+        ("tests/adversarial/test_startup.py",),
+    ),
+    Mutation(
+        "comment-stripping",
+        "alfwrapper/rules.py",
+        '        text = line.split("#", 1)[0].strip()',
+        "        text = line.strip()",
+        ("tests/unit/test_rules.py",),
+    ),
+    Mutation(
+        "fd-name-order",
+        "alfwrapper/activation.py",
+        "    count = len(sockets)\n",
+        "    count = len(sockets)\n    sockets = list(reversed(sockets))\n",
+        ("tests/integration/test_wrapper.py::test_created_sockets",),
+    ),
+    Mutation(
+        "non-ip-drop",
+        "alfwrapper/filters/common.h",
+        "    } else {\n        return 0;\n    }\n    pkt->has_ports = 0;",
+        "    } else {\n        return 4;\n    }\n    pkt->has_ports = 0;",
+        ("tests/integration/test_filter_kernel.py",),
+    ),
+    Mutation(
+        "regular-files-only",
+        "alfwrapper/rules.py",
+        "        if not stat.S_ISREG(info.st_mode):",
+        "        if False:",
+        ("tests/integration/test_errors.py",),
+    ),
+    Mutation(
+        "input-size-limit",
+        "alfwrapper/rules.py",
+        "        if info.st_size > limit:\n            raise too_big\n",
+        "",
+        ("tests/integration/test_errors.py",),
+    ),
+    Mutation(
+        "knock-minimum-open",
+        "alfwrapper/cli.py",
+        "MIN_KNOCK_OPEN_FOR = 1.0",
+        "MIN_KNOCK_OPEN_FOR = 0.0",
+        ("tests/integration/test_errors.py",),
+    ),
+]
+
+
+def scratch_clone() -> Path:
+    where = Path(tempfile.mkdtemp(prefix="alf-mutate-"))
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
+    return where
+
+
+def run(mutation: Mutation) -> tuple[str, float]:
+    clone = scratch_clone()
+    try:
+        path = clone / mutation.path
+        text = path.read_text()
+        if text.count(mutation.old) != 1:
+            return "stale (the code to mutate is not there exactly once)", 0.0
+        path.write_text(text.replace(mutation.old, mutation.new))
+        begin = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+             *mutation.tests],
+            cwd=clone,
+            env={**os.environ, "PYTHONPATH": str(clone)},
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )  # fmt: skip
+        elapsed = time.monotonic() - begin
+        if out.returncode == 1:
+            return "killed", elapsed
+        if out.returncode == 0:
+            return "SURVIVED", elapsed
+        return f"error (pytest exit {out.returncode}): {out.stdout[-300:]}", elapsed
+    finally:
+        subprocess.run(["rm", "-rf", str(clone)], check=False)
+
+
+def main(argv: list[str]) -> int:
+    if "--list" in argv:
+        for m in MUTATIONS:
+            print(f"{m.name:28} {m.path}")
+        return 0
+    chosen = [m for m in MUTATIONS if not argv or m.name in argv]
+    failed = 0
+    for mutation in chosen:
+        verdict, elapsed = run(mutation)
+        failed += verdict != "killed"
+        print(f"{mutation.name:28} {verdict} ({elapsed:.0f} s)", flush=True)
+    print(f"{len(chosen) - failed} of {len(chosen)} mutations killed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
