@@ -19,7 +19,7 @@ lint: setup
 	$(VENV)/bin/ruff check alfwrapper tests examples benchmarks
 	$(VENV)/bin/ruff format --check alfwrapper tests examples benchmarks
 	$(VENV)/bin/mypy
-	mandoc -Tlint -W warning man/*.1
+	mandoc -Tlint -W warning man/*.[1-9]
 
 test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -43,12 +43,15 @@ clean:
 # service's user can read it), the example service, the man page and the units.
 install: setup
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/alfwrapper \
-		$(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(UNITDIR)
+		$(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5 \
+		$(DESTDIR)$(PREFIX)/lib/alfwrapper/policy $(DESTDIR)$(UNITDIR)
 	printf '#!/bin/sh\nexec %s/.venv/bin/alfwrapper "$$@"\n' "$(CURDIR)" \
 		> $(DESTDIR)$(PREFIX)/bin/alfwrapper
 	chmod 755 $(DESTDIR)$(PREFIX)/bin/alfwrapper
 	install -m 644 examples/echo_server.py $(DESTDIR)$(PREFIX)/share/alfwrapper/
 	install -m 644 man/alfwrapper.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 man/alfwrapper.policy.5 $(DESTDIR)$(PREFIX)/share/man/man5/
+	install -m 644 policies/*.toml $(DESTDIR)$(PREFIX)/lib/alfwrapper/policy/
 	install -d $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/www
 	install -m 644 examples/lighttpd/lighttpd.conf $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/
 	install -m 644 examples/lighttpd/www/index.html $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/www/

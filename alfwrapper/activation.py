@@ -23,8 +23,6 @@ from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_OSERR, AlfError, excerpt
 SD_LISTEN_FDS_START = 3
 LISTEN_VARS = ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
 DEFAULT_NAME = "unknown"  # what sd_listen_fds_with_names(3) reports for unnamed fds
-# Our own fds in systemd's file descriptor store: a trampoline's map, per socket inode.
-STORE_PREFIX = "alfwrapper-next-"
 
 
 @dataclass(frozen=True)
@@ -102,13 +100,10 @@ def child_environment(environ: Mapping[str, str], names: Sequence[str], pid: int
     return env
 
 
-def inherit_sockets(
-    environ: Mapping[str, str], pid: int
-) -> tuple[list[tuple[socket.socket, str]], dict[str, int]]:
-    """The inherited sockets, each with its name, in fd order; and our stored fds by name."""
+def inherit_sockets(environ: Mapping[str, str], pid: int) -> list[tuple[socket.socket, str]]:
+    """The inherited sockets, each with its name, in fd order."""
     listen = parse_listen_env(environ, pid)
     sockets = []
-    stored: dict[str, int] = {}
     for i in range(listen.count):
         fd = SD_LISTEN_FDS_START + i
         where = f"inherited fd {fd} ({listen.names[i]})"
@@ -121,10 +116,6 @@ def inherit_sockets(
                 "LISTEN_FDS counts more fds than were passed",
                 EX_CONFIG,
             ) from None
-        # A socket is a socket whatever its name; only our own stored maps are set aside.
-        if listen.names[i].startswith(STORE_PREFIX) and not stat.S_ISSOCK(mode):
-            stored[listen.names[i]] = fd
-            continue
         if not stat.S_ISSOCK(mode):
             raise AlfError(
                 where,
@@ -155,26 +146,7 @@ def inherit_sockets(
                     EX_CONFIG,
                 ) from None
         sockets.append((sock, listen.names[i]))
-    return sockets, stored
-
-
-def store_fd(fd: int, name: str, environ: Mapping[str, str]) -> bool:
-    """Hand an fd to systemd's file descriptor store (sd_pid_notify_with_fds FDSTORE=1).
-
-    It comes back in LISTEN_FDS, named, when the service is restarted.  Needs
-    NotifyAccess= and FileDescriptorStoreMax= in the unit; returns False when
-    there is no NOTIFY_SOCKET (not under systemd).
-    """
-    address = environ.get("NOTIFY_SOCKET")
-    if not address:
-        return False
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify:
-        notify.connect(address)
-        # FDPOLL=0: a BPF map cannot be polled, and systemd would refuse it otherwise.
-        socket.send_fds(notify, [f"FDSTORE=1\nFDPOLL=0\nFDNAME={name}".encode()], [fd])
-    return True
+    return sockets
 
 
 def is_connected_stream(sock: socket.socket) -> bool:

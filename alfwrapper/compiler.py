@@ -11,12 +11,11 @@ import ctypes
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from alfwrapper import knocking, map_values
 from alfwrapper.errors import (
     EX_DATAERR,
     EX_NOPERM,
@@ -24,12 +23,10 @@ from alfwrapper.errors import (
     EX_SOFTWARE,
     EX_USAGE,
     AlfError,
-    excerpt,
 )
-from alfwrapper.knocking import KnockPlan
-from alfwrapper.program import BODY, ENTRY, RESERVED_PREFIXES, ProgramPlan, plan_program
-from alfwrapper.rules import KnockRules, SocketRules
-from alfwrapper.subnet_table import ROOT_ENTRIES, SubnetTable, encode_nodes
+from alfwrapper.parts import REASONS, FillEnv
+from alfwrapper.program import BODY, ENTRY, ProgramPlan, plan_program
+from alfwrapper.rules import SocketRules
 
 
 @dataclass
@@ -216,152 +213,33 @@ def set_knock_listeners(bpf: Any, cookies: list[int]) -> None:
             ) from None
 
 
-def _update_batch(table: Any, keys: bytes, values: bytes, count: int, name: str) -> None:
-    """Fill a map in one BPF_MAP_UPDATE_BATCH call (Linux 5.6) from packed arrays."""
-    key_array = (table.Key * count).from_buffer_copy(keys)
-    value_array = (table.Leaf * count).from_buffer_copy(values)
-    try:
-        table.items_update_batch(key_array, value_array)
-    except Exception as err:
-        raise AlfError(
-            f"filling map {name}",
-            str(err),
-            "check `alfwrapper doctor`; kernels before 5.6 lack batch updates",
-            EX_OSERR,
-        ) from None
+def map_fds(loaded: LoadedFilter) -> dict[str, int]:
+    """Every map of a loaded program, by name (libbcc's table list; BCC's Python has none)."""
+    from bcc.libbcc import lib  # noqa: PLC0415
+
+    lib.bpf_num_tables.restype = ctypes.c_size_t
+    lib.bpf_num_tables.argtypes = [ctypes.c_void_p]
+    lib.bpf_table_name.restype = ctypes.c_char_p
+    lib.bpf_table_name.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    module = loaded.bpf.module
+    names = [lib.bpf_table_name(module, i) for i in range(lib.bpf_num_tables(module))]
+    return {name.decode(): loaded.bpf[name].map_fd for name in names}
 
 
-def _u32s(values: Sequence[int]) -> bytes:
-    return bytes((ctypes.c_uint32 * len(values))(*values))
+def counters(loaded: LoadedFilter) -> dict[str, int]:
+    """The verdict counters, summed over CPUs, by reason (parts.REASONS)."""
+    table = loaded.bpf[b"alf_counters"]
+    return {reason: int(sum(table[table.Key(i)])) for i, reason in enumerate(REASONS)}
 
 
-def fill_subnets(bpf: Any, table: SubnetTable) -> None:
-    _update_batch(
-        bpf[b"subnet_roots"],
-        _u32s(range(ROOT_ENTRIES)),
-        _u32s(table.roots),
-        ROOT_ENTRIES,
-        "subnet_roots",
-    )
-    if table.nodes:
-        keys, values = encode_nodes(table)
-        _update_batch(bpf[b"subnet_nodes"], keys, values, len(table.nodes), "subnet_nodes")
-
-
-def set_interfaces(bpf: Any, allowed: dict[int, str]) -> None:
-    """Make iface_allowed hold exactly these indexes (new ones first, then removals)."""
-    table = bpf[b"iface_allowed"]
-    for index in allowed:
-        table[table.Key(index)] = table.Leaf(1)
-    for key in [k.value for k in table.keys()]:
-        if key not in allowed:
-            del table[table.Key(key)]
-
-
-def fill_knock(bpf: Any, plan: KnockPlan, rules: KnockRules) -> None:
-    config = bpf[b"knock_config"]
-    leaf = config.Leaf()
-    leaf.step_timeout_ns = int(rules.timeout * 1e9)
-    leaf.open_ns = int(rules.open_for * 1e9)
-    leaf.window_ns = rules.window * 1_000_000_000
-    leaf.tai_to_utc_ns = knocking.tai_to_utc_ns()
-    leaf.first_window = plan.first_window
-    leaf.steps = plan.steps
-    leaf.rows = plan.rows
-    config[config.Key(0)] = leaf
-    ports = [0] * (plan.rows * knocking.MAX_STEPS)
-    for row, sequence in enumerate(plan.ports):
-        ports[row * knocking.MAX_STEPS : row * knocking.MAX_STEPS + len(sequence)] = sequence
-    _update_batch(
-        bpf[b"knock_ports"], _u32s(range(len(ports))), _u32s(ports), len(ports), "knock_ports"
-    )
-
-
-_MAP_DECL = re.compile(r"\bBPF_(?:TABLE\(\s*\"\w+\"\s*,[^,]+,[^,]+,\s*(\w+)|[A-Z_]+\(\s*(\w+))")
-
-
-def map_names(path: str) -> list[str]:
-    """The maps a filter file declares, for error messages."""
-    try:
-        text = open(path, encoding="utf-8").read()  # noqa: PTH123
-    except OSError:
-        return []
-    return [a or b for a, b in _MAP_DECL.findall(text)]
-
-
-def apply_settings(bpf: Any, plan: ProgramPlan, ifindex_of: map_values.IfindexOf) -> None:
-    """--set: each entry parsed by its map's own key and value types."""
-    custom = plan.rules.custom
-    if custom is None:
-        return
-    for setting in custom.sets:
-        where = f"--set {setting.map}"
-        table = None
-        if not setting.map.startswith(RESERVED_PREFIXES):
-            try:
-                table = bpf[setting.map.encode()]
-            except KeyError:
-                pass
-        if table is None:
-            known = ", ".join(map_names(custom.path)) or "none"
-            raise AlfError(
-                where, f"{custom.path} has no map {setting.map!r}", f"its maps: {known}", EX_USAGE
-            )
-        parsed = []
-        for part, ctype, text in (
-            ("key", table.Key, setting.key),
-            ("value", table.Leaf, setting.value),
-        ):
-            try:
-                parsed.append(ctype.from_buffer_copy(map_values.encode(ctype, text, ifindex_of)))
-            except ValueError as err:
-                raise AlfError(
-                    where,
-                    f"{part} {excerpt(text)} does not fit {map_values.type_name(ctype)}: {err}",
-                    "write the fields comma-separated, in order",
-                    EX_USAGE,
-                ) from None
-        try:
-            table[parsed[0]] = parsed[1]
-        except Exception as err:
-            raise AlfError(
-                where,
-                f"the kernel refused the entry: {err}",
-                "is the map full, or an array index out of range?",
-                EX_USAGE,
-            ) from None
-
-
-def load_program(
-    plan: ProgramPlan, interfaces: dict[int, str], ifindex_of: map_values.IfindexOf
-) -> LoadedFilter:
+def load_program(plan: ProgramPlan, env: FillEnv | None = None) -> LoadedFilter:
     """Compile, load and fill every map of the plan."""
     loaded = compile_and_load(plan)
-    if plan.subnets is not None:
-        fill_subnets(loaded.bpf, plan.subnets)
-    if plan.rules.interfaces:
-        set_interfaces(loaded.bpf, interfaces)
-    if plan.knock is not None and plan.rules.knock is not None:
-        fill_knock(loaded.bpf, plan.knock, plan.rules.knock)
-    apply_settings(loaded.bpf, plan, ifindex_of)
+    for part_plan in plan.parts:
+        part_plan.part.fill(loaded.bpf, part_plan, plan.rules, env or FillEnv())
     return loaded
 
 
 def load_rules(rules: SocketRules) -> LoadedFilter:
     """Plan, compile, load and fill a program for rules that name no interface."""
-    return load_program(plan_program(rules), {}, lambda _name: None)
-
-
-def set_next(map_fd: int, prog_fd: int) -> None:
-    """Put a program in another one's restart hook, alf_next[0] (one atomic update)."""
-    from bcc.libbcc import lib  # noqa: PLC0415
-
-    key, value = ctypes.c_int(0), ctypes.c_int(prog_fd)
-    if lib.bpf_update_elem(map_fd, ctypes.byref(key), ctypes.byref(value), 0) < 0:
-        err = ctypes.get_errno()
-        raise AlfError(
-            "installing the new rules in the socket's filter",
-            os.strerror(err),
-            "run `alfwrapper doctor`",
-            EX_OSERR,
-        )
+    return load_program(plan_program(rules))

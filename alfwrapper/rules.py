@@ -11,7 +11,7 @@ import socket
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, EX_USAGE, AlfError, excerpt
 
@@ -95,71 +95,24 @@ class CustomFilter:
 
 @dataclass(frozen=True)
 class SocketRules:
-    """Everything that applies to one socket; a packet must pass every part."""
+    """Everything that applies to one socket; a packet must pass every part.
+
+    ``sources`` says where the subnet rules were written (policy.RuleSource),
+    for `explain`; it takes no part in comparisons, so sockets with the same
+    rules share a program wherever the rules came from.
+    """
 
     subnets: SubnetRules = field(default_factory=SubnetRules)
     interfaces: tuple[str, ...] = ()
     knock: KnockRules | None = None
     custom: CustomFilter | None = None
+    sources: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def empty(self) -> bool:
         return not (
             self.subnets.allow or self.subnets.deny or self.interfaces or self.knock or self.custom
         )
-
-
-@dataclass(frozen=True)
-class Config:
-    """Everything the wrapper needs, parsed and checked.
-
-    ``rules`` holds rules for every socket (scope None) and for named sockets
-    (scope = the socket's name, from ``NAME=VALUE`` on the command line).
-    """
-
-    listens: tuple[ListenSpec, ...] = ()
-    rules: tuple[tuple[str | None, SocketRules], ...] = ()
-    command: tuple[str, ...] = ()
-
-    @property
-    def scopes(self) -> set[str]:
-        return {scope for scope, _ in self.rules if scope is not None}
-
-    def rules_for(self, name: str) -> SocketRules:
-        """The rules of a socket: those for all sockets plus those for its name.
-
-        Lists add up; a knock sequence or custom filter for the name replaces
-        the one for all sockets; map settings add up.
-        """
-        chosen = [r for scope, r in self.rules if scope is None]
-        chosen += [r for scope, r in self.rules if scope == name]
-        knock = path = None
-        allow: tuple[Prefix, ...] = ()
-        deny: tuple[Prefix, ...] = ()
-        interfaces: tuple[str, ...] = ()
-        sets: tuple[MapSetting, ...] = ()
-        for r in chosen:
-            allow += r.subnets.allow
-            deny += r.subnets.deny
-            interfaces += r.interfaces
-            knock = r.knock or knock
-            if r.custom:
-                path = r.custom.path or path
-                sets += r.custom.sets
-        return SocketRules(
-            subnets=SubnetRules(allow=allow, deny=deny),
-            interfaces=tuple(dict.fromkeys(interfaces)),
-            knock=knock,
-            custom=CustomFilter(path, sets) if path else None,
-        )
-
-
-def split_scope(text: str) -> tuple[str | None, str]:
-    """``NAME=VALUE`` applies to the sockets named NAME; a bare VALUE to every socket."""
-    name, sep, value = text.partition("=")
-    if sep and name and ":" not in name and "/" not in name:
-        return name, value
-    return None, text
 
 
 def parse_ports(text: str) -> tuple[int, ...]:
@@ -334,15 +287,6 @@ def read_rule_file(path: str) -> list[Prefix]:
     """Read a rule file: one CIDR per line."""
     text = read_text_input(path, "rule file", "write one CIDR per line", RULE_FILE_LIMIT)
     return parse_rule_lines(text.splitlines(), path)
-
-
-def parse_option_prefix(option: str, text: str) -> Prefix:
-    try:
-        return parse_prefix(text)
-    except ValueError as err:
-        raise AlfError(
-            option, str(err), "give a CIDR such as 192.0.2.0/24 or 2001:db8::/32", EX_USAGE
-        ) from None
 
 
 def parse_listen(kind: str, text: str) -> ListenSpec:

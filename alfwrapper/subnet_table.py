@@ -37,7 +37,8 @@ MAX_NODES = 8 << 20  # about 80 bytes of kernel memory each
 # Coverage of a block by one rule list.
 _NONE, _FULL, _PARTIAL = 0, 1, 2
 
-KEY = struct.Struct("=BB2x16s")  # struct subnet_key in subnets.c
+# struct subnet_key: defined here, handed to C by parts.c_struct (the one definition).
+KEY_FIELDS = (("nbytes", "u8"), ("family", "u8"), ("pad", "u8[2]"), ("addr", "u8[16]"))
 VALUE = struct.Struct("=I")
 
 
@@ -210,13 +211,13 @@ def lookup(table: SubnetTable, family: int, value: int) -> bool:
     return bool(node & NODE_PASS)
 
 
-def encode_nodes(table: SubnetTable) -> tuple[bytes, bytes]:
-    """The hash map's keys and values, packed as struct subnet_key / u32 arrays."""
-    keys = bytearray(KEY.size * len(table.nodes))
+def encode_nodes(table: SubnetTable, key: struct.Struct) -> tuple[bytes, bytes]:
+    """The hash map's keys and values, packed as struct subnet_key (``key``) / u32 arrays."""
+    keys = bytearray(key.size * len(table.nodes))
     values = bytearray(VALUE.size * len(table.nodes))
-    pack_key, pack_value = KEY.pack_into, VALUE.pack_into
-    ksize, vsize = KEY.size, VALUE.size
+    pack_key, pack_value = key.pack_into, VALUE.pack_into
+    ksize, vsize = key.size, VALUE.size
     for i, (family, nbytes, block, node) in enumerate(table.nodes):
-        pack_key(keys, i * ksize, nbytes, family, block.to_bytes(nbytes, "big"))
+        pack_key(keys, i * ksize, nbytes, family, b"", block.to_bytes(nbytes, "big"))
         pack_value(values, i * vsize, node)
     return bytes(keys), bytes(values)

@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import struct
 from dataclasses import dataclass
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -40,6 +41,25 @@ def libbpf() -> ctypes.CDLL:
             )
         lib.bpf_map_delete_elem.argtypes = [ctypes.c_int, ctypes.c_void_p]
         lib.bpf_map_get_next_key.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.bpf_obj_get_info_by_fd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.bpf_obj_pin.argtypes = [ctypes.c_int, ctypes.c_char_p]
+        lib.bpf_obj_get.argtypes = [ctypes.c_char_p]
+        lib.bpf_map_create.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_uint32,
+            ctypes.c_uint32,
+            ctypes.c_uint32,
+            ctypes.c_void_p,
+        ]
+        lib.bpf_prog_load.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+        ]
         _libbpf = lib
     return _libbpf
 
@@ -107,6 +127,99 @@ def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1, ingress_ifindex: 
         f"prog fd {prog_fd}",
     )
     return TestRun(retval=opts.retval, duration_ns=opts.duration)
+
+
+@dataclass(frozen=True)
+class ProgInfo:
+    id: int
+    instructions: int  # as verified (xlated), 8 bytes each
+    jited_bytes: int
+
+
+def prog_info(prog_fd: int) -> ProgInfo:
+    """BPF_OBJ_GET_INFO_BY_FD of a program: struct bpf_prog_info up to xlated_prog_len."""
+    info = ctypes.create_string_buffer(256)  # larger than the kernel's struct: zeros are fine
+    size = ctypes.c_uint32(len(info))
+    _bpf_check(
+        libbpf().bpf_obj_get_info_by_fd(prog_fd, info, ctypes.byref(size)),
+        "BPF_OBJ_GET_INFO_BY_FD",
+        f"prog fd {prog_fd}",
+    )
+    prog_id = int.from_bytes(info.raw[4:8], "little")
+    jited, xlated = (int.from_bytes(info.raw[i : i + 4], "little") for i in (16, 20))
+    return ProgInfo(prog_id, xlated // 8, jited)
+
+
+def fd_memlock(fd: int) -> int:
+    """The kernel memory a map or program holds (its fdinfo's memlock), in bytes."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("memlock:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+BPF_MAP_TYPE_ARRAY = 2
+BPF_MAP_TYPE_PROG_ARRAY = 3
+BPF_PROG_TYPE_SOCKET_FILTER = 1
+_BPF_FUNC_TAIL_CALL = 12
+
+
+def obj_pin(fd: int, path: str) -> None:
+    _bpf_check(libbpf().bpf_obj_pin(fd, path.encode()), "BPF_OBJ_PIN", path)
+
+
+def obj_get(path: str) -> int:
+    """An fd of a pinned map or program (needs read and write permission on the pin)."""
+    fd = libbpf().bpf_obj_get(path.encode())
+    _bpf_check(fd, "BPF_OBJ_GET", path)
+    return int(fd)
+
+
+def map_create(kind: int, name: str, key_size: int, value_size: int, entries: int) -> int:
+    fd = libbpf().bpf_map_create(kind, name.encode()[:15], key_size, value_size, entries, None)
+    _bpf_check(fd, "BPF_MAP_CREATE", name)
+    return int(fd)
+
+
+def map_lookup(map_fd: int, key: bytes, value_size: int) -> bytes | None:
+    value = ctypes.create_string_buffer(value_size)
+    result = libbpf().bpf_map_lookup_elem(map_fd, key, value)
+    if result < 0 and (ctypes.get_errno() or -result) == 2:  # ENOENT
+        return None
+    _bpf_check(result, "map lookup", f"map fd {map_fd}")
+    return value.raw
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+def load_dispatcher(slot_fd: int, name: str) -> int:
+    """The socket's fixed filter: tail-call slot[0]; if the slot is empty, drop.
+
+    Six instructions, assembled here rather than compiled: it never changes,
+    and loading it needs no compiler.
+    """
+    code = b"".join(
+        (
+            _insn(0x18, dst=2, src=1, imm=slot_fd),  # r2 = the slot map (BPF_PSEUDO_MAP_FD)
+            _insn(0),
+            _insn(0xB7, dst=3, imm=0),  # r3 = 0, the index; r1 is still the packet
+            _insn(0x85, imm=_BPF_FUNC_TAIL_CALL),  # on success this never returns
+            _insn(0xB7, dst=0, imm=0),  # r0 = 0: drop
+            _insn(0x95),  # exit
+        )
+    )
+    buffer = ctypes.create_string_buffer(code, len(code))
+    fd = libbpf().bpf_prog_load(
+        BPF_PROG_TYPE_SOCKET_FILTER, name.encode()[:15], b"GPL", buffer, len(code) // 8, None
+    )
+    _bpf_check(fd, "loading the dispatcher", name)
+    return int(fd)
 
 
 def map_update(map_fd: int, key: bytes, value: bytes) -> None:

@@ -13,6 +13,7 @@ cannot rot); its figures mean nothing and it asserts no timing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -34,6 +35,7 @@ sys.path.insert(0, str(HERE))
 import throughput  # noqa: E402
 
 from alfwrapper import compiler, program  # noqa: E402
+from alfwrapper.parts import FillEnv  # noqa: E402
 from alfwrapper.rules import (  # noqa: E402
     KnockRules,
     Prefix,
@@ -51,9 +53,8 @@ def load_text(text: str, defines: tuple[tuple[str, str], ...] = ()) -> compiler.
         rules=SocketRules(),
         text=text,
         defines=defines,
-        include_dirs=(str(program.FILTER_DIR),),
-        subnets=None,
-        knock=None,
+        include_dirs=(str(program.filter_dir()),),
+        parts=(),
     )
     return compiler.compile_and_load(plan)
 
@@ -124,9 +125,8 @@ def subnet_program(prefixes: list[Prefix]) -> compiler.LoadedFilter:
 
 def interfaces_program(count: int) -> compiler.LoadedFilter:
     plan = program.plan_program(SocketRules(interfaces=("lo",)))
-    plan = program.ProgramPlan(
-        plan.rules, plan.text, (("IFACE_SLOTS", str(max(count, 2))),), plan.include_dirs, None, None
-    )
+    defines = tuple((n, str(max(count, 2)) if n == "IFACE_SLOTS" else v) for n, v in plan.defines)
+    plan = dataclasses.replace(plan, defines=defines)
     loaded = compiler.compile_and_load(plan)
     table = loaded.bpf[b"iface_allowed"]
     # BPF_PROG_TEST_RUN's packets arrive on the loopback device: allow 0 and 1,
@@ -144,9 +144,8 @@ def knock_program(prefixes: list[Prefix] | None, interfaces: bool) -> compiler.L
         knock=KnockRules(ports=(7001, 7002, 7003)),
     )
     plan = program.plan_program(rules)
-    loaded = compiler.load_program(
-        plan, {1: "lo", 0: "test-run"} if interfaces else {}, lambda _n: None
-    )
+    # Test runs carry ingress index 0: let it stand for "lo" too.
+    loaded = compiler.load_program(plan, FillEnv({1: "lo", 0: "lo"} if interfaces else {}))
     return loaded
 
 

@@ -56,8 +56,23 @@ def halfopen(address: str, port: int, data: str, release: str, hold: float) -> s
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     nft("add", "table", "inet", "alfhold")
     nft("add chain inet alfhold out { type filter hook output priority 0 ; }")
-    nft("add", "rule", "inet", "alfhold", "out", "tcp", "dport", str(port), "tcp", "flags",
-        "&", "syn", "==", "0", "drop")  # fmt: skip
+    nft(
+        "add",
+        "rule",
+        "inet",
+        "alfhold",
+        "out",
+        "tcp",
+        "dport",
+        str(port),
+        "tcp",
+        "flags",
+        "&",
+        "syn",
+        "==",
+        "0",
+        "drop",
+    )
     try:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.settimeout(5)
@@ -75,8 +90,9 @@ def halfopen(address: str, port: int, data: str, release: str, hold: float) -> s
     return "sent"
 
 
-def raw(version: str, src: str, dst: str, kind: str, port: int, data: str, exts: list[str],
-        sport: int) -> str:  # fmt: skip
+def raw(
+    version: str, src: str, dst: str, kind: str, port: int, data: str, exts: list[str], sport: int
+) -> str:
     from craft import packet  # noqa: PLC0415
     from scapy.all import TCP, AsyncSniffer, conf, fragment, fragment6, send  # noqa: PLC0415
 

@@ -46,7 +46,7 @@ PARTS = {
         "port_limits",
         "1",
         "8081,1",
-    ],  # fmt: skip
+    ],
 }
 # With these parts, a queued connection from the allowed host can be judged, and is kept.
 JUDGED = ("subnets", "filter")
@@ -75,10 +75,18 @@ class Activation:
     def __init__(self, network: Network, services: list[Service], tmp: Path, rules: list[str]):
         self.go = tmp / "go"
         argv = [
-            sys.executable, str(ACTIVATE), "--go", str(self.go),
-            "tcp:[::]:8080:web", "udp:[::]:8081:dns", "--",
-            *WRAPPER, *rules, "--", *ECHO_SERVER,
-        ]  # fmt: skip
+            sys.executable,
+            str(ACTIVATE),
+            "--go",
+            str(self.go),
+            "tcp:[::]:8080:web",
+            "udp:[::]:8081:dns",
+            "--",
+            *WRAPPER,
+            *rules,
+            "--",
+            *ECHO_SERVER,
+        ]
         self.svc = Service(network.server, argv)
         services.append(self.svc)
         self.svc.wait_for(r"^listening$")
@@ -135,7 +143,7 @@ def test_nothing_queued_by_a_denied_host_reaches_the_application(
                 "allowed-late",
                 "30",
             ]
-        ),  # fmt: skip
+        ),
         stdout=subprocess.PIPE,
         text=True,
     )

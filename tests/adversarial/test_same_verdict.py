@@ -20,6 +20,7 @@ from support import ECHO_SERVER, WRAPPER
 from test_queued import ATTACKER, PARTS
 
 from alfwrapper import cli, compiler, program
+from alfwrapper.parts import FillEnv
 from alfwrapper.syscalls import prog_test_run
 
 
@@ -71,7 +72,7 @@ def send(host: Host, case: Case, src: str, dst: str, port: int, token: str, spor
                 ",".join(case.exts),
                 str(sport),
             ]
-        ),  # fmt: skip
+        ),
         capture_output=True,
         text=True,
         timeout=60,
@@ -90,18 +91,25 @@ def test_test_run_and_socket_agree(network: Network, services: list[Service], pa
     rules = [r.format(allowed_if=a.server_if) for r in RULES[part]]
     svc = Service(
         network.server,
-        [*WRAPPER, "--listen", "[::]:8080", "--listen-datagram", "[::]:8081", *rules, "--",
-         *ECHO_SERVER],
-    )  # fmt: skip
+        [
+            *WRAPPER,
+            "--listen",
+            "[::]:8080",
+            "--listen-datagram",
+            "[::]:8081",
+            *rules,
+            "--",
+            *ECHO_SERVER,
+        ],
+    )
     services.append(svc)
     svc.wait_for(r"^ready ")
     # The same rules, loaded here for test runs.
-    config, _ = cli.parse_config(rules)
+    config = cli.parse_policy(rules)
     index = {name: ifindex(network.server, name) for name in (a.server_if, b.server_if)}
     loaded = compiler.load_program(
         program.plan_program(config.rules_for("web")),
-        {index[n]: n for n in config.rules_for("web").interfaces},
-        lambda _name: None,
+        FillEnv({index[n]: n for n in config.rules_for("web").interfaces}),
     )
     rows = []
     for n, case in enumerate(CASES):
@@ -137,10 +145,8 @@ def test_knocking_agrees_on_crafted_knocks(network: Network, services: list[Serv
     svc = Service(network.server, [*WRAPPER, "--listen", "[::]:8080", *rules, "--", *ECHO_SERVER])
     services.append(svc)
     svc.wait_for(r"^ready ")
-    config, _ = cli.parse_config(rules)
-    loaded = compiler.load_program(
-        program.plan_program(config.rules_for("web")), {}, lambda _name: None
-    )
+    config = cli.parse_policy(rules)
+    loaded = compiler.load_program(program.plan_program(config.rules_for("web")))
     for version, exts in (("4", ("ipopt",)), ("6", ("hbh", "dest"))):
         src = a.v4 if version == "4" else a.v6
         dst = a.server_v4 if version == "4" else a.server_v6
@@ -153,8 +159,10 @@ def test_knocking_agrees_on_crafted_knocks(network: Network, services: list[Serv
         pkt = packet(version, src, dst, "syn", 8080, "", exts, 50000)
         got_run.append(prog_test_run(loaded.fd, frame(pkt)).retval != 0)
         got_socket = [False, False, False]  # knocks are dropped: never answered
-        got_socket.append(send(a, Case("allowed", version, "", "syn", exts), src, dst, 8080, "",
-                               50000) == "synack")  # fmt: skip
+        got_socket.append(
+            send(a, Case("allowed", version, "", "syn", exts), src, dst, 8080, "", 50000)
+            == "synack"
+        )
         assert got_run == got_socket == [False, False, False, True], (version, got_run, got_socket)
     # Never knocked: nothing, in both.
     src, dst = b.v4, b.server_v4

@@ -37,7 +37,7 @@ def test_nothing_reaches_created_sockets_during_a_slow_start(
             ),
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for family, target in ((4, b.server_v4), (6, b.server_v6))
     ]
     try:
@@ -45,9 +45,18 @@ def test_nothing_reaches_created_sockets_during_a_slow_start(
             assert wait_line(proc) == "flooding"
         svc = Service(
             network.server,
-            [*WRAPPER, "--listen", "[::]:8080", "--listen-datagram", "[::]:8081",
-             "--allow-file", str(rules), "--", *ECHO_SERVER],
-        )  # fmt: skip
+            [
+                *WRAPPER,
+                "--listen",
+                "[::]:8080",
+                "--listen-datagram",
+                "[::]:8081",
+                "--allow-file",
+                str(rules),
+                "--",
+                *ECHO_SERVER,
+            ],
+        )
         services.append(svc)
         svc.wait_for(r"^ready ", timeout=120)
         check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))

@@ -52,9 +52,20 @@ def test_application_cannot_stop_the_watcher_and_its_death_closes_the_socket(
     name = a.server_if
     svc = Service(
         network.server,
-        [*WRAPPER, "--listen", "[::]:8080", "--interface", name, "--",
-         sys.executable, "-c", APP, name, *ECHO_SERVER],
-    )  # fmt: skip
+        [
+            *WRAPPER,
+            "--listen",
+            "[::]:8080",
+            "--interface",
+            name,
+            "--",
+            sys.executable,
+            "-c",
+            APP,
+            name,
+            *ECHO_SERVER,
+        ],
+    )
     services.append(svc)
     match = svc.wait_for(r"^watcher (\d+) (.*)$")
     svc.wait_for(r"^ready ")

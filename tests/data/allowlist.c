@@ -1,4 +1,8 @@
-/* allowlist.c: a developer-defined filter, as an application would ship one.
+/* allowlist.c: a developer-defined filter, test data.  It reads the ports
+ * with bpf_skb_load_bytes(skb, 0, ...), as a filter written for a socket
+ * does, on purpose: the tests check that alfwrapper keeps that meaning in
+ * test runs too (filters/developer.h).  examples/filters/allowlist.c is the
+ * same filter written the recommended way, with alf_parse_packet().
  *
  * Passes IPv4 packets whose source is a key of allowed4, IPv6 packets whose
  * source is a key of allowed6, and only to destination ports whose entry in

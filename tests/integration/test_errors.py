@@ -180,18 +180,40 @@ def test_verifier_rejection_says_why(bpf_root: None, tmp_path: Path) -> None:
     assert "processed" in stderr  # -v: the whole verifier log
 
 
-def test_print_filter(tmp_path: Path) -> None:
+def test_check_print_filter_compiles_what_it_prints(bpf_root: None, tmp_path: Path) -> None:
     out = subprocess.run(
-        [*WRAPPER, "--allow", "192.0.2.0/24", "--deny", "192.0.2.128/25", "--print-filter"],
+        [
+            *WRAPPER,
+            "check",
+            "--allow",
+            "192.0.2.0/24",
+            "--deny",
+            "192.0.2.128/25",
+            "--print-filter",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert out.returncode == 0
+    assert out.returncode == 0, out.stderr
     assert "#define V4_STEPS SUBNET_STEP(3) SUBNET_STEP(4)" in out.stdout
     assert "#define SUBNET_NODES 129" in out.stdout
     assert "if (!subnets_pass(pkt.family, pkt.addr))" in out.stdout
     assert "knock_pass" not in out.stdout.split("alfwrapper-composed.c")[-1]
+    # What it prints is compiled: a filter that does not compile fails the check.
+    broken = ROOT / "tests/data/broken.c"
+    out = subprocess.run(
+        [*WRAPPER, "check", "--filter", str(broken), "--print-filter"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 65
+    assert_one_line(out.stderr, f"{broken}:4:", "undeclared identifier")
+    # The wrapper itself points there.
+    returncode, stderr, ran = run(tmp_path, "--allow", "192.0.2.0/24", "--print-filter")
+    assert (returncode, ran) == (64, False)
+    assert_one_line(stderr, "alfwrapper check --print-filter")
 
 
 def test_module_and_script_entry_points() -> None:

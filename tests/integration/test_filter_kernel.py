@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import random
 import time
 
@@ -84,3 +85,26 @@ def test_secret_knock_follows_the_clock_across_the_horizon(bpf_root: None) -> No
         assert not _knock_opens(loaded, source, stale), f"{ahead} windows ahead: stale opened"
         opened = _knock_opens(loaded, source + 1, current)
         assert opened == (ahead < rows), f"{ahead} windows ahead (horizon {rows}): {opened}"
+
+
+def test_subnet_key_layout_is_handed_to_c_as_defined(bpf_root: None) -> None:
+    """struct subnet_key is defined once in Python (subnet_table.KEY_FIELDS) and handed to
+    C as generated code: the map BCC built from it has exactly that layout, and keys packed
+    by Python read back field by field."""
+    from alfwrapper.parts import SUBNET_KEY
+    from alfwrapper.subnet_table import build_subnet_table, encode_nodes
+
+    rules = SubnetRules(allow=(parse_prefix("192.0.2.0/24"), parse_prefix("2001:db8:1::/48")))
+    loaded = compiler.load_rules(SocketRules(rules))
+    key_type = loaded.bpf[b"subnet_nodes"].Key
+    assert ctypes.sizeof(key_type) == SUBNET_KEY.size
+    table = build_subnet_table(rules)
+    keys, _ = encode_nodes(table, SUBNET_KEY)
+    decoded = {
+        (k.nbytes, k.family, bytes(k.addr))
+        for k in (
+            key_type.from_buffer_copy(keys, i * SUBNET_KEY.size) for i in range(len(table.nodes))
+        )
+    }
+    assert (3, 4, bytes([192, 0, 2]) + bytes(13)) in decoded
+    assert (6, 6, bytes.fromhex("20010db80001") + bytes(10)) in decoded

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from hosts import (
     Host,
     Network,
@@ -270,7 +271,9 @@ def sets(*entries: str) -> list[str]:
     return [word for entry in entries for word in ("--set", *entry.split())]
 
 
-def test_custom_filter_with_set(network: Network, services: list[Service]) -> None:
+@pytest.mark.parametrize("source", [ALLOWLIST, str(ROOT / "examples/filters/allowlist.c")])
+def test_custom_filter_with_set(network: Network, services: list[Service], source: str) -> None:
+    # The test data reads ports at offset 0; the shipped template uses alf_parse_packet.
     a, b = network.allowed, network.denied
     svc = start(
         network,
@@ -278,7 +281,7 @@ def test_custom_filter_with_set(network: Network, services: list[Service]) -> No
         wrapped(
             *SOCKETS,
             "--filter",
-            ALLOWLIST,
+            source,
             *sets(
                 "allowed4 192.0.2.2 1",
                 "allowed6 2001:db8:a::2 1",

@@ -77,10 +77,8 @@ def test_lighttpd(network: Network, services: list[Service], tmp_path: Path) -> 
             *WRAPPER,
             "--listen",
             "[::]:8088",
-            "--allow",
-            "192.0.2.0/24",
-            "--allow",
-            "2001:db8:a::/48",
+            "--policy",  # the shipped policy, as its unit uses it
+            str(ROOT / "policies/alfwrapper-lighttpd.toml"),
             "--",
             lighttpd,
             "-D",

@@ -65,6 +65,10 @@ class UserManager:
             assert self.proc.poll() is None, "systemd --user exited"
             assert time.monotonic() < deadline, "systemd --user did not come up"
             time.sleep(0.1)
+        # The policies as installed: the administrator's folder first, then the shipped ones.
+        self.policies = self.config / "alfwrapper" / "policy"
+        self.policies.mkdir(parents=True)
+        self.run("set-environment", f"ALFWRAPPER_POLICY_PATH={self.policies}:{ROOT}/policies")
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -155,6 +159,41 @@ def test_on_demand_activation(network: Network, manager: UserManager) -> None:
     for field in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
         assert re.search(rf"^{field}:\s+0+$", status, re.M), status
     assert re.search(r"^NoNewPrivs:\s+1$", status, re.M)
+
+
+def start_echo(manager: UserManager, client: Host) -> UnitLog:
+    """Start the shipped echo socket; the client's first connection activates the service."""
+    log = UnitLog(manager.log_to_file("alfwrapper-echo.service"))
+    manager.run("daemon-reload")
+    manager.run("start", "alfwrapper-echo.socket")
+    assert client.probe("tcp", 4, 8080, "first", timeout=20) == "echo", log.output()
+    return log
+
+
+def test_administrator_drop_in_changes_the_shipped_policy(
+    network: Network, manager: UserManager
+) -> None:
+    # The shipped unit names the shipped policy (--policy alfwrapper-echo); an
+    # administrator changes it with a drop-in, never touching the vendor file.
+    a, b = network.allowed, network.denied
+    unit = "alfwrapper-echo.service"
+    log = start_echo(manager, a)
+    check_policy(log, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+    vendor = (ROOT / "policies/alfwrapper-echo.toml").read_text()
+    dropin = manager.policies / "alfwrapper-echo.toml.d"
+    dropin.mkdir()
+    (dropin / "50-local.toml").write_text(
+        "# this site: the 198.51.100.0/24 office too, but not that one host\n"
+        'allow = ["198.51.100.0/24"]\ndeny = ["2001:db8:a::2"]\n'
+    )
+    manager.run("restart", unit)  # PartOf=: the socket is renewed with it
+    assert b.probe("tcp", 4, 8080, "after", timeout=20) == "echo", log.output()
+    check_policy(
+        log,
+        served=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)],
+        dropped=[Probe(a, "tcp", 6, 8080), Probe(b, "tcp", 6, 8080)],
+    )
+    assert (ROOT / "policies/alfwrapper-echo.toml").read_text() == vendor
 
 
 def hammer(host: Host, proto: str, port: int, tag: str, count: int) -> list[str]:
@@ -250,7 +289,7 @@ def test_accept_yes_refuses_knocking(network: Network, manager: UserManager) -> 
 def test_template_instance(network: Network, manager: UserManager) -> None:
     a, b = network.allowed, network.denied
     env = manager.config / "alfwrapper"
-    env.mkdir()
+    env.mkdir(exist_ok=True)
     (env / "8084.env").write_text(
         installed_unit((ROOT / "examples/alfwrapper-instance.env").read_text())
     )
@@ -308,21 +347,18 @@ def test_restarts_put_new_rules_in_force(network: Network, manager: UserManager)
 def test_service_gone_without_its_socket_fails_clearly(
     network: Network, manager: UserManager
 ) -> None:
-    # The service ends by itself (SIGTERM counts as a clean exit, so no restart):
-    # systemd drops its fd store, and the socket stays with its locked filter.
+    # The service ends by itself (SIGTERM counts as a clean exit, so no restart),
+    # and the socket stays with its locked filter.
     a, b = network.allowed, network.denied
     unit = "alfwrapper-echo.service"
-    log = UnitLog(manager.log_to_file(unit))
-    manager.run("daemon-reload")
-    manager.run("start", "alfwrapper-echo.socket")
-    assert a.probe("tcp", 4, 8080, "first", timeout=20) == "echo", log.output()
+    log = start_echo(manager, a)
     os.kill(main_pid(manager, unit), 15)
     deadline = time.monotonic() + 20
     while manager.run("is-active", unit, check=False).stdout.strip() == "active":
         assert time.monotonic() < deadline
         time.sleep(0.05)
     a.probe("tcp", 4, 8080, "again", timeout=3)  # activates: the wrapper cannot re-filter
-    while "no longer holds that filter's restart hook" not in log.output():
+    while "it still carries the locked filter of an earlier start" not in log.output():
         assert time.monotonic() < deadline, log.output()
         time.sleep(0.1)
     # Nothing gets through: the old filter still holds, or systemd gave up on the socket.

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from alfwrapper.cli import parse_config
+from alfwrapper.cli import parse_policy
 from alfwrapper.errors import AlfError
 from alfwrapper.knocking import FIRST_PORT, plan_knock, secret_ports
+from alfwrapper.policy import split_scope
 from alfwrapper.program import plan_program
-from alfwrapper.rules import KnockRules, SocketRules, parse_ports, split_scope
+from alfwrapper.rules import KnockRules, SocketRules, parse_ports
 
 
 def rules_for(argv: list[str], name: str) -> SocketRules:
-    config, _ = parse_config(argv)
+    config = parse_policy(argv)
     return config.rules_for(name)
 
 
@@ -64,7 +65,7 @@ def test_sets_follow_the_filter() -> None:
 )
 def test_rule_option_errors(argv: list[str], message: str) -> None:
     with pytest.raises(AlfError) as info:
-        parse_config(argv)
+        parse_policy(argv)
     assert message in info.value.line()
     assert info.value.exit_code == 64
 
@@ -89,18 +90,40 @@ def test_repeated_static_port_is_refused() -> None:
 
 
 def test_program_holds_only_the_parts_in_use() -> None:
-    config, _ = parse_config(["--interface", "lo"])
+    config = parse_policy(["--interface", "lo"])
     text = plan_program(config.rules_for("x")).text
     entry = text.split("alfwrapper-composed.c")[-1]
     assert "interfaces_pass" in entry
     assert "subnets_pass" not in entry and "knock_pass" not in entry
     assert "BPF_HASH(subnet_nodes" not in text
-    config, _ = parse_config(["--allow", "192.0.2.0/24", "--knock", "1,2"])
+    config = parse_policy(["--allow", "192.0.2.0/24", "--knock", "1,2"])
     entry = plan_program(config.rules_for("x")).text.split("alfwrapper-composed.c")[-1]
     assert entry.index("subnets_pass") < entry.index("knock_pass")
 
 
-def test_same_rules_same_program() -> None:
-    config, _ = parse_config(["--allow", "192.0.2.0/24", "--deny", "192.0.2.7"])
-    a, b = plan_program(config.rules_for("x")), plan_program(config.rules_for("y"))
+def test_rules_go_into_maps_not_into_code() -> None:
+    # Rules of the same shape compile to the same program: only the maps differ.
+    a = plan_program(rules_for(["--allow", "192.0.2.0/24", "--deny", "192.0.2.7"], "x"))
+    b = plan_program(rules_for(["--allow", "198.51.100.0/24", "--deny", "198.51.100.9"], "x"))
     assert (a.text, a.defines) == (b.text, b.defines)
+    assert a.data("subnets") != b.data("subnets")
+    assert "192.0.2" not in a.text and "c00002" not in a.text.lower()
+    # Another shape (no longer prefix below /24) changes the layout settings.
+    c = plan_program(rules_for(["--allow", "192.0.2.0/24"], "x"))
+    assert a.defines != c.defines
+
+
+def test_every_part_and_reason_is_counted_in_order() -> None:
+    argv = ["--interface", "lo", "--allow", "192.0.2.0/24", "--knock", "1,2", "--filter", "f.c"]
+    rules = rules_for(argv, "x")
+    # The filter file need not exist to plan the rest; plan without it.
+    from dataclasses import replace
+
+    plan = plan_program(replace(rules, custom=None))
+    body = plan.text.split("alfwrapper-composed.c")[-1]
+    order = [
+        body.index(f"ALF_REASON_{r})")
+        for r in ("MALFORMED", "INTERFACES", "SUBNETS", "KNOCKING", "PASSED")
+    ]
+    assert order == sorted(order), body
+    assert dict(plan.defines)["ALF_REASONS"] == "6"

@@ -9,23 +9,26 @@ import subprocess
 import pytest
 from support import ROOT
 
-from alfwrapper.cli import _parser
+from alfwrapper.cli import check_parser, explain_parser, wrapper_parser
+from alfwrapper.policy import KEYS
 
 
 def long_options() -> set[str]:
     return {
         o
-        for action in _parser()._actions
+        for parser in (wrapper_parser(), check_parser(), explain_parser())
+        for action in parser._actions
         for o in action.option_strings
         if o.startswith("--") and o != "--help"
     }
 
 
-def test_man_page_lints_clean() -> None:
+@pytest.mark.parametrize("page", ["man/alfwrapper.1", "man/alfwrapper.policy.5"])
+def test_man_page_lints_clean(page: str) -> None:
     if shutil.which("mandoc") is None:
         pytest.fail("mandoc is missing: `make setup` installs it")
     out = subprocess.run(
-        ["mandoc", "-Tlint", "-W", "warning", str(ROOT / "man/alfwrapper.1")],
+        ["mandoc", "-Tlint", "-W", "warning", str(ROOT / page)],
         capture_output=True,
         text=True,
     )
@@ -44,5 +47,16 @@ def test_exit_codes_are_documented() -> None:
     readme = (ROOT / "README.md").read_text()
     for code in (64, 65, 66, 69, 70, 71, 77, 78):
         assert f".It {code}" in man
-    for code in (64, 65, 66, 69, 71, 77, 78):
+    for code in (64, 65, 66, 69, 70, 71, 77, 78):
         assert f"| {code} |" in readme
+
+
+def test_every_policy_key_is_documented() -> None:
+    page = (ROOT / "man/alfwrapper.policy.5").read_text()
+    documented = {
+        word.strip(",")
+        for line in page.splitlines()
+        if line.startswith(".It Cm ")
+        for word in line[len(".It Cm ") :].split()
+    }
+    assert set(KEYS) | {"address", "name"} <= documented, sorted(set(KEYS) - documented)

@@ -11,13 +11,11 @@ from oracle import passes, probe_addresses, random_rules
 
 from alfwrapper.rules import SubnetRules, parse_prefix
 from alfwrapper.subnet_table import (
-    KEY,
     MAX_NODES,
     NODE_DESCEND,
     NODE_PASS,
     ROOT_ENTRIES,
     build_subnet_table,
-    encode_nodes,
     lookup,
 )
 
@@ -91,16 +89,6 @@ def test_too_many_entries_is_a_clear_error() -> None:
 
     with pytest.raises(AlfError, match="expand to more than"):
         build_subnet_table(rules_of(deny=many[: MAX_NODES // 128 + 1]))
-
-
-def test_encoding_matches_the_c_struct() -> None:
-    table = build_subnet_table(rules_of(allow=["192.0.2.0/24", "2001:db8:1::/48"]))
-    keys, values = encode_nodes(table)
-    assert len(keys) == KEY.size * len(table.nodes) == 20 * len(table.nodes)
-    assert len(values) == 4 * len(table.nodes)
-    decoded = {KEY.unpack_from(keys, i * KEY.size) for i in range(len(table.nodes))}
-    assert (3, 4, bytes([192, 0, 2]) + bytes(13)) in decoded
-    assert (6, 6, bytes.fromhex("20010db80001") + bytes(10)) in decoded
 
 
 @settings(max_examples=150, deadline=None)

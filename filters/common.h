@@ -23,6 +23,22 @@
 #define ALF_DROP 0
 #define ALF_PASS (-1)
 
+/* Verdict counters, per CPU so the hot path has no atomics: index
+ * ALF_REASON_PASSED, or the reason a packet was dropped (ALF_REASON_*:
+ * malformed, interfaces, subnets, knocking, filter; parts.REASONS hands them
+ * over).  A developer's filter that includes this file alone gets none. */
+#ifdef ALF_REASONS
+BPF_PERCPU_ARRAY(alf_counters, u64, ALF_REASONS);
+
+static __always_inline int alf_count(u32 reason)
+{
+    u64 *count = alf_counters.lookup(&reason);
+    if (count)
+        *count += 1;
+    return reason == ALF_REASON_PASSED ? ALF_PASS : ALF_DROP;
+}
+#endif
+
 /* skb->protocol is big-endian. */
 #define ALF_PROTO_IP4 __builtin_bswap16(ETH_P_IP)
 #define ALF_PROTO_IP6 __builtin_bswap16(ETH_P_IPV6)

@@ -19,7 +19,9 @@
 #define ALF_DEVELOPER_H
 #include "common.h"
 
-#define ALF_L4_CB 4
+#ifndef ALF_L4_CB
+#error "developer.h is compiled by alfwrapper, which defines ALF_L4_CB (parts.py)"
+#endif
 #ifndef SKF_NET_OFF
 #define SKF_NET_OFF (-0x100000)
 #define SKF_LL_OFF (-0x200000)

@@ -33,15 +33,17 @@
  *                 program is attached to (KNOCK_LISTENERS entries)
  *
  * Macros: KNOCK_ROWS, KNOCK_SOURCES, KNOCK_SECRET (1 for secret rows),
- * KNOCK_LISTENERS.
- * Alone, `filter` returns ALF_PASS or ALF_DROP; composed, alfwrapper calls
- * knock_pass().  Needs CAP_BPF (LRU map, TAI clock).
+ * KNOCK_LISTENERS, KNOCK_MAX_STEPS (the row width, knocking.MAX_STEPS).
+ * alfwrapper composes it: knock_pass() says whether knocking passes a
+ * packet, and updates the state.  Needs CAP_BPF (LRU map, TAI clock).
  */
 #ifndef ALF_KNOCKING_C
 #define ALF_KNOCKING_C
 #include "common.h"
 
-#define KNOCK_MAX_STEPS 8
+#ifndef KNOCK_MAX_STEPS
+#error "knocking.c is compiled by alfwrapper, which defines KNOCK_MAX_STEPS (knocking.py)"
+#endif
 #ifndef KNOCK_ROWS
 #define KNOCK_ROWS 1
 #endif
@@ -193,13 +195,4 @@ static __always_inline int knock_pass(struct __sk_buff *skb, struct alf_packet *
     return 0; /* knocks themselves are dropped */
 }
 
-#ifndef ALF_PART
-int filter(struct __sk_buff *skb)
-{
-    struct alf_packet pkt = {};
-    if (!alf_parse_packet(skb, &pkt))
-        return ALF_DROP;
-    return knock_pass(skb, &pkt) ? ALF_PASS : ALF_DROP;
-}
-#endif
 #endif /* ALF_KNOCKING_C */

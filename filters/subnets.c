@@ -19,34 +19,22 @@
  *   SUBNET_NODES  max_entries of subnet_nodes (at least 1)
  *   V4_STEPS      SUBNET_STEP(n) for each IPv4 hash level, n = bytes of prefix
  *   V6_STEPS      the same for IPv6
+ *   SUBNET_ROOT_SLOTS, SUBNET_PASS, SUBNET_DESCEND: constants shared with
+ *                 subnet_table.py, handed over from there
  *
- * Alone, the entry point `filter` returns ALF_PASS or ALF_DROP (common.h).
- * Composed (ALF_PART defined), alfwrapper calls subnets_pass() instead.
+ * alfwrapper composes it: subnets_pass() says whether the rules pass a source.
  */
 #ifndef ALF_SUBNETS_C
 #define ALF_SUBNETS_C
 #include "common.h"
 
-#ifndef SUBNET_NODES
-#define SUBNET_NODES 1
+/* Sizes and layouts come from alfwrapper (parts.py), defined there once:
+ * SUBNET_NODES, SUBNET_ROOT_SLOTS, SUBNET_PASS, SUBNET_DESCEND, V4_STEPS,
+ * V6_STEPS as -D settings, and struct subnet_key as generated C before this
+ * file. */
+#if !defined(SUBNET_NODES) || !defined(SUBNET_ROOT_SLOTS) || !defined(SUBNET_PASS)
+#error "subnets.c is compiled by alfwrapper, which defines its settings"
 #endif
-#ifndef V4_STEPS
-#define V4_STEPS
-#endif
-#ifndef V6_STEPS
-#define V6_STEPS
-#endif
-
-#define SUBNET_PASS 1
-#define SUBNET_DESCEND 2
-#define SUBNET_ROOT_SLOTS 65536
-
-struct subnet_key {
-    u8 nbytes;   /* how many leading address bytes are in addr */
-    u8 family;   /* 4 or 6 */
-    u8 pad[2];
-    u8 addr[16]; /* leading bytes of the address, the rest zero */
-};
 
 BPF_ARRAY(subnet_roots, u32, 2 * SUBNET_ROOT_SLOTS);
 BPF_HASH(subnet_nodes, struct subnet_key, u32, SUBNET_NODES);
@@ -84,14 +72,4 @@ static __always_inline int subnets_pass(int family, const u8 addr[16])
     return node & SUBNET_PASS;
 }
 
-#ifndef ALF_PART /* alone, not composed with other parts by alfwrapper */
-int filter(struct __sk_buff *skb)
-{
-    u8 addr[16] = {};
-    int family = alf_source_address(skb, addr);
-    if (!family)
-        return ALF_DROP;
-    return subnets_pass(family, addr) ? ALF_PASS : ALF_DROP;
-}
-#endif
 #endif /* ALF_SUBNETS_C */

@@ -19,8 +19,8 @@
  *                  (fail closed) rather than the map freezing as it was.
  *
  * Macros: IFACE_SLOTS, max_entries of iface_allowed (default 4096).
- * Alone, `filter` returns ALF_PASS or ALF_DROP; composed (ALF_PART defined),
- * alfwrapper calls interfaces_pass().
+ * alfwrapper composes it: interfaces_pass() says whether the packet's
+ * interface is allowed.
  */
 #ifndef ALF_INTERFACES_C
 #define ALF_INTERFACES_C
@@ -31,9 +31,7 @@
 #endif
 
 BPF_HASH(iface_allowed, u32, u32, IFACE_SLOTS);
-#ifdef ALF_PART
 BPF_PROG_ARRAY(iface_alive, 1);
-#endif
 
 /* Did the packet arrive on an allowed interface? */
 static __always_inline int interfaces_pass(struct __sk_buff *skb)
@@ -42,10 +40,4 @@ static __always_inline int interfaces_pass(struct __sk_buff *skb)
     return iface_allowed.lookup(&ifindex) != NULL;
 }
 
-#ifndef ALF_PART
-int filter(struct __sk_buff *skb)
-{
-    return interfaces_pass(skb) ? ALF_PASS : ALF_DROP;
-}
-#endif
 #endif /* ALF_INTERFACES_C */

@@ -1,0 +1,234 @@
+"""Check a policy without starting anything: parse it, build, compile and load every
+program it implies (nothing is attached), print a summary per socket, and warn about
+rules that can never match.  Exit 0 when the wrapper would start; otherwise the same
+one-line error and exit code the wrapper would give."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from alfwrapper import compiler, interfaces, program, syscalls
+from alfwrapper.errors import EX_CONFIG, AlfError
+from alfwrapper.parts import FillEnv
+from alfwrapper.policy import Policy
+from alfwrapper.rules import FAMILY_BITS, ListenSpec, Prefix, SocketRules
+
+
+@dataclass(frozen=True)
+class Target:
+    """A socket the policy gives rules to: created, named by --names, or any other."""
+
+    name: str | None  # None: a socket with no rules of its own name
+    spec: ListenSpec | None = None
+
+    @property
+    def label(self) -> str:
+        if self.name is None:
+            return "any other socket"
+        return f"socket {self.name}" + (f" ({self.spec})" if self.spec else "")
+
+
+def targets(policy: Policy, names: Sequence[str]) -> list[Target]:
+    found = [Target(spec.name, spec) for spec in policy.listens]
+    known = {t.name for t in found}
+    for name in [*names, *sorted(policy.names)]:
+        if name not in known:
+            found.append(Target(name))
+            known.add(name)
+    if not policy.listens:
+        found.append(Target(None))
+    return found
+
+
+def _socket_families(spec: ListenSpec) -> set[int]:
+    if spec.host == "::":
+        return {4, 6}
+    if spec.host.startswith("::ffff:") and "." in spec.host:
+        return {4}
+    return {spec.family}
+
+
+def _where(rules: SocketRules, kind: str, prefix: Prefix) -> str:
+    for source in rules.sources:
+        if source.kind == kind and prefix in source.prefixes:
+            return f" ({source.origin})"
+    return ""
+
+
+def warnings_for(policy: Policy, target: Target, rules: SocketRules) -> list[str]:
+    """Rules that can never match on this socket."""
+    out: list[str] = []
+    label = target.label
+    allow, deny = rules.subnets.allow, rules.subnets.deny
+    if target.spec is not None:
+        families = _socket_families(target.spec)
+        for kind, prefixes in (("allow", allow), ("deny", deny)):
+            foreign = [p for p in prefixes if p.family not in families]
+            if foreign:
+                out.append(
+                    f"{label}: {len(foreign)} {kind} rule(s) for IPv{foreign[0].family} "
+                    f"(such as {foreign[0]}{_where(rules, kind, foreign[0])}) can never "
+                    f"match: the socket receives IPv{min(families)} only"
+                )
+        if allow and not any(p.family in families for p in allow):
+            out.append(
+                f"{label}: no allow rule is for a family the socket receives: it drops everything"
+            )
+    deny_set = set(deny)
+    for p in [p for p in allow if p in deny_set][:3]:
+        out.append(
+            f"{p} is both allowed{_where(rules, 'allow', p)} and denied"
+            f"{_where(rules, 'deny', p)}: the deny wins"
+        )
+    deny_lengths: dict[int, set[int]] = {}
+    for d in deny:
+        deny_lengths.setdefault(d.family, set()).add(d.length)
+    hidden = []
+    for a in allow:
+        if a in deny_set:
+            continue
+        width = FAMILY_BITS[a.family]
+        for length in sorted(deny_lengths.get(a.family, ())):
+            if length <= a.length:
+                shift = width - length
+                covering = Prefix(a.family, a.value >> shift << shift, length)
+                if covering in deny_set:
+                    hidden.append((a, covering))
+                    break
+    for a, d in hidden[:3]:
+        out.append(
+            f"allow {a}{_where(rules, 'allow', a)} can never match: deny "
+            f"{d}{_where(rules, 'deny', d)} covers it"
+        )
+    if len(hidden) > 3:
+        out.append(f"{len(hidden) - 3} more allow rules are hidden by deny rules")
+    return out
+
+
+def policy_warnings(policy: Policy, found: list[Target], names: Sequence[str]) -> list[str]:
+    out = []
+    known = {spec.name for spec in policy.listens} | set(names)
+    if known:  # what sockets there will be is known only if some are named
+        for name in sorted(policy.names - known):
+            out.append(
+                f"{policy.origin_of_name(name)}: rules for {name}: no socket has that name "
+                "(the wrapper refuses this unless an inherited socket is named so)"
+            )
+    for scope, rules in policy.scopes:
+        given = [(k, o) for k, o in rules.origins if k.startswith("knock-") and k != "knock-secret"]
+        if not given:
+            continue
+        applies = [scope] if scope else [t.name for t in found]
+        if not any(policy.rules_for(n or "").knock for n in applies):
+            key, origin = given[0]
+            out.append(f"{origin}: {key} has no effect: no knock rule applies there")
+            continue
+        statics = [n for n in applies if (k := policy.rules_for(n or "").knock) and not k.secret]
+        for key, origin in given:
+            if key in ("knock-window", "knock-steps") and statics:
+                out.append(
+                    f"{origin}: {key} has no effect on a static --knock sequence "
+                    "(it is for --knock-secret)"
+                )
+    return out
+
+
+def summary(
+    target: Target, rules: SocketRules, loaded: compiler.LoadedFilter | None
+) -> dict[str, Any]:
+    counts = {
+        "allow": len(rules.subnets.allow),
+        "deny": len(rules.subnets.deny),
+        "interfaces": len(rules.interfaces),
+        "knock": ("secret" if rules.knock.secret else "static") if rules.knock else None,
+        "filter": rules.custom.path if rules.custom else None,
+        "set": len(rules.custom.sets) if rules.custom else 0,
+    }
+    out: dict[str, Any] = {
+        "name": target.name,
+        "address": str(target.spec) if target.spec else None,
+        "rules": counts,
+        "filtered": loaded is not None,
+    }
+    if loaded is not None:
+        info = syscalls.prog_info(loaded.fd)
+        maps = compiler.map_fds(loaded)
+        out["parts"] = list(loaded.plan.part_names)
+        out["instructions"] = info.instructions
+        out["map_bytes"] = sum(syscalls.fd_memlock(fd) for fd in maps.values())
+    return out
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _line(target: Target, s: dict[str, Any]) -> str:
+    r = s["rules"]
+    kinds = [f"{r[k]} {k}" for k in ("allow", "deny") if r[k]]
+    if r["interfaces"]:
+        kinds.append(f"{r['interfaces']} interface(s)")
+    if r["knock"]:
+        kinds.append(f"knocking ({r['knock']})")
+    if r["filter"]:
+        kinds.append(f"filter {r['filter']} ({r['set']} --set)")
+    if not s["filtered"]:
+        return f"{target.label}: no rules, not filtered"
+    return (
+        f"{target.label}: {', '.join(kinds)}; program of {s['instructions']} instructions, "
+        f"maps {_size(s['map_bytes'])}"
+    )
+
+
+def main(
+    policy: Policy, names: Sequence[str], strict: bool, as_json: bool, print_filter: bool
+) -> int:
+    found = targets(policy, names)
+    wanted = sorted({i for t in found for i in policy.rules_for(t.name or "").interfaces})
+    indexes = interfaces.resolve(wanted) if wanted else {}
+    env = FillEnv({i: n for n, i in indexes.items()}, interfaces.link_index)
+    loaded: dict[SocketRules, compiler.LoadedFilter] = {}
+    summaries, warnings = [], policy_warnings(policy, found, names)
+    for target in found:
+        rules = policy.rules_for(target.name or "")
+        lf = None
+        if not rules.empty:
+            if rules not in loaded:
+                plan = program.plan_program(rules)
+                if print_filter and not as_json:
+                    sys.stdout.write(f"/* ===== {target.label} ===== */\n{program.render(plan)}")
+                loaded[rules] = compiler.load_program(plan, env)
+            lf = loaded[rules]
+        summaries.append(summary(target, rules, lf))
+        warnings += [w for w in warnings_for(policy, target, rules) if w not in warnings]
+    if as_json:
+        report = {
+            "ok": not (strict and warnings),
+            "files": list(policy.files),
+            "sockets": summaries,
+            "warnings": warnings,
+        }
+        print(json.dumps(report, indent=2))
+    else:
+        for target, s in zip(found, summaries, strict=True):
+            print(_line(target, s))
+        for warning in warnings:
+            print(f"warning: {warning}")
+    if strict and warnings:
+        raise AlfError(
+            "check --strict",
+            f"{len(warnings)} warning(s)",
+            "fix the rules above, or drop --strict",
+            EX_CONFIG,
+        )
+    if not as_json:
+        print("ok: the wrapper would start with this policy")
+    return 0

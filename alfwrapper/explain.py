@@ -1,0 +1,202 @@
+"""Explain one verdict: build and load the real program for a socket, run it on a packet
+from the given source (BPF_PROG_TEST_RUN), and say whether it passed and which part and
+rule decided.  The verdict and the deciding part are the kernel's (its per-reason
+counters say which part dropped the packet); which rule matched is looked up here."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+from dataclasses import dataclass
+
+from alfwrapper import compiler, interfaces, program
+from alfwrapper.errors import EX_USAGE, AlfError, excerpt
+from alfwrapper.parts import FillEnv
+from alfwrapper.policy import Policy, RuleSource
+from alfwrapper.rules import FAMILY_BITS, ListenSpec, Prefix, SocketRules, parse_prefix
+from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame
+
+_SERVER = {4: 0xC0000201, 6: (0x20010DB8 << 96) | 1}  # where the packet goes, if not known
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    part: str | None  # the part that dropped it, or None
+    rule: str  # what decided, in words
+
+    def text(self) -> str:
+        if self.passed:
+            return f"passed{': ' + self.rule if self.rule else ''}"
+        return f"dropped by {self.part}: {self.rule}"
+
+    def json(self, **extra: object) -> str:
+        return json.dumps(
+            {
+                "verdict": "pass" if self.passed else "drop",
+                "part": self.part,
+                "rule": self.rule,
+                **extra,
+            }
+        )
+
+
+def parse_source(text: str) -> Prefix:
+    """The packet's source: an IPv4 or IPv6 address.  An IPv4-mapped IPv6 address
+    (::ffff:a.b.c.d, how applications log IPv4 clients of a dual-stack socket) is
+    that IPv4 client."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        raise AlfError(
+            "--from", f"{excerpt(text)} is not an IP address", "give an address", EX_USAGE
+        ) from None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return parse_prefix(str(address))
+
+
+def _line_in_file(path: str, prefix: Prefix) -> str:
+    """Where in a rule file this CIDR is written: FILE line N."""
+    try:
+        with open(path, encoding="utf-8") as f:  # noqa: PTH123
+            for number, line in enumerate(f, 1):
+                text = line.split("#", 1)[0].strip()
+                if text:
+                    try:
+                        if parse_prefix(text) == prefix:
+                            return f"{path} line {number}"
+                    except ValueError:
+                        continue
+    except OSError:
+        pass
+    return path
+
+
+def _origin(source: RuleSource, prefix: Prefix) -> str:
+    if source.path:
+        return _line_in_file(source.path, prefix)
+    where, _, line = source.origin.rpartition(":")
+    return f"{where} line {line}" if where and line.isdigit() else source.origin
+
+
+def _matches(
+    sources: tuple[RuleSource, ...], kind: str, address: Prefix
+) -> list[tuple[Prefix, str]]:
+    """The rules of this kind that cover the address, longest first, with where they are."""
+    found = []
+    width = FAMILY_BITS[address.family]
+    for source in sources:
+        if source.kind != kind:
+            continue
+        for p in source.prefixes:
+            shift = width - p.length
+            if p.family == address.family and p.value >> shift == address.value >> shift:
+                found.append((p, source))
+    found.sort(key=lambda item: -item[0].length)
+    return [(p, _origin(s, p)) for p, s in found]
+
+
+def describe(
+    rules: SocketRules, address: Prefix, ingress: str, part: str | None, passed: bool
+) -> str:
+    addr = str(address).rsplit("/", 1)[0]
+    denies = _matches(rules.sources, "deny", address)
+    allows = _matches(rules.sources, "allow", address)
+    if passed:
+        if allows:
+            return f"{addr} matches allow {allows[0][0]} ({allows[0][1]})"
+        if rules.subnets.deny:
+            return f"{addr} matches no deny rule"
+        return ""
+    if part == "subnets":
+        if denies:
+            return f"{addr} matches deny {denies[0][0]} ({denies[0][1]})"
+        return f"{addr} matches no allow rule ({len(rules.subnets.allow)} allow rules)"
+    if part == "interfaces":
+        allowed = ", ".join(rules.interfaces)
+        if not ingress:
+            return f"no --interface given, and only {allowed} may pass"
+        return f"arrived on {ingress}, not one of {allowed}"
+    if part == "knocking":
+        return f"{addr} has not knocked"
+    if part == "filter":
+        assert rules.custom is not None
+        return f"{rules.custom.path} returned 0"
+    return "not an IPv4 or IPv6 packet alfwrapper can read"
+
+
+def main(policy: Policy, args: argparse.Namespace) -> int:
+    specs = {spec.name: spec for spec in policy.listens}
+    name = args.socket
+    if not name and len(specs) == 1:
+        name = next(iter(specs))
+    if name and name not in specs and name not in policy.names:
+        known = ", ".join(sorted(set(specs) | policy.names)) or "none"
+        raise AlfError(
+            f"--socket {excerpt(name)}",
+            "the policy has no socket of that name",
+            f"its sockets: {known}",
+            EX_USAGE,
+        )
+    rules = policy.rules_for(name)
+    spec = specs.get(name)
+    protocol = args.protocol or (("tcp" if spec.kind == "stream" else "udp") if spec else "tcp")
+    port = args.port or (spec.port if spec else 1)
+    if not 0 < port < 65536 or not 0 < args.source_port < 65536:
+        raise AlfError("explain", "ports are 1 to 65535", "give --port N", EX_USAGE)
+    sources = [parse_source(text) for text in args.sources]
+    where = {"socket": name or None, "protocol": protocol, "port": port}
+    if rules.empty:
+        for text in args.sources:
+            verdict = Verdict(True, None, "the socket has no rules and is not filtered")
+            print(verdict.json(source=text, **where) if args.json else verdict.text())
+        return 0
+    wanted = list(rules.interfaces)
+    if args.ingress and args.ingress not in wanted:
+        wanted.append(args.ingress)
+    indexes = interfaces.resolve(wanted) if wanted else {}
+    env = FillEnv(
+        {i: n for n, i in indexes.items() if n in rules.interfaces}, interfaces.link_index
+    )
+    loaded = compiler.load_program(program.plan_program(rules), env)
+    for text, source in zip(args.sources, sources, strict=True):
+        verdict = judge(loaded, rules, spec, source, protocol, port, args, indexes)
+        print(verdict.json(source=text, **where) if args.json else verdict.text())
+    return 0
+
+
+def judge(
+    loaded: compiler.LoadedFilter,
+    rules: SocketRules,
+    spec: ListenSpec | None,
+    source: Prefix,
+    protocol: str,
+    port: int,
+    args: argparse.Namespace,
+    indexes: dict[str, int],
+) -> Verdict:
+    """The kernel's verdict on one packet, and the part whose counter moved."""
+    destination = _SERVER[source.family]
+    if spec and spec.host not in ("::", "0.0.0.0"):
+        host = parse_prefix(spec.host)
+        destination = host.value if host.family == source.family else destination
+    if protocol == "tcp":
+        frame = tcp_syn_frame(source.family, source.value, args.source_port, destination, port)
+    else:
+        frame = udp_frame(
+            source.family,
+            source.value,
+            b"alfwrapper explain\n",
+            args.source_port,
+            destination,
+            port,
+        )
+    before = compiler.counters(loaded)
+    run = prog_test_run(loaded.fd, frame, ingress_ifindex=indexes.get(args.ingress, 0))
+    after = compiler.counters(loaded)
+    decided = [reason for reason in after if after[reason] != before[reason]]
+    passed = run.retval != 0
+    part = None if passed else (decided[0] if decided else "filter")
+    return Verdict(passed, part, describe(rules, source, args.ingress, part, passed))

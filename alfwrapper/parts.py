@@ -1,0 +1,311 @@
+"""The filter parts, each registered once: its C file, settings, call, maps and drop reason.
+
+A socket's program is made of the parts its rules use (program.py composes
+them, in the order of PARTS).  A part says:
+
+- ``source``: its file in filters/, restricted C;
+- ``used(rules)``: whether a socket's rules need it;
+- ``plan(rules)``: its -D settings, C generated from Python (struct layouts
+  and constants defined once, here, never copied into C), and the data its
+  maps are filled from; pure, so the same rules always give the same program;
+- ``condition``: the C expression that passes a packet, given ``skb`` and the
+  parsed ``pkt`` (common.h);
+- ``fill(bpf, plan, env)``: how its maps are filled once loaded;
+- ``name``: its drop reason, counted per socket and reported by `explain`.
+
+Adding a part means adding one class here and one file in filters/.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from alfwrapper import knocking, map_values
+from alfwrapper.errors import EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.rules import SocketRules
+from alfwrapper.subnet_table import (
+    KEY_FIELDS,
+    NODE_DESCEND,
+    NODE_PASS,
+    ROOT_ENTRIES,
+    ROOT_SLOTS,
+    SubnetTable,
+    build_subnet_table,
+    encode_nodes,
+)
+
+# Why a packet was passed or dropped: the counters' indexes, in C as ALF_REASON_*.
+REASONS = ("passed", "malformed", "interfaces", "subnets", "knocking", "filter")
+# Prefixes of map names the parts use; a developer's filter may not use them.
+RESERVED_PREFIXES = ("subnet_", "iface_", "knock_", "alf_")
+L4_CB = 4  # skb->cb[] word that carries the transport offset to a developer's filter
+
+
+@dataclass(frozen=True)
+class FillEnv:
+    """What filling needs from the host: interface indexes, and how to name one."""
+
+    interfaces: dict[int, str] = field(default_factory=dict)  # index -> name, allowed now
+    ifindex_of: map_values.IfindexOf = lambda _name: None
+
+
+@dataclass(frozen=True)
+class PartPlan:
+    """One part, planned for one socket's rules."""
+
+    part: Part
+    defines: tuple[tuple[str, str], ...] = ()
+    prelude: str = ""  # C generated here, pasted before the part's file
+    data: Any = None
+
+
+def c_struct(name: str, fields: Sequence[tuple[str, str]]) -> tuple[str, struct.Struct]:
+    """A struct defined once, in Python: its C declaration and its struct module format.
+
+    ``fields`` are (name, type) with types u8, u16, u32, u64 or u8[N].
+    """
+    codes = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q"}
+    c_fields, fmt = [], "="
+    for field_name, kind in fields:
+        if kind.startswith("u8[") and kind.endswith("]"):
+            count = int(kind[3:-1])
+            c_fields.append(f"u8 {field_name}[{count}];")
+            fmt += f"{count}s"
+        else:
+            c_fields.append(f"{kind} {field_name};")
+            fmt += codes[kind]
+    return f"struct {name} {{ {' '.join(c_fields)} }};\n", struct.Struct(fmt)
+
+
+SUBNET_KEY_C, SUBNET_KEY = c_struct("subnet_key", KEY_FIELDS)
+
+
+class Part:
+    name = ""
+    source = ""
+    condition = ""
+
+    @property
+    def reason(self) -> int:
+        return REASONS.index(self.name)
+
+    def used(self, rules: SocketRules) -> bool:
+        raise NotImplementedError
+
+    def plan(self, rules: SocketRules) -> PartPlan:
+        return PartPlan(self)
+
+    def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+        pass
+
+
+class Interfaces(Part):
+    """Ingress interface allow-list; reached through the watcher's iface_alive array."""
+
+    name = "interfaces"
+    source = "interfaces.c"
+    condition = "interfaces_pass(skb)"
+
+    def used(self, rules: SocketRules) -> bool:
+        return bool(rules.interfaces)
+
+    def plan(self, rules: SocketRules) -> PartPlan:
+        return PartPlan(self, (("IFACE_SLOTS", str(max(4096, len(rules.interfaces)))),))
+
+    def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+        set_interfaces(bpf, {i: n for i, n in env.interfaces.items() if n in rules.interfaces})
+
+
+class Subnets(Part):
+    name = "subnets"
+    source = "subnets.c"
+    condition = "subnets_pass(pkt.family, pkt.addr)"
+
+    def used(self, rules: SocketRules) -> bool:
+        return bool(rules.subnets.allow or rules.subnets.deny)
+
+    def plan(self, rules: SocketRules) -> PartPlan:
+        table = build_subnet_table(rules.subnets)
+
+        def steps(levels: tuple[int, ...]) -> str:
+            return " ".join(f"SUBNET_STEP({n})" for n in levels)
+
+        defines = (
+            ("SUBNET_NODES", str(max(1, len(table.nodes)))),
+            ("SUBNET_ROOT_SLOTS", str(ROOT_SLOTS)),
+            ("SUBNET_PASS", str(NODE_PASS)),
+            ("SUBNET_DESCEND", str(NODE_DESCEND)),
+            ("V4_STEPS", steps(table.levels[4])),
+            ("V6_STEPS", steps(table.levels[6])),
+        )
+        return PartPlan(self, defines, SUBNET_KEY_C, table)
+
+    def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+        table: SubnetTable = plan.data
+        update_batch(
+            bpf[b"subnet_roots"],
+            u32s(range(ROOT_ENTRIES)),
+            u32s(table.roots),
+            ROOT_ENTRIES,
+            "subnet_roots",
+        )
+        if table.nodes:
+            keys, values = encode_nodes(table, SUBNET_KEY)
+            update_batch(bpf[b"subnet_nodes"], keys, values, len(table.nodes), "subnet_nodes")
+
+
+class Knocking(Part):
+    name = "knocking"
+    source = "knocking.c"
+    condition = "knock_pass(skb, &pkt)"
+
+    def used(self, rules: SocketRules) -> bool:
+        return rules.knock is not None
+
+    def plan(self, rules: SocketRules) -> PartPlan:
+        assert rules.knock is not None
+        knock = knocking.plan_knock(rules.knock)
+        defines = (
+            ("KNOCK_ROWS", str(knock.rows)),
+            ("KNOCK_SOURCES", str(rules.knock.sources)),
+            ("KNOCK_SECRET", "1" if rules.knock.secret else "0"),
+            ("KNOCK_MAX_STEPS", str(knocking.MAX_STEPS)),
+        )
+        return PartPlan(self, defines, "", knock)
+
+    def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+        assert rules.knock is not None
+        knock: knocking.KnockPlan = plan.data
+        config = bpf[b"knock_config"]
+        leaf = config.Leaf()
+        leaf.step_timeout_ns = int(rules.knock.timeout * 1e9)
+        leaf.open_ns = int(rules.knock.open_for * 1e9)
+        leaf.window_ns = rules.knock.window * 1_000_000_000
+        leaf.tai_to_utc_ns = knocking.tai_to_utc_ns()
+        leaf.first_window = knock.first_window
+        leaf.steps = knock.steps
+        leaf.rows = knock.rows
+        config[config.Key(0)] = leaf
+        width = knocking.MAX_STEPS
+        ports = [0] * (knock.rows * width)
+        for row, sequence in enumerate(knock.ports):
+            ports[row * width : row * width + len(sequence)] = sequence
+        update_batch(
+            bpf[b"knock_ports"], u32s(range(len(ports))), u32s(ports), len(ports), "knock_ports"
+        )
+
+
+class Filter(Part):
+    """A developer's own filter; its verdict (a length to keep, or 0) is final."""
+
+    name = "filter"
+    source = "developer.h"
+    condition = ""  # composed specially: its return value is the program's
+
+    def used(self, rules: SocketRules) -> bool:
+        return rules.custom is not None
+
+    def plan(self, rules: SocketRules) -> PartPlan:
+        return PartPlan(self, (("ALF_L4_CB", str(L4_CB)),))
+
+    def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+        apply_settings(bpf, rules, env.ifindex_of)
+
+
+PARTS: tuple[Part, ...] = (Interfaces(), Subnets(), Knocking(), Filter())
+
+
+def part(name: str) -> Part:
+    return next(p for p in PARTS if p.name == name)
+
+
+# -- filling maps ------------------------------------------------------------------
+
+
+def update_batch(table: Any, keys: bytes, values: bytes, count: int, name: str) -> None:
+    """Fill a map in one BPF_MAP_UPDATE_BATCH call (Linux 5.6) from packed arrays."""
+    key_array = (table.Key * count).from_buffer_copy(keys)
+    value_array = (table.Leaf * count).from_buffer_copy(values)
+    try:
+        table.items_update_batch(key_array, value_array)
+    except Exception as err:
+        raise AlfError(
+            f"filling map {name}",
+            str(err),
+            "check `alfwrapper doctor`; kernels before 5.6 lack batch updates",
+            EX_OSERR,
+        ) from None
+
+
+def u32s(values: Sequence[int]) -> bytes:
+    return bytes((ctypes.c_uint32 * len(values))(*values))
+
+
+def set_interfaces(bpf: Any, allowed: dict[int, str]) -> None:
+    """Make iface_allowed hold exactly these indexes (new ones first, then removals)."""
+    table = bpf[b"iface_allowed"]
+    for index in allowed:
+        table[table.Key(index)] = table.Leaf(1)
+    for key in [k.value for k in table.keys()]:
+        if key not in allowed:
+            del table[table.Key(key)]
+
+
+def apply_settings(bpf: Any, rules: SocketRules, ifindex_of: map_values.IfindexOf) -> None:
+    """--set: each entry parsed by its map's own key and value types."""
+    custom = rules.custom
+    if custom is None:
+        return
+    for setting in custom.sets:
+        where = f"--set {setting.map}"
+        table = None
+        if not setting.map.startswith(RESERVED_PREFIXES):
+            try:
+                table = bpf[setting.map.encode()]
+            except KeyError:
+                pass
+        if table is None:
+            known = ", ".join(map_names(custom.path)) or "none"
+            raise AlfError(
+                where, f"{custom.path} has no map {setting.map!r}", f"its maps: {known}", EX_USAGE
+            )
+        parsed = []
+        for what, ctype, text in (
+            ("key", table.Key, setting.key),
+            ("value", table.Leaf, setting.value),
+        ):
+            try:
+                parsed.append(ctype.from_buffer_copy(map_values.encode(ctype, text, ifindex_of)))
+            except ValueError as err:
+                raise AlfError(
+                    where,
+                    f"{what} {excerpt(text)} does not fit {map_values.type_name(ctype)}: {err}",
+                    "write the fields comma-separated, in order",
+                    EX_USAGE,
+                ) from None
+        try:
+            table[parsed[0]] = parsed[1]
+        except Exception as err:
+            raise AlfError(
+                where,
+                f"the kernel refused the entry: {err}",
+                "is the map full, or an array index out of range?",
+                EX_USAGE,
+            ) from None
+
+
+_MAP_DECL = re.compile(r"\bBPF_(?:TABLE\(\s*\"\w+\"\s*,[^,]+,[^,]+,\s*(\w+)|[A-Z_]+\(\s*(\w+))")
+
+
+def map_names(path: str) -> list[str]:
+    """The maps a filter file declares, for error messages."""
+    try:
+        text = open(path, encoding="utf-8").read()  # noqa: PTH123
+    except OSError:
+        return []
+    return [a or b for a, b in _MAP_DECL.findall(text)]

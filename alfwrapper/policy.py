@@ -1,0 +1,669 @@
+"""The one policy model: the sockets to create and every socket's rules, from argv, files, or both.
+
+Pure Python, no kernel.  Rules arrive as entries (a key such as "allow", an
+optional socket name, a value, and where it was written), from the command
+line and from TOML policy files alike; ``build_policy`` is the one place that
+turns entries into a ``Policy``.  The wrapper, ``check`` and ``explain`` all
+start from a Policy; none parses rule options on its own.
+
+Layers: a policy file, then its drop-ins in name order, then the command
+line.  List keys add up across layers, and an empty list in a later layer
+clears what earlier layers gave (like an empty assignment in a systemd
+drop-in).  Single keys (a knock rule, a filter) and knock settings are
+replaced by a later layer; twice in one layer is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_USAGE, AlfError, excerpt
+from alfwrapper.knocking import read_secret
+from alfwrapper.rules import (
+    CustomFilter,
+    KnockRules,
+    ListenSpec,
+    MapSetting,
+    Prefix,
+    SocketRules,
+    SubnetRules,
+    parse_listen,
+    parse_ports,
+    parse_prefix,
+    read_input,
+    read_rule_file,
+)
+
+# Where `--policy NAME` looks, first match wins (the administrator's, then a
+# local install's, then a package's); ALFWRAPPER_POLICY_PATH replaces the list.
+POLICY_DIRS = (
+    "/etc/alfwrapper/policy",
+    "/usr/local/lib/alfwrapper/policy",
+    "/usr/lib/alfwrapper/policy",
+)
+POLICY_LIMIT = 1 << 20
+_NAME = re.compile(r"^[A-Za-z0-9_.@-]+$")
+SCOPE = "@scope"  # an entry that only names a socket: a [socket.NAME] table
+
+
+@dataclass(frozen=True)
+class Key:
+    """One rule key: how it combines across layers, and its range if it is a setting."""
+
+    kind: str  # "list", "single" (one per scope and layer), or "setting"
+    help: str
+    slot: str = ""  # single keys that exclude each other share a slot
+    number: type = float
+    low: float = 0.0
+    high: float = 0.0
+    least: float = 0.0  # below this the feature cannot work (a round trip)
+
+
+# Every rule option of the command line, by its long name: its key in a policy file too.
+KEYS: dict[str, Key] = {
+    "allow": Key("list", "pass packets from this subnet (CIDR)"),
+    "deny": Key("list", "drop packets from this subnet (deny wins)"),
+    "allow-file": Key("list", "--allow for each CIDR in FILE (one per line, # comments)"),
+    "deny-file": Key("list", "--deny for each CIDR in FILE"),
+    "interface": Key("list", "pass only packets that arrived on this interface"),
+    "knock": Key("single", "port knocking: the source ports of the sequence", slot="knock"),
+    "knock-secret": Key(
+        "single", "port knocking with sequences derived from a secret", slot="knock"
+    ),
+    "filter": Key("single", "a developer's filter: restricted C, entry `int filter(...)`"),
+    "set": Key("list", "put KEY -> VALUE in the filter's map MAP"),
+    "knock-timeout": Key(
+        "setting", "most seconds between two knocks (default 5)", low=0, high=3600, least=0.2
+    ),
+    "knock-open-for": Key(
+        "setting",
+        "seconds a completed knock admits new connections (default 30)",
+        low=0,
+        high=86400,
+        least=1.0,
+    ),
+    "knock-window": Key(
+        "setting",
+        "seconds each secret sequence is valid (default 30)",
+        number=int,
+        low=5,
+        high=3600,
+    ),
+    "knock-steps": Key(
+        "setting", "length of secret sequences, 1 to 8 (default 3)", number=int, low=1, high=8
+    ),
+    "knock-sources": Key(
+        "setting", "knock states kept, LRU (default 131072)", number=int, low=1024, high=1 << 24
+    ),
+}
+KNOCK_DEFAULTS = KnockRules()
+_SETTING_FIELDS = {
+    "knock-timeout": "timeout",
+    "knock-open-for": "open_for",
+    "knock-window": "window",
+    "knock-steps": "steps",
+    "knock-sources": "sources",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One rule as written: ``--allow web=192.0.2.0/24``, or ``allow = [...]`` in a file."""
+
+    key: str
+    scope: str | None
+    value: Any  # str, or a tuple for `set`; () clears a list key (files only)
+    origin: str  # "--allow", or "FILE:LINE"
+    layer: int = 0
+    base: str = ""  # the folder relative paths in it resolve against
+
+    def error(self, why: str, hint: str, code: int = 0) -> AlfError:
+        return AlfError(self.origin, why, hint, code or self.exit_code)
+
+    @property
+    def exit_code(self) -> int:
+        """Command-line mistakes are usage errors; policy-file ones configuration errors."""
+        return EX_USAGE if self.origin.startswith("--") else EX_CONFIG
+
+    def path(self, text: str) -> str:
+        return text if os.path.isabs(text) or not self.base else os.path.join(self.base, text)
+
+
+@dataclass(frozen=True)
+class RuleSource:
+    """Where a group of subnet rules came from, for `explain`."""
+
+    kind: str  # "allow" or "deny"
+    origin: str  # "--deny", "web.toml:4", or a rule file's path
+    prefixes: tuple[Prefix, ...]
+    path: str = ""  # a rule file: its own lines say where each CIDR is
+
+
+@dataclass(frozen=True)
+class ScopeRules:
+    """The rules written for one scope (every socket, or one name), before resolution."""
+
+    allow: tuple[Prefix, ...] = ()
+    deny: tuple[Prefix, ...] = ()
+    interfaces: tuple[str, ...] = ()
+    knock_ports: tuple[int, ...] = ()
+    knock_secret: bytes = b""
+    settings: tuple[tuple[str, float], ...] = ()
+    filter: str = ""
+    sets: tuple[MapSetting, ...] = ()
+    sources: tuple[RuleSource, ...] = ()
+    origins: tuple[tuple[str, str], ...] = ()  # (key, origin) of what was given
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Everything the wrapper needs, parsed and checked."""
+
+    listens: tuple[ListenSpec, ...] = ()
+    scopes: tuple[tuple[str | None, ScopeRules], ...] = ()
+    command: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()  # the policy files read, in order
+    scope_origins: tuple[tuple[str, str], ...] = ()  # (name, where it was first named)
+
+    @property
+    def names(self) -> set[str]:
+        """The socket names the rules are scoped to."""
+        return {scope for scope, _ in self.scopes if scope is not None}
+
+    def scope(self, name: str | None) -> ScopeRules:
+        return next((r for s, r in self.scopes if s == name), ScopeRules())
+
+    def origin_of_name(self, name: str) -> str:
+        return dict(self.scope_origins).get(name, "rules")
+
+    def rules_for(self, name: str) -> SocketRules:
+        """The rules of the socket named ``name``: those for every socket plus its own.
+
+        Lists add up; a knock rule or filter for the name replaces the one for
+        every socket; knock settings for the name override those for every
+        socket; map settings add up.
+        """
+        every, own = self.scope(None), self.scope(name)
+        chosen = (every, own) if name in self.names else (every,)
+        allow: tuple[Prefix, ...] = ()
+        deny: tuple[Prefix, ...] = ()
+        interfaces: tuple[str, ...] = ()
+        sets: tuple[MapSetting, ...] = ()
+        sources: tuple[RuleSource, ...] = ()
+        settings: dict[str, float] = {}
+        ports: tuple[int, ...] = ()
+        secret = b""
+        path = ""
+        for r in chosen:
+            allow += r.allow
+            deny += r.deny
+            interfaces += r.interfaces
+            sets += r.sets
+            sources += r.sources
+            settings.update(r.settings)
+            if r.knock_ports or r.knock_secret:
+                ports, secret = r.knock_ports, r.knock_secret
+            path = r.filter or path
+        knock = None
+        if ports or secret:
+            knock = replace(
+                KNOCK_DEFAULTS,
+                ports=ports,
+                secret=secret,
+                **{_SETTING_FIELDS[k]: v for k, v in settings.items()},  # type: ignore[arg-type]
+            )
+        return SocketRules(
+            subnets=SubnetRules(allow=allow, deny=deny),
+            interfaces=tuple(dict.fromkeys(interfaces)),
+            knock=knock,
+            custom=CustomFilter(path, sets) if path else None,
+            sources=sources,
+        )
+
+
+# -- entries to a policy -------------------------------------------------------
+
+
+def _check_scope(entry: Entry) -> None:
+    name = entry.scope
+    if name is not None and (not name or len(name) > 255 or not _NAME.match(name)):
+        raise entry.error(
+            f"{excerpt(name)} is not a socket name",
+            "socket names are letters, digits and . _ @ -",
+        )
+
+
+def _number(entry: Entry) -> float:
+    spec = KEYS[entry.key]
+    value: Any = entry.value
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = spec.number(value) if isinstance(value, str) else value
+        if spec.number is int and (not isinstance(number, int) or isinstance(number, bool)):
+            raise ValueError
+        number = float(number) if spec.number is float else number
+    except (TypeError, ValueError):
+        kind = "a whole number" if spec.number is int else "a number"
+        raise entry.error(
+            f"{excerpt(str(value))} is not {kind}",
+            f"give --{entry.key} a value between {spec.low:g} and {spec.high:g}",
+        ) from None
+    if not (
+        spec.low < number <= spec.high if spec.number is float else spec.low <= number <= spec.high
+    ):
+        raise entry.error("out of range", f"give a value between {spec.low:g} and {spec.high:g}")
+    if number < spec.least:
+        what = "the next knock" if entry.key == "knock-timeout" else "the connection"
+        raise entry.error(
+            f"{number:g} s is shorter than a round trip: {what} would arrive after the door "
+            "has closed",
+            f"give at least {spec.least:g} seconds",
+        )
+    return number
+
+
+def _prefix(entry: Entry, text: str) -> Prefix:
+    try:
+        return parse_prefix(text)
+    except ValueError as err:
+        raise entry.error(str(err), "give a CIDR such as 192.0.2.0/24 or 2001:db8::/32") from None
+
+
+def _layered(entries: Sequence[Entry]) -> dict[tuple[str | None, str], list[Entry]]:
+    """Entries by (scope, key), after clearing and replacing across layers."""
+    found: dict[tuple[str | None, str], list[Entry]] = {}
+    for entry in entries:
+        if entry.key == SCOPE:
+            continue
+        spec = KEYS[entry.key]
+        slot = (entry.scope, spec.slot or entry.key)
+        if spec.kind == "list":
+            if entry.value == ():
+                found[slot] = []  # an empty list clears what came before
+            else:
+                found.setdefault(slot, []).append(entry)
+            continue
+        earlier = found.get(slot, [])
+        same_layer = [e for e in earlier if e.layer == entry.layer]
+        if same_layer and spec.kind == "single":
+            where = f" for {entry.scope}" if entry.scope else ""
+            raise entry.error(
+                f"more than one {spec.slot or entry.key} rule{where}",
+                "give one per socket (a later drop-in or the command line replaces it)",
+            )
+        found[slot] = [entry]
+    return found
+
+
+def build_policy(
+    entries: Sequence[Entry],
+    listens: Sequence[ListenSpec] = (),
+    command: Sequence[str] = (),
+    files: Sequence[str] = (),
+) -> Policy:
+    """The policy these entries describe; every value is parsed and checked here."""
+    for entry in entries:
+        _check_scope(entry)
+    layered = _layered(entries)
+    by_scope: dict[str | None, dict[str, list[Entry]]] = {
+        e.scope: {} for e in entries if e.key == SCOPE
+    }
+    for (scope, key), group in layered.items():
+        by_scope.setdefault(scope, {})[key] = group
+    scope_origins: dict[str, str] = {}
+    for entry in entries:
+        if entry.scope is not None:
+            scope_origins.setdefault(entry.scope, entry.origin)
+    scopes = []
+    for scope, keys in by_scope.items():
+        allow: list[Prefix] = []
+        deny: list[Prefix] = []
+        sources: list[RuleSource] = []
+        for kind, target in (("allow", allow), ("deny", deny)):
+            for entry in keys.get(kind, []):
+                prefix = _prefix(entry, entry.value)
+                target.append(prefix)
+                sources.append(RuleSource(kind, entry.origin, (prefix,)))
+            for entry in keys.get(f"{kind}-file", []):
+                path = entry.path(entry.value)
+                prefixes = read_rule_file(path)
+                target.extend(prefixes)
+                sources.append(RuleSource(kind, path, tuple(prefixes), path=path))
+        interfaces = []
+        for entry in keys.get("interface", []):
+            name = entry.value
+            if not name or len(name) > 15 or "/" in name or name.isspace() or ":" in name:
+                raise entry.error(
+                    f"{excerpt(name)} is not an interface name", "give a name such as eth0 or wg0"
+                )
+            interfaces.append(name)
+        ports: tuple[int, ...] = ()
+        secret = b""
+        for entry in keys.get("knock", []):
+            if entry.key == "knock":
+                try:
+                    ports = parse_ports(entry.value)
+                except ValueError as err:
+                    raise entry.error(str(err), "give source ports in knock order") from None
+                _check_sequence(entry, ports)
+            else:
+                secret = read_secret(entry.path(entry.value))
+        path = ""
+        for entry in keys.get("filter", []):
+            path = entry.path(entry.value)
+        sets = tuple(MapSetting(*entry.value) for entry in keys.get("set", []))
+        settings = tuple(
+            (key, _number(group[-1]))
+            for key, group in keys.items()
+            if KEYS[key].kind == "setting" and group
+        )
+        origins = tuple((e.key, e.origin) for group in keys.values() for e in group)
+        scopes.append(
+            (
+                scope,
+                ScopeRules(
+                    allow=tuple(allow),
+                    deny=tuple(deny),
+                    interfaces=tuple(interfaces),
+                    knock_ports=ports,
+                    knock_secret=secret,
+                    settings=settings,
+                    filter=path,
+                    sets=sets,
+                    sources=tuple(sources),
+                    origins=origins,
+                ),
+            )
+        )
+    policy = Policy(
+        listens=tuple(listens),
+        scopes=tuple(scopes),
+        command=tuple(command),
+        files=tuple(files),
+        scope_origins=tuple(scope_origins.items()),
+    )
+    _check_sets_have_filter(policy, entries)
+    return policy
+
+
+def _check_sequence(entry: Entry, ports: tuple[int, ...]) -> None:
+    for a, b in zip(ports, ports[1:], strict=False):
+        if a == b:
+            raise entry.error(
+                f"port {a} follows itself",
+                "consecutive knocks must use different ports (a repeat is taken for a "
+                "retransmission)",
+            )
+
+
+def _check_sets_have_filter(policy: Policy, entries: Sequence[Entry]) -> None:
+    for entry in entries:
+        if entry.key != "set":
+            continue
+        targets = [entry.scope] if entry.scope else [None, *sorted(policy.names)]
+        for name in targets:
+            if not policy.rules_for(name or "").custom:
+                raise entry.error(
+                    f"no --filter for {'socket ' + name if name else 'it'}",
+                    "--set fills the maps of a --filter",
+                )
+
+
+# -- policy files ----------------------------------------------------------------
+
+
+def policy_dirs(environ: Mapping[str, str]) -> list[Path]:
+    path = environ.get("ALFWRAPPER_POLICY_PATH")
+    return [Path(p) for p in (path.split(":") if path else POLICY_DIRS) if p]
+
+
+def find_policy(name: str, environ: Mapping[str, str]) -> list[Path]:
+    """The policy file for NAME or PATH, then its drop-ins in name order.
+
+    A bare NAME is NAME.toml in the first of policy_dirs() that has it; its
+    drop-ins are NAME.toml.d/*.toml in all of them (for the same file name, the
+    earlier directory's wins).  A PATH's drop-ins are PATH.d/*.toml.
+    """
+    if "/" in name or name.endswith(".toml"):
+        main = Path(name)
+        dropin_dirs = [Path(f"{name}.d")]
+        if not main.exists():
+            raise AlfError(f"policy {name}", "no such file", "check the path", EX_NOINPUT)
+    else:
+        if not _NAME.match(name):
+            raise AlfError(
+                f"--policy {excerpt(name)}",
+                "is neither a policy name nor a path",
+                "give a name (letters, digits, . _ @ -) or a path to a .toml file",
+                EX_USAGE,
+            )
+        dirs = policy_dirs(environ)
+        found = [d / f"{name}.toml" for d in dirs if (d / f"{name}.toml").exists()]
+        if not found:
+            raise AlfError(
+                f"policy {name}",
+                f"no {name}.toml in {', '.join(map(str, dirs))}",
+                "install the policy, or give its path",
+                EX_NOINPUT,
+            )
+        main = found[0]
+        dropin_dirs = [d / f"{name}.toml.d" for d in dirs]
+    dropins: dict[str, Path] = {}
+    for folder in dropin_dirs:
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.toml")):
+                dropins.setdefault(path.name, path)
+    return [main, *(dropins[n] for n in sorted(dropins))]
+
+
+class _Lines:
+    """Where keys sit in a TOML text: tomllib keeps no positions, so find them by scanning."""
+
+    _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+    _KEY = re.compile(
+        r'^\s*((?:[A-Za-z0-9_-]+|"[^"]*")(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"))*)\s*='
+    )
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+        self.where: dict[tuple[str, ...], int] = {}
+        table: tuple[str, ...] = ()
+        arrays: dict[tuple[str, ...], int] = {}
+        for number, line in enumerate(self.lines, 1):
+            header = self._HEADER.match(line)
+            if header:
+                table = self._split(header.group(2))
+                if header.group(1) == "[[":
+                    arrays[table] = arrays.get(table, -1) + 1
+                    table = (*table, str(arrays[table]))
+                self.where.setdefault(table, number)
+                continue
+            key = self._KEY.match(line)
+            if key:
+                self.where.setdefault((*table, *self._split(key.group(1))), number)
+
+    @staticmethod
+    def _split(dotted: str) -> tuple[str, ...]:
+        return tuple(part.strip().strip('"') for part in dotted.split("."))
+
+    def line(self, *path: str) -> int:
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.where:
+                return self.where[path[:end]]
+        return 1
+
+    def value_line(self, path: tuple[str, ...], value: str) -> int:
+        """The line of a list element: the first line from its key on that quotes it."""
+        start = self.line(*path)
+        quoted = (f'"{value}"', f"'{value}'")
+        for number in range(start, min(len(self.lines), start + 10000) + 1):
+            if any(q in self.lines[number - 1] for q in quoted):
+                return number
+        return start
+
+
+def read_policy_file(path: Path, layer: int) -> tuple[list[Entry], list[ListenSpec]]:
+    """The entries and sockets of one policy file (or drop-in)."""
+    raw = read_input(str(path), "policy", POLICY_LIMIT)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise AlfError(
+            f"{path}", f"not UTF-8 text (byte {err.start})", "write TOML", EX_CONFIG
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        match = re.search(r"\(at line (\d+), column \d+\)", str(err))
+        where = f"{path}:{match.group(1)}" if match else str(path)
+        why = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(err)) or "not valid TOML"
+        raise AlfError(where, why, "fix the TOML syntax", EX_CONFIG) from None
+    lines = _Lines(text)
+    base = str(path.resolve().parent)
+    entries: list[Entry] = []
+    listens: list[ListenSpec] = []
+
+    def fail(keys: tuple[str, ...], why: str, hint: str) -> AlfError:
+        return AlfError(f"{path}:{lines.line(*keys)}", why, hint, EX_CONFIG)
+
+    def rules(table: Mapping[str, Any], scope: str | None, keys: tuple[str, ...]) -> None:
+        for key, value in table.items():
+            if key not in KEYS:
+                known = ", ".join(sorted(KEYS))
+                raise fail((*keys, key), f"unknown key {excerpt(key)}", f"known keys: {known}")
+            for item in _values(key, value, lambda why, k=key: fail((*keys, k), why, _hint(k))):
+                origin_line = (
+                    lines.value_line((*keys, key), str(item))
+                    if isinstance(item, str)
+                    else lines.line(*keys, key)
+                )
+                entries.append(Entry(key, scope, item, f"{path}:{origin_line}", layer, base))
+
+    top = {k: v for k, v in data.items() if k not in ("socket", "listen", "listen-datagram")}
+    rules(top, None, ())
+    sockets = data.get("socket", {})
+    if not isinstance(sockets, dict):
+        raise fail(("socket",), "socket must be a table of named sockets", "write [socket.NAME]")
+    for name, table in sockets.items():
+        if not isinstance(table, dict):
+            raise fail(("socket", name), f"socket.{name} must be a table", f"write [socket.{name}]")
+        # The table names the socket, rules or not; errors about the name point here.
+        entries.append(Entry(SCOPE, name, "", f"{path}:{lines.line('socket', name)}", layer))
+        rules(table, name, ("socket", name))
+    for kind in ("listen", "listen-datagram"):
+        tables = data.get(kind, [])
+        if not isinstance(tables, list):
+            raise fail((kind,), f"{kind} must be an array of tables", f"write [[{kind}]]")
+        for index, table in enumerate(tables):
+            keys = (kind, str(index))
+            if not isinstance(table, dict) or set(table) - {"address", "name"}:
+                extra = sorted(set(table) - {"address", "name"}) if isinstance(table, dict) else []
+                raise fail(
+                    (*keys, *extra[:1]),
+                    f"unknown key {excerpt(extra[0])}" if extra else f"{kind} must be a table",
+                    "a socket to create has address and name",
+                )
+            address, name = table.get("address"), table.get("name", "unknown")
+            if not isinstance(address, str) or not isinstance(name, str):
+                raise fail(keys, "address and name must be strings", 'write address = "[::]:8080"')
+            try:
+                spec = parse_listen("stream" if kind == "listen" else "datagram", address)
+            except AlfError as err:
+                raise AlfError(
+                    f"{path}:{lines.line(*keys, 'address')}", err.why, err.hint, EX_CONFIG
+                ) from None
+            if not _NAME.match(name):
+                raise fail(
+                    (*keys, "name"),
+                    f"{excerpt(name)} is not a socket name",
+                    "letters, digits and . _ @ -",
+                )
+            listens.append(ListenSpec(spec.kind, spec.host, spec.port, name))
+    return entries, listens
+
+
+def _hint(key: str) -> str:
+    spec = KEYS[key]
+    if key == "set":
+        return 'write set = [["MAP", "KEY", "VALUE"], ...]'
+    if key == "knock":
+        return "write knock = [7001, 7002, 7003]"
+    if spec.kind == "list":
+        return f'write {key} = ["...", ...]'
+    if spec.kind == "setting":
+        return f"write {key} = a number"
+    return f'write {key} = "..."'
+
+
+def _values(key: str, value: Any, fail: Any) -> list[Any]:
+    """A TOML value as the entries' values: one per list element, () for an empty list."""
+    spec = KEYS[key]
+    if key == "set":
+        if not isinstance(value, list):
+            raise fail("must be a list of [map, key, value]")
+        out = []
+        for item in value:
+            if (
+                not isinstance(item, list)
+                or len(item) != 3
+                or not all(isinstance(x, str | int) and not isinstance(x, bool) for x in item)
+            ):
+                raise fail("each element must be [map, key, value]")
+            out.append(tuple(str(x) for x in item))
+        return out or [()]
+    if key == "knock":
+        if (
+            isinstance(value, list)
+            and value
+            and all(isinstance(p, int) and not isinstance(p, bool) for p in value)
+        ):
+            return [",".join(map(str, value))]
+        if isinstance(value, str):
+            return [value]
+        raise fail("must be a list of ports")
+    if spec.kind == "list":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise fail("must be a list of strings")
+        return list(value) or [()]
+    if spec.kind == "setting":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise fail("must be a number")
+        return [value]
+    if not isinstance(value, str):
+        raise fail("must be a string")
+    return [value]
+
+
+def read_policy(
+    name: str, environ: Mapping[str, str]
+) -> tuple[list[Entry], list[ListenSpec], list[str]]:
+    """A policy and its drop-ins: entries, sockets to create, and the files read."""
+    entries: list[Entry] = []
+    listens: list[ListenSpec] = []
+    files = find_policy(name, environ)
+    for layer, path in enumerate(files):
+        more, sockets = read_policy_file(path, layer)
+        entries += more
+        listens += sockets
+    return entries, listens, [str(p) for p in files]
+
+
+def cli_entry(key: str, text: str, layer: int) -> Entry:
+    """An entry from the command line: ``--KEY VALUE`` or ``--KEY NAME=VALUE``."""
+    scope, value = split_scope(text)
+    return Entry(key, scope, value, f"--{key}", layer, "")
+
+
+def split_scope(text: str) -> tuple[str | None, str]:
+    """``NAME=VALUE`` applies to the sockets named NAME; a bare VALUE to every socket."""
+    name, sep, value = text.partition("=")
+    if sep and name and ":" not in name and "/" not in name:
+        return name, value
+    return None, text

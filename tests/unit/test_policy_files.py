@@ -1,0 +1,194 @@
+"""Policy files and the command line build the same Policy; layers, drop-ins and errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from alfwrapper.cli import parse_policy
+from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, AlfError
+from alfwrapper.policy import KEYS, find_policy, read_policy
+from alfwrapper.rules import parse_prefix
+
+SECRET = "correct horse battery staple, but longer\n"
+
+
+def from_file(tmp_path: Path, text: str, *argv: str, name: str = "p.toml") -> object:
+    path = tmp_path / name
+    path.write_text(text)
+    return parse_policy(["--policy", str(path), *argv])
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    (tmp_path / "allow.txt").write_text("192.0.2.0/25\n# comment\n2001:db8:1::/48\n")
+    (tmp_path / "deny.txt").write_text("192.0.2.66\n")
+    (tmp_path / "knock.secret").write_text(SECRET)
+    (tmp_path / "f.c").write_text("int filter(struct __sk_buff *skb) { return 0; }\n")
+    return tmp_path
+
+
+# Each row: a policy file, and the command line that means the same.  Together they
+# use every key.
+EQUIVALENT = [
+    (
+        'allow = ["192.0.2.0/24", "2001:db8::/32"]\ndeny = ["192.0.2.66"]\n'
+        'allow-file = ["allow.txt"]\ndeny-file = ["deny.txt"]\ninterface = ["lo"]\n',
+        "--allow 192.0.2.0/24 --allow 2001:db8::/32 --deny 192.0.2.66 --allow-file {d}/allow.txt "
+        "--deny-file {d}/deny.txt --interface lo",
+    ),
+    (
+        "[socket.admin]\nknock = [7001, 7002, 7003]\nknock-timeout = 2\nknock-open-for = 9\n"
+        "knock-sources = 2048\n",
+        "--knock admin=7001,7002,7003 --knock-timeout admin=2 --knock-open-for admin=9 "
+        "--knock-sources admin=2048",
+    ),
+    (
+        'knock-secret = "knock.secret"\nknock-window = 10\nknock-steps = 4\n',
+        "--knock-secret {d}/knock.secret --knock-window 10 --knock-steps 4",
+    ),
+    (
+        'filter = "f.c"\nset = [["m", "1", "2"]]\n[socket.web]\nset = [["m", "3", "4"]]\n',
+        "--filter {d}/f.c --set m 1 2 --set web=m 3 4",
+    ),
+    (
+        '[[listen]]\naddress = "[::]:8080"\nname = "web"\n[[listen-datagram]]\n'
+        'address = "[::]:8053"\nname = "dns"\n[socket.dns]\nallow = ["2001:db8::/32"]\n',
+        "--listen [::]:8080 --name web --listen-datagram [::]:8053 --name dns "
+        "--allow dns=2001:db8::/32",
+    ),
+]
+
+
+def test_every_key_is_covered_by_the_table() -> None:
+    used = {line.split("=")[0].strip() for text, _ in EQUIVALENT for line in text.splitlines()}
+    assert set(KEYS) <= used
+
+
+@pytest.mark.parametrize(("text", "argv"), EQUIVALENT)
+def test_file_and_command_line_give_the_same_rules(files: Path, text: str, argv: str) -> None:
+    by_file = from_file(files, text)
+    by_argv = parse_policy(argv.format(d=files).split())
+    assert by_file.listens == by_argv.listens  # type: ignore[attr-defined]
+    for name in ("web", "admin", "dns", "other"):
+        assert by_file.rules_for(name) == by_argv.rules_for(name), name  # type: ignore[attr-defined]
+
+
+def test_relative_paths_resolve_against_the_policy_folder(files: Path, tmp_path: Path) -> None:
+    sub = tmp_path / "etc"
+    sub.mkdir()
+    (sub / "allow.txt").write_text("203.0.113.0/24\n")
+    policy = from_file(sub, 'allow-file = ["allow.txt"]\n')
+    assert policy.rules_for("x").subnets.allow == (parse_prefix("203.0.113.0/24"),)  # type: ignore[attr-defined]
+
+
+def test_command_line_adds_to_the_file(tmp_path: Path) -> None:
+    policy = from_file(tmp_path, 'allow = ["192.0.2.0/24"]\n', "--allow", "web=198.51.100.0/24")
+    web, other = policy.rules_for("web"), policy.rules_for("x")  # type: ignore[attr-defined]
+    assert len(web.subnets.allow) == 2 and len(other.subnets.allow) == 1
+
+
+def write_layers(tmp_path: Path, vendor: str, *dropins: str) -> Path:
+    main = tmp_path / "svc.toml"
+    main.write_text(vendor)
+    folder = tmp_path / "svc.toml.d"
+    folder.mkdir()
+    for i, text in enumerate(dropins):
+        (folder / f"{i:02d}.toml").write_text(text)
+    return main
+
+
+def test_drop_ins_add_clear_and_replace(tmp_path: Path) -> None:
+    main = write_layers(
+        tmp_path,
+        'allow = ["192.0.2.0/24"]\nknock = [1, 2]\nknock-timeout = 3\n',
+        'allow = ["198.51.100.0/24"]\n',  # adds
+        'deny = ["203.0.113.0/24"]\nknock = [5, 6]\n',  # a later knock replaces
+        "knock-timeout = 4\n",
+    )
+    rules = parse_policy(["--policy", str(main)]).rules_for("x")
+    assert [str(p) for p in rules.subnets.allow] == ["192.0.2.0/24", "198.51.100.0/24"]
+    assert rules.knock is not None and rules.knock.ports == (5, 6) and rules.knock.timeout == 4
+    # An empty list clears what the layers before it gave.
+    (tmp_path / "svc.toml.d" / "99.toml").write_text("allow = []\n")
+    rules = parse_policy(["--policy", str(main)]).rules_for("x")
+    assert rules.subnets.allow == () and len(rules.subnets.deny) == 1
+
+
+def test_policy_names_are_looked_up_in_order(tmp_path: Path) -> None:
+    admin, vendor = tmp_path / "etc", tmp_path / "lib"
+    for folder in (admin, vendor):
+        (folder / "svc.toml.d").mkdir(parents=True)
+    (vendor / "svc.toml").write_text('allow = ["192.0.2.0/24"]\n')
+    (vendor / "svc.toml.d" / "10-a.toml").write_text('deny = ["192.0.2.1"]\n')
+    (admin / "svc.toml.d" / "10-a.toml").write_text('deny = ["192.0.2.2"]\n')  # overrides
+    (admin / "svc.toml.d" / "20-b.toml").write_text('deny = ["192.0.2.3"]\n')
+    env = {"ALFWRAPPER_POLICY_PATH": f"{admin}:{vendor}"}
+    found = find_policy("svc", env)
+    assert found == [
+        vendor / "svc.toml",
+        admin / "svc.toml.d/10-a.toml",
+        admin / "svc.toml.d/20-b.toml",
+    ]
+    (admin / "svc.toml").write_text('allow = ["198.51.100.0/24"]\n')
+    assert find_policy("svc", env)[0] == admin / "svc.toml"
+    entries, _, files = read_policy("svc", env)
+    assert files[0] == str(admin / "svc.toml") and len(entries) == 3
+    with pytest.raises(AlfError) as info:
+        find_policy("nosuch", env)
+    assert info.value.exit_code == EX_NOINPUT and "no nosuch.toml in" in info.value.line()
+
+
+BAD = [
+    ("allow = [\n", "p.toml:", "TOML"),
+    ('alow = ["192.0.2.0/24"]\n', "p.toml:1", "unknown key 'alow'"),
+    ('allow = ["192.0.2.0/24"]\n\n[socket.web]\nknok = [1, 2]\n', "p.toml:4", "unknown key 'knok'"),
+    ('allow = "192.0.2.0/24"\n', "p.toml:1", "must be a list of strings"),
+    ('knock-timeout = "fast"\n', "p.toml:1", "must be a number"),
+    ('allow = ["192.0.2.0/24",\n  "192.0.2.5/24"]\n', "p.toml:2", "host bits set"),
+    ("knock = [7001, 7001]\n", "p.toml:1", "follows itself"),
+    ("knock-steps = 9\n", "p.toml:1", "out of range"),
+    ('[[listen]]\naddress = "localhost:80"\n', "p.toml:2", "not an IP address"),
+    ('[[listen]]\naddress = "[::]:80"\nport = 8\n', "p.toml:3", "unknown key 'port'"),
+    ('set = [["m", "1"]]\n', "p.toml:1", "[map, key, value]"),
+]
+
+
+@pytest.mark.parametrize(("text", "where", "why"), BAD)
+def test_bad_policy_files(tmp_path: Path, text: str, where: str, why: str) -> None:
+    with pytest.raises(AlfError) as info:
+        from_file(tmp_path, text)
+    line = info.value.line()
+    assert where in line and why in line, line
+    assert info.value.exit_code == EX_CONFIG
+    assert "\n" not in line
+
+
+def test_missing_referenced_file(tmp_path: Path) -> None:
+    with pytest.raises(AlfError) as info:
+        from_file(tmp_path, 'deny-file = ["nosuch.txt"]\n')
+    assert info.value.exit_code == EX_NOINPUT
+    assert str(tmp_path / "nosuch.txt") in info.value.line()
+
+
+def test_drop_in_that_breaks_the_vendor_file_is_named(tmp_path: Path) -> None:
+    main = write_layers(tmp_path, 'allow = ["192.0.2.0/24"]\n', "\n\nknock-window = 1\n")
+    with pytest.raises(AlfError) as info:
+        parse_policy(["--policy", str(main)])
+    assert f"{tmp_path}/svc.toml.d/00.toml:3" in info.value.line()
+    assert "out of range" in info.value.line()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_any_text_is_a_policy_or_one_clear_error(
+    tmp_path_factory: pytest.TempPathFactory, text: str
+) -> None:
+    folder = tmp_path_factory.mktemp("hyp")
+    try:
+        from_file(folder, text)
+    except AlfError as err:
+        assert "\n" not in err.line()
