@@ -17,6 +17,20 @@ SO_ATTACH_BPF = 50
 SO_COOKIE = 57  # Linux 4.12
 
 
+SO_GET_FILTER = 26
+
+
+def has_filter(sock: socket.socket) -> bool:
+    """Does the socket carry a filter?  SO_GET_FILTER gives 0 for none, the length of a
+    classic one, and EACCES for an eBPF program (which it cannot dump)."""
+    try:
+        return sock.getsockopt(socket.SOL_SOCKET, SO_GET_FILTER) != 0
+    except OSError as err:
+        if err.errno == errno.EACCES:
+            return True
+        raise
+
+
 def socket_cookie(sock: socket.socket) -> int:
     """The socket's cookie: what bpf_get_socket_cookie() returns for its packets."""
     return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little")

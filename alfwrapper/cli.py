@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from alfwrapper import __version__, activation, doctor, knocking, wrapper
+from alfwrapper import __version__, activation, doctor, knocking, state, wrapper
 from alfwrapper.errors import EX_SOFTWARE, EX_USAGE, AlfError, excerpt
 from alfwrapper.policy import KEYS, Entry, Policy, build_policy, cli_entry, read_policy, split_scope
 from alfwrapper.rules import ListenSpec, parse_listen, parse_ports
@@ -194,6 +194,13 @@ def wrapper_parser() -> Parser:
         action="store_true",
         help="on errors, show details: compiler output, verifier log",
     )
+    p.add_argument(
+        "--service",
+        default="",
+        metavar="NAME",
+        help="the name its pinned state is kept under (default: the systemd unit, else "
+        "the command's name)",
+    )
     add_socket_options(p)
     add_rule_options(p)
     return p
@@ -216,7 +223,9 @@ def wrapper_main(argv: Sequence[str]) -> int:
             EX_USAGE,
         )
     args = wrapper_parser().parse_args(options)
-    return wrapper.run(policy_from_args(args, command, os.environ))
+    policy = policy_from_args(args, command, os.environ)
+    service = state.service_name(args.service, os.environ, policy.command)
+    return wrapper.run(policy, service, options)
 
 
 def check_parser() -> Parser:
@@ -294,6 +303,92 @@ def explain_main(argv: Sequence[str]) -> int:
     return explain.main(policy, args)
 
 
+def reload_main(argv: Sequence[str]) -> int:
+    p = Parser(
+        prog="alfwrapper reload",
+        usage="alfwrapper reload [SERVICE] [--policy NAME|PATH] [RULE OPTIONS]",
+        description="Compile the service's policy anew and put it in force on every socket "
+        "of the running service; the application keeps running.  With no rule options, "
+        "the options it was started (or last reloaded) with are read again, policy files "
+        "included.  Runtime allow/deny rules end.",
+        epilog="examples: alfwrapper reload web; alfwrapper reload web --policy web "
+        "--deny 203.0.113.0/24; in a unit: ExecReload=/usr/bin/alfwrapper reload",
+    )
+    p.add_argument("service", nargs="?", default="", help="default: the systemd unit we run in")
+    add_rule_options(p)
+    if "-h" in argv or "--help" in argv:
+        p.parse_args(["--help"])
+    given = argv[0] if argv and not argv[0].startswith("-") else ""
+    options = list(argv[1:] if given else argv)
+    service = default_service(given)
+    found = _service_ops().reload(service, options or None, parse_policy)
+    print(f"reloaded {service}: {len(found)} socket(s), " + ", ".join(m.label() for m in found))
+    return 0
+
+
+def _service_ops() -> Any:
+    from alfwrapper import service  # noqa: PLC0415
+
+    return service
+
+
+def default_service(given: str) -> str:
+    return str(_service_ops().default_service(given))
+
+
+def change_main(verb: str) -> Callable[[Sequence[str]], int]:
+    def run(argv: Sequence[str]) -> int:
+        p = Parser(
+            prog=f"alfwrapper {verb}",
+            usage=f"alfwrapper {verb} SERVICE [--socket NAME] CIDR...",
+            description={
+                "deny": "Drop packets from these subnets on a running service, from the next "
+                "packet on, until its next start or reload.",
+                "allow": "Pass packets from these subnets on a running service (a runtime "
+                "rule decides before the policy's subnet rules), until its next start or "
+                "reload.",
+                "revoke": "Remove runtime rules made by allow or deny.",
+            }[verb],
+            epilog=f"example: alfwrapper {verb} web 198.51.100.7 2001:db8::/48",
+        )
+        p.add_argument("service")
+        p.add_argument("cidrs", nargs="+", metavar="CIDR")
+        p.add_argument("--socket", default="", metavar="NAME", help="only the sockets so named")
+        args = p.parse_args(argv)
+        ops = _service_ops()
+        return int(
+            ops.out(ops.change(state.check_service(args.service), args.socket, verb, args.cidrs))
+        )
+
+    return run
+
+
+def show_main(argv: Sequence[str]) -> int:
+    p = Parser(
+        prog="alfwrapper show",
+        usage="alfwrapper show SERVICE",
+        description="List a running service's sockets and their runtime allow/deny rules.",
+        epilog="example: alfwrapper show web",
+    )
+    p.add_argument("service")
+    args = p.parse_args(argv)
+    ops = _service_ops()
+    return int(ops.out(ops.show(state.check_service(args.service))))
+
+
+def gc_main(argv: Sequence[str]) -> int:
+    p = Parser(
+        prog="alfwrapper gc",
+        usage="alfwrapper gc",
+        description="Remove the pinned state of sockets that no longer exist (every start "
+        "of a wrapper does this for its own network namespace).",
+        epilog="example: alfwrapper gc",
+    )
+    p.parse_args(argv)
+    ops = _service_ops()
+    return int(ops.out(ops.gc()))
+
+
 def knock_main(argv: Sequence[str]) -> int:
     p = Parser(
         prog="alfwrapper knock",
@@ -337,6 +432,12 @@ def knock_main(argv: Sequence[str]) -> int:
 SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "check": check_main,
     "explain": explain_main,
+    "reload": reload_main,
+    "deny": change_main("deny"),
+    "allow": change_main("allow"),
+    "revoke": change_main("revoke"),
+    "show": show_main,
+    "gc": gc_main,
     "doctor": doctor.main,
     "knock": knock_main,
 }

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from alfwrapper import syscalls
 from alfwrapper.errors import (
     EX_DATAERR,
     EX_NOPERM,
@@ -172,6 +173,7 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             EX_DATAERR,
             details=text,
         ) from None
+    adopt_pinned(bpf, plan.pinned)
     try:
         with _stderr_to(log):
             fn = bpf.load_func(ENTRY.encode(), bcc.BPF.SOCKET_FILTER)
@@ -198,6 +200,39 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
     return LoadedFilter(bpf=bpf, fd=fn.fd, plan=plan)
 
 
+def adopt_pinned(bpf: Any, pinned: tuple[tuple[str, str], ...]) -> None:
+    """Make the program use pinned maps that outlive it, before it is loaded.
+
+    BCC creates every map when it compiles and writes their fd numbers into
+    the program; the kernel resolves those numbers when the program loads.  So
+    a pinned map goes in by taking over the fd number of the fresh map BCC made
+    for the same declaration (dup2).  (BCC's own pinned tables open them by id,
+    which needs CAP_SYS_ADMIN.)  A pinned map whose shape differs from the
+    declaration (the program changed) is replaced; one not pinned yet is
+    pinned now.
+    """
+    for name, path in pinned:
+        fresh = bpf[name.encode()].map_fd
+        try:
+            if os.path.exists(path):
+                kept = syscalls.obj_get(path)
+                try:
+                    if syscalls.map_shape(kept) == syscalls.map_shape(fresh):
+                        os.dup2(kept, fresh, inheritable=False)
+                        continue
+                finally:
+                    os.close(kept)
+                os.unlink(path)
+            syscalls.obj_pin(fresh, path)
+        except OSError as err:
+            raise AlfError(
+                f"pinned map {path}",
+                err.strerror or str(err),
+                "run as root, or give the unit CAP_DAC_OVERRIDE and CAP_CHOWN besides CAP_BPF",
+                EX_NOPERM if err.errno in (1, 13) else EX_OSERR,
+            ) from None
+
+
 def set_knock_listeners(bpf: Any, cookies: list[int]) -> None:
     """Tell the knock part which sockets are TCP listeners (their SO_COOKIE)."""
     table = bpf[b"knock_listeners"]
@@ -211,6 +246,13 @@ def set_knock_listeners(bpf: Any, cookies: list[int]) -> None:
                 "give each listener its own knock rule",
                 EX_USAGE,
             ) from None
+
+
+def prog_id(loaded: LoadedFilter) -> int:
+    """The kernel's id of the loaded program (as bpftool shows it)."""
+    from alfwrapper.syscalls import prog_info  # noqa: PLC0415
+
+    return prog_info(loaded.fd).id
 
 
 def map_fds(loaded: LoadedFilter) -> dict[str, int]:

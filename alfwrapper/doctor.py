@@ -140,6 +140,20 @@ def check_bcc() -> Check:
     return Check(True, "BCC importable")
 
 
+def check_state() -> Check:
+    from alfwrapper import state  # noqa: PLC0415
+
+    try:
+        root = state.state_root(create=True)
+    except AlfError as err:
+        return Check(
+            False,
+            f"pinned state: {err.line().removeprefix('alfwrapper: ')}; without it, filters "
+            "cannot be reloaded and restarts cannot re-filter their sockets",
+        )
+    return Check(True, f"pinned state in {root} (owned by {state.OWNER}, mode 700)")
+
+
 def check_build() -> Check:
     from alfwrapper import compiler  # noqa: PLC0415
 
@@ -157,6 +171,7 @@ CHECKS: tuple[Callable[[], Check], ...] = (
     check_privilege,
     check_headers,
     check_bcc,
+    check_state,
 )
 
 

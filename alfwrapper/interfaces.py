@@ -75,12 +75,14 @@ class WatchedMap:
 READY_SECONDS = 20.0
 
 
-def start_watcher(maps: Sequence[WatchedMap], label: str) -> int:
+def start_watcher(maps: Sequence[WatchedMap], label: str, app_pid: int = 0) -> int:
     """Start the watcher for these maps; returns its pid once it reports ready.
 
-    ``label`` names the service in the watcher's command line and messages.
+    ``label`` names the service in the watcher's command line and messages;
+    the watcher exits with the process ``app_pid`` (default: this one, which
+    becomes the application).
     """
-    app_pid = os.getpid()
+    app_pid = app_pid or os.getpid()
     pidfd = os.pidfd_open(app_pid)
     ready_r, ready_w = os.pipe()
     pid_r, pid_w = os.pipe()
@@ -113,6 +115,19 @@ def start_watcher(maps: Sequence[WatchedMap], label: str) -> int:
             os._exit(0)
         os.write(pid_w, str(os.getpid()).encode())
         os.close(pid_w)
+        # Its messages belong in the application's log: the wrapper's stderr is the
+        # application's; another caller's (`alfwrapper reload`) is not to be held open.
+        if os.path.exists(f"/proc/{app_pid}/fd/2"):
+            try:
+                log = os.open(f"/proc/{app_pid}/fd/2", os.O_WRONLY | os.O_APPEND)
+            except OSError:
+                log = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
         keep = [pidfd, ready_w]
         argv = [sys.executable, "-m", "alfwrapper.watcher", label, str(pidfd), str(ready_w)]
         for m in maps:

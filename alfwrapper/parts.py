@@ -19,6 +19,8 @@ Adding a part means adding one class here and one file in filters/.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import hashlib
 import re
 import struct
 from collections.abc import Sequence
@@ -55,6 +57,17 @@ class FillEnv:
 
 
 @dataclass(frozen=True)
+class Pins:
+    """Where a socket's maps that outlive its programs are pinned (state.py), if anywhere."""
+
+    socket_dir: str
+    service_dir: str
+
+    def path(self, name: str) -> str:
+        return f"{self.socket_dir}/{name}"
+
+
+@dataclass(frozen=True)
 class PartPlan:
     """One part, planned for one socket's rules."""
 
@@ -62,6 +75,7 @@ class PartPlan:
     defines: tuple[tuple[str, str], ...] = ()
     prelude: str = ""  # C generated here, pasted before the part's file
     data: Any = None
+    pinned: tuple[tuple[str, str], ...] = ()  # (map, pin path): maps that outlive the program
 
 
 def c_struct(name: str, fields: Sequence[tuple[str, str]]) -> tuple[str, struct.Struct]:
@@ -87,17 +101,14 @@ SUBNET_KEY_C, SUBNET_KEY = c_struct("subnet_key", KEY_FIELDS)
 
 class Part:
     name = ""
+    reason = ""  # the counter a drop by this part goes to: one of REASONS
     source = ""
     condition = ""
 
-    @property
-    def reason(self) -> int:
-        return REASONS.index(self.name)
-
-    def used(self, rules: SocketRules) -> bool:
+    def used(self, rules: SocketRules, pins: Pins | None) -> bool:
         raise NotImplementedError
 
-    def plan(self, rules: SocketRules) -> PartPlan:
+    def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
         return PartPlan(self)
 
     def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
@@ -107,29 +118,57 @@ class Part:
 class Interfaces(Part):
     """Ingress interface allow-list; reached through the watcher's iface_alive array."""
 
-    name = "interfaces"
+    name = reason = "interfaces"
     source = "interfaces.c"
     condition = "interfaces_pass(skb)"
 
-    def used(self, rules: SocketRules) -> bool:
+    def used(self, rules: SocketRules, pins: Pins | None) -> bool:
         return bool(rules.interfaces)
 
-    def plan(self, rules: SocketRules) -> PartPlan:
+    def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
         return PartPlan(self, (("IFACE_SLOTS", str(max(4096, len(rules.interfaces)))),))
 
     def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         set_interfaces(bpf, {i: n for i, n in env.interfaces.items() if n in rules.interfaces})
 
 
-class Subnets(Part):
-    name = "subnets"
-    source = "subnets.c"
-    condition = "subnets_pass(pkt.family, pkt.addr)"
+RUNTIME_ALLOW, RUNTIME_DENY = 1, 2
+RUNTIME_RULES = 65536
 
-    def used(self, rules: SocketRules) -> bool:
+
+class Runtime(Part):
+    """Allow and deny rules added while the service runs (alfwrapper allow/deny/revoke).
+
+    Only with pinned state: its maps belong to the socket, not to a program.
+    A runtime rule decides the subnet question before the policy's own rules.
+    """
+
+    name = "runtime"
+    reason = "subnets"
+    source = "runtime.c"
+    condition = "(alf_rt = runtime_verdict(&pkt)) != ALF_RUNTIME_DENY"
+
+    def used(self, rules: SocketRules, pins: Pins | None) -> bool:
+        return pins is not None
+
+    def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
+        assert pins is not None
+        pinned = (
+            ("alf_runtime", pins.path("runtime")),
+            ("alf_runtime_count", pins.path("runtime_count")),
+        )
+        return PartPlan(self, (("ALF_RUNTIME_RULES", str(RUNTIME_RULES)),), pinned=pinned)
+
+
+class Subnets(Part):
+    name = reason = "subnets"
+    source = "subnets.c"
+    condition = "alf_rt == ALF_RUNTIME_ALLOW || subnets_pass(pkt.family, pkt.addr)"
+
+    def used(self, rules: SocketRules, pins: Pins | None) -> bool:
         return bool(rules.subnets.allow or rules.subnets.deny)
 
-    def plan(self, rules: SocketRules) -> PartPlan:
+    def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
         table = build_subnet_table(rules.subnets)
 
         def steps(levels: tuple[int, ...]) -> str:
@@ -159,24 +198,35 @@ class Subnets(Part):
             update_batch(bpf[b"subnet_nodes"], keys, values, len(table.nodes), "subnet_nodes")
 
 
+def knock_key(rules: SocketRules) -> str:
+    """Names the knock state of sockets with these knock rules: same rules, same state."""
+    assert rules.knock is not None
+    text = repr(dataclasses.astuple(rules.knock)).encode()
+    return f"knock-{hashlib.sha256(text).hexdigest()[:16]}"
+
+
 class Knocking(Part):
-    name = "knocking"
+    name = reason = "knocking"
     source = "knocking.c"
     condition = "knock_pass(skb, &pkt)"
 
-    def used(self, rules: SocketRules) -> bool:
+    def used(self, rules: SocketRules, pins: Pins | None) -> bool:
         return rules.knock is not None
 
-    def plan(self, rules: SocketRules) -> PartPlan:
+    def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
         assert rules.knock is not None
         knock = knocking.plan_knock(rules.knock)
-        defines = (
+        defines: tuple[tuple[str, str], ...] = (
             ("KNOCK_ROWS", str(knock.rows)),
             ("KNOCK_SOURCES", str(rules.knock.sources)),
             ("KNOCK_SECRET", "1" if rules.knock.secret else "0"),
             ("KNOCK_MAX_STEPS", str(knocking.MAX_STEPS)),
         )
-        return PartPlan(self, defines, "", knock)
+        pinned: tuple[tuple[str, str], ...] = ()
+        if pins is not None:
+            folder = f"{pins.service_dir}/{knock_key(rules)}"
+            pinned = (("knock_state", f"{folder}/state"), ("knock_used", f"{folder}/used"))
+        return PartPlan(self, defines, "", knock, pinned)
 
     def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         assert rules.knock is not None
@@ -203,21 +253,21 @@ class Knocking(Part):
 class Filter(Part):
     """A developer's own filter; its verdict (a length to keep, or 0) is final."""
 
-    name = "filter"
+    name = reason = "filter"
     source = "developer.h"
     condition = ""  # composed specially: its return value is the program's
 
-    def used(self, rules: SocketRules) -> bool:
+    def used(self, rules: SocketRules, pins: Pins | None) -> bool:
         return rules.custom is not None
 
-    def plan(self, rules: SocketRules) -> PartPlan:
+    def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
         return PartPlan(self, (("ALF_L4_CB", str(L4_CB)),))
 
     def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         apply_settings(bpf, rules, env.ifindex_of)
 
 
-PARTS: tuple[Part, ...] = (Interfaces(), Subnets(), Knocking(), Filter())
+PARTS: tuple[Part, ...] = (Interfaces(), Runtime(), Subnets(), Knocking(), Filter())
 
 
 def part(name: str) -> Part:

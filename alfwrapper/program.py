@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from alfwrapper.errors import EX_DATAERR, AlfError
-from alfwrapper.parts import PARTS, REASONS, PartPlan
+from alfwrapper.parts import PARTS, REASONS, RUNTIME_ALLOW, RUNTIME_DENY, PartPlan, Pins
 from alfwrapper.rules import FILTER_LIMIT, SocketRules, read_text_input
 
 ENTRY = "filter"
@@ -58,6 +58,7 @@ class ProgramPlan:
     defines: tuple[tuple[str, str], ...]
     include_dirs: tuple[str, ...]
     parts: tuple[PartPlan, ...]
+    pinned: tuple[tuple[str, str], ...] = ()  # (map, pin path), for compiler.py
 
     @property
     def cflags(self) -> list[str]:
@@ -97,13 +98,19 @@ def _reason(name: str) -> str:
     return f"ALF_REASON_{name.upper()}"
 
 
-def plan_program(rules: SocketRules) -> ProgramPlan:
-    """The program for these rules."""
-    plans = tuple(p.plan(rules) for p in PARTS if p.used(rules))
+def plan_program(rules: SocketRules, pins: Pins | None = None) -> ProgramPlan:
+    """The program for these rules; with ``pins``, for a socket whose state is pinned
+    (its counters, runtime rules and knock state then outlive the program)."""
+    plans = tuple(p.plan(rules, pins) for p in PARTS if p.used(rules, pins))
     used = {p.part.name for p in plans}
     folder = filter_dir()
     defines: list[tuple[str, str]] = [(_reason(r), str(i)) for i, r in enumerate(REASONS)]
-    defines.append(("ALF_REASONS", str(len(REASONS))))
+    defines += [
+        ("ALF_REASONS", str(len(REASONS))),
+        ("ALF_RUNTIME_ALLOW", str(RUNTIME_ALLOW)),
+        ("ALF_RUNTIME_DENY", str(RUNTIME_DENY)),
+    ]
+    pinned = [("alf_counters", pins.path("counters"))] if pins is not None else []
     # Malformed packets first: not IP, unreadable headers, IPv4-mapped IPv6
     # sources (common.h).  Every part after this reads the parsed headers.
     body = [
@@ -114,14 +121,15 @@ def plan_program(rules: SocketRules) -> ProgramPlan:
     custom = ""
     for plan in plans:
         defines += plan.defines
+        pinned += plan.pinned
         pasted.append(
             f'{plan.prelude}#line 1 "{folder / plan.part.source}"\n'
             f"{(folder / plan.part.source).read_text()}"
         )
         if plan.part.condition:
             body.append(
-                f"    if (!{plan.part.condition})\n"
-                f"        return alf_count({_reason(plan.part.name)});"
+                f"    if (!({plan.part.condition}))\n"
+                f"        return alf_count({_reason(plan.part.reason)});"
             )
     if rules.custom:
         custom = _custom_source(rules.custom.path)
@@ -155,7 +163,7 @@ def plan_program(rules: SocketRules) -> ProgramPlan:
         + custom
         + '#line 1 "alfwrapper-composed.c"\n'
         + f"int {BODY if watched else ENTRY}(struct __sk_buff *skb)\n"
-        + "{\n    struct alf_packet pkt = {};\n"
+        + "{\n    struct alf_packet pkt = {};\n    u32 alf_rt = 0; /* a runtime rule's verdict */\n"
         + "\n".join(body)
         + "\n}\n"
         + entry
@@ -166,6 +174,7 @@ def plan_program(rules: SocketRules) -> ProgramPlan:
         defines=tuple(defines),
         include_dirs=tuple(include_dirs),
         parts=plans,
+        pinned=tuple(pinned),
     )
 
 

@@ -19,6 +19,7 @@ import ctypes.util
 import os
 import platform
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -150,6 +151,19 @@ def prog_info(prog_fd: int) -> ProgInfo:
     return ProgInfo(prog_id, xlated // 8, jited)
 
 
+def map_shape(map_fd: int) -> tuple[int, int, int, int, int]:
+    """A map's type, key size, value size, max entries and flags (struct bpf_map_info)."""
+    info = ctypes.create_string_buffer(256)
+    size = ctypes.c_uint32(len(info))
+    _bpf_check(
+        libbpf().bpf_obj_get_info_by_fd(map_fd, info, ctypes.byref(size)),
+        "BPF_OBJ_GET_INFO_BY_FD",
+        f"map fd {map_fd}",
+    )
+    kind, _, key, value, entries, flags = struct.unpack_from("=6I", info.raw)
+    return kind, key, value, entries, flags
+
+
 def fd_memlock(fd: int) -> int:
     """The kernel memory a map or program holds (its fdinfo's memlock), in bytes."""
     try:
@@ -220,6 +234,44 @@ def load_dispatcher(slot_fd: int, name: str) -> int:
     )
     _bpf_check(fd, "loading the dispatcher", name)
     return int(fd)
+
+
+CLONE_NEWNET = 0x40000000
+
+
+def setns(fd: int, kind: int) -> None:
+    _check(_libc.setns(fd, kind), "setns")
+
+
+def each_netns() -> Iterator[int]:
+    """Enter every network namespace in use (by a process, or named in /run/netns) in
+    turn, yielding in each; back in our own at the end.  Needs CAP_SYS_ADMIN."""
+    seen: set[tuple[int, int]] = set()
+    paths = [f"/proc/{p}/ns/net" for p in os.listdir("/proc") if p.isdigit()]
+    if os.path.isdir("/run/netns"):
+        paths += [os.path.join("/run/netns", n) for n in os.listdir("/run/netns")]
+    home = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    moved = False
+    try:
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue  # gone, or not ours to see
+            try:
+                info = os.fstat(fd)
+                if (info.st_dev, info.st_ino) in seen:
+                    continue
+                seen.add((info.st_dev, info.st_ino))
+                setns(fd, CLONE_NEWNET)
+                moved = True
+                yield fd
+            finally:
+                os.close(fd)
+    finally:
+        if moved:
+            setns(home, CLONE_NEWNET)
+        os.close(home)
 
 
 def map_update(map_fd: int, key: bytes, value: bytes) -> None:

@@ -1,12 +1,16 @@
-"""The wrapper's life, one socket record each: sockets, programs, attach, backlog, exec.
+"""The wrapper's life, one socket record each: sockets, state, programs, backlog, exec.
 
-    Policy -> sockets (inherited, created) -> programs (planned, loaded, filled)
-      -> attach and lock -> judge what was queued -> bind created sockets
-      -> interface watcher -> drop privileges -> exec COMMAND
+    Policy -> sockets (inherited, created) -> pinned state (found by cookie, or new)
+      -> programs (planned, loaded, filled) -> into each socket's slot; a new socket
+      gets the fixed dispatcher, attached and locked -> judge what was queued on new
+      inherited sockets -> bind created sockets -> interface watcher
+      -> drop privileges -> exec COMMAND
 
 Created sockets are bound only after their filter is attached, so no packet
 reaches them unfiltered.  Inherited sockets may hold connections and
-datagrams that arrived before; backlog.py judges them.
+datagrams that arrived before; backlog.py judges them.  A socket an earlier
+start filtered (a restart, an idle exit and a new activation) keeps its
+dispatcher: the new program takes over the slot in one update.
 """
 
 from __future__ import annotations
@@ -15,20 +19,22 @@ import os
 import shutil
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import NoReturn
 
-from alfwrapper import activation, attach, backlog, compiler, interfaces, privileges, program
-from alfwrapper.errors import (
-    EX_CONFIG,
-    EX_NOINPUT,
-    EX_NOPERM,
-    EX_OSERR,
-    EX_USAGE,
-    AlfError,
-    excerpt,
+from alfwrapper import (
+    activation,
+    attach,
+    backlog,
+    compiler,
+    interfaces,
+    privileges,
+    program,
+    state,
 )
-from alfwrapper.parts import FillEnv
+from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.parts import FillEnv, Pins, knock_key
 from alfwrapper.policy import Policy
 from alfwrapper.rules import ListenSpec, SocketRules
 from alfwrapper.sockets import bind_socket, open_socket
@@ -43,16 +49,22 @@ class SocketRecord:
     rules: SocketRules
     spec: ListenSpec | None = None  # created by us (bound after attaching), else inherited
     loaded: compiler.LoadedFilter | None = None
+    state: state.SocketState | None = None  # its pinned state, unless Accept=yes
+    dispatch: int | None = None  # a new socket's dispatcher, until attached
+    fresh: bool = True  # no earlier start filtered it
 
     @property
     def inherited(self) -> bool:
         return self.spec is None
 
     @property
+    def connected(self) -> bool:
+        """An inherited connection (Accept=yes); a created TCP socket listens once bound."""
+        return self.inherited and activation.is_connected_stream(self.sock)
+
+    @property
     def listener(self) -> bool:
-        return self.sock.type == socket.SOCK_STREAM and not activation.is_connected_stream(
-            self.sock
-        )
+        return self.sock.type == socket.SOCK_STREAM and not self.connected
 
 
 def check_command(command: tuple[str, ...]) -> None:
@@ -103,43 +115,119 @@ def gather_sockets(policy: Policy) -> list[SocketRecord]:
 
 
 def load_programs(records: list[SocketRecord]) -> list[compiler.LoadedFilter]:
-    """One program per distinct rule set: sockets with the same rules share it."""
+    """A program for each socket with pinned state (its maps are its own), and one
+    per distinct rule set for connected (Accept=yes) sockets."""
+    env = fill_env(records)
+    shared: dict[SocketRules, compiler.LoadedFilter] = {}
+    loaded: list[compiler.LoadedFilter] = []
+    for record in records:
+        if record.state is not None:
+            record.loaded = load_pinned(record.rules, record.state, env)
+            loaded.append(record.loaded)
+        elif not record.rules.empty:
+            if record.rules not in shared:
+                shared[record.rules] = compiler.load_program(
+                    program.plan_program(record.rules), env
+                )
+                loaded.append(shared[record.rules])
+            record.loaded = shared[record.rules]
+    set_listeners(records, loaded)
+    return loaded
+
+
+def fill_env(records: list[SocketRecord]) -> FillEnv:
     wanted = sorted({i for r in records for i in r.rules.interfaces})
     indexes = interfaces.resolve(wanted) if wanted else {}
-    env = FillEnv({index: name for name, index in indexes.items()}, interfaces.link_index)
-    loaded: dict[SocketRules, compiler.LoadedFilter] = {}
-    for record in records:
-        if record.rules.empty:
-            continue
-        if record.rules not in loaded:
-            loaded[record.rules] = compiler.load_program(program.plan_program(record.rules), env)
-        record.loaded = loaded[record.rules]
+    return FillEnv({index: name for name, index in indexes.items()}, interfaces.link_index)
+
+
+def set_listeners(records: list[SocketRecord], loaded: list[compiler.LoadedFilter]) -> None:
     # The knock part tells a listener's handshake from an accepted connection's
     # traffic by the socket's cookie: it must know its listeners before any
     # packet reaches them.
-    for lf in loaded.values():
+    for lf in loaded:
         if lf.plan.rules.knock:
             cookies = [
                 attach.socket_cookie(r.sock) for r in records if r.loaded is lf and r.listener
             ]
             compiler.set_knock_listeners(lf.bpf, cookies)
-    return list(loaded.values())
 
 
-def attach_program(record: SocketRecord) -> None:
-    """Attach and lock; a socket an earlier start locked cannot take a new filter."""
-    assert record.loaded is not None
-    try:
-        attach.attach_filter(record.sock, record.loaded.fd)
-    except AlfError as err:
-        if not record.inherited or err.exit_code != EX_NOPERM:
-            raise
-        raise AlfError(
-            f"filtering {attach.describe(record.sock)}",
-            "it still carries the locked filter of an earlier start",
-            "restart the socket unit to get a fresh socket; the old rules stay in force until then",
-            EX_CONFIG,
-        ) from None
+def load_pinned(
+    rules: SocketRules, where: state.SocketState, env: FillEnv
+) -> compiler.LoadedFilter:
+    """Compile and load a socket's program against its pinned maps (made if missing)."""
+    if rules.knock:
+        state.trusted_dir(where.service_dir / knock_key(rules), create=True)
+    pins = Pins(str(where.dir), str(where.service_dir))
+    loaded = compiler.load_program(program.plan_program(rules, pins), env)
+    state.own(where.service_dir)
+    return loaded
+
+
+def pin_sockets(records: list[SocketRecord], service: str) -> None:
+    """Find each kept socket's state again by its cookie, or make it for a new one.
+
+    A connected (Accept=yes) socket lives as long as its one connection: no state."""
+    for record in records:
+        if record.connected:
+            continue
+        found = state.find(service, record.sock)
+        if found is not None:
+            record.state, record.fresh = found, False
+        elif attach.has_filter(record.sock):
+            raise AlfError(
+                f"filtering {attach.describe(record.sock)}",
+                f"it carries a filter that alfwrapper did not attach for service {service}",
+                "start with the --service name it was filtered under, or restart the "
+                "socket unit to get a fresh socket",
+                EX_CONFIG,
+            )
+        else:
+            record.state, record.dispatch = state.create(service, record.sock)
+
+
+def install_programs(records: list[SocketRecord]) -> None:
+    """Programs into slots (atomically, on kept sockets), dispatchers onto new sockets."""
+    for record in records:
+        if record.state is not None:
+            assert record.loaded is not None
+            state.clear_runtime(record.state)  # runtime rules last until the next start
+            state.install(record.state, record.loaded.fd)
+            if record.dispatch is not None:
+                attach.attach_filter(record.sock, record.dispatch)
+                os.close(record.dispatch)
+                record.dispatch = None
+        elif record.loaded is not None:
+            attach.attach_filter(record.sock, record.loaded.fd)
+
+
+def describe_sockets(
+    records: list[SocketRecord], service: str, argv: list[str], watcher: int
+) -> None:
+    """What status and reload need to know, in each socket's pinned meta."""
+    for record in records:
+        if record.state is None:
+            continue
+        host, port = record.sock.getsockname()[:2]
+        state.write_meta(
+            record.state,
+            {
+                "service": service,
+                "name": record.name,
+                "protocol": "tcp" if record.sock.type == socket.SOCK_STREAM else "udp",
+                "address": host,
+                "port": port,
+                "pid": os.getpid(),
+                "watcher": watcher,
+                "netns": state.netns_cookie(),
+                "argv": argv,
+                "cwd": os.getcwd(),
+                "knock": knock_key(record.rules) if record.rules.knock else "",
+                "started": int(time.time()),
+                "program": compiler.prog_id(record.loaded) if record.loaded else 0,
+            },
+        )
 
 
 def judge_backlog(record: SocketRecord, command: str) -> bool:
@@ -190,45 +278,82 @@ def judge_backlog(record: SocketRecord, command: str) -> bool:
     return True
 
 
-def start_watcher(loaded: list[compiler.LoadedFilter], label: str) -> None:
+def start_watcher(loaded: list[compiler.LoadedFilter], label: str, app_pid: int = 0) -> int:
+    """The interface watcher for the programs with interface rules; its pid, or 0."""
     following = [lf for lf in loaded if lf.plan.rules.interfaces]
-    if following:
-        interfaces.start_watcher(
-            [
-                interfaces.WatchedMap(
-                    lf.bpf[b"iface_allowed"].map_fd,
-                    lf.plan.rules.interfaces,
-                    lf.bpf[b"iface_alive"].map_fd,
-                )
-                for lf in following
-            ],
-            label,
-        )
+    if not following:
+        return 0
+    return interfaces.start_watcher(
+        [
+            interfaces.WatchedMap(
+                lf.bpf[b"iface_allowed"].map_fd,
+                lf.plan.rules.interfaces,
+                lf.bpf[b"iface_alive"].map_fd,
+            )
+            for lf in following
+        ],
+        label,
+        app_pid,
+    )
 
 
-def run(policy: Policy) -> int | NoReturn:
-    """Sockets in, filters on, exec.  Returns (0) only when an Accept=yes peer was denied."""
+def state_available() -> str:
+    """Why this wrapper cannot keep pinned state, or "" if it can.  Without it, each
+    socket gets its program directly, which no restart or reload can replace."""
+    try:
+        state.state_root(create=True)
+        state.gc()  # what sockets of this namespace left behind that are gone
+        return ""
+    except AlfError as err:
+        return f"{err.what}: {err.why}"
+
+
+def run(policy: Policy, service: str, argv: list[str]) -> int | NoReturn:
+    """Sockets in, filters on, exec.  Returns (0) only when an Accept=yes peer was denied.
+
+    ``service`` names the pinned state; ``argv`` (the rule options) is kept in
+    it so that `alfwrapper reload` can build the policy again."""
     check_command(policy.command)
     records = gather_sockets(policy)
-    loaded = load_programs(records)
+    unpinned = state_available() if any(not r.connected for r in records) else ""
+    pinned = any(not r.connected for r in records) and not unpinned
+    try:
+        if pinned:
+            pin_sockets(records, service)
+        loaded = load_programs(records)
+        install_programs(records)
+        for record in records:
+            if record.inherited and record.fresh and record.loaded is not None:
+                if not judge_backlog(record, policy.command[0]):
+                    return 0
+        for record in records:
+            if record.spec is not None:
+                bind_socket(record.sock, record.spec)
+    except BaseException:
+        for record in records:  # a failed start leaves no state of new sockets behind
+            if record.fresh and record.state is not None:
+                state.remove(record.state)
+        raise
+    if unpinned:
+        print(
+            f"alfwrapper: note: no pinned state ({unpinned}): the filters cannot be "
+            "reloaded, and a restart cannot re-filter an inherited socket",
+            file=sys.stderr,
+        )
     for record in records:
-        if record.loaded is not None:
-            attach_program(record)
-    for record in records:
-        if record.inherited and record.loaded is not None:
-            if not judge_backlog(record, policy.command[0]):
-                return 0
-    for record in records:
-        if record.spec is not None:
-            bind_socket(record.sock, record.spec)
-    for record in records:
-        if record.loaded is None:
+        if record.rules.empty:
+            what = (
+                "every packet passes until a reload gives it rules"
+                if record.state
+                else "it is not filtered"
+            )  # fmt: skip
             print(
                 f"alfwrapper: note: {attach.describe(record.sock)} named "
-                f"{excerpt(record.name)} has no rules and is not filtered",
+                f"{excerpt(record.name)} has no rules: {what}",
                 file=sys.stderr,
             )
-    start_watcher(loaded, os.path.basename(policy.command[0]))
+    watcher = start_watcher(loaded, service)
+    describe_sockets(records, service, argv, watcher)
     privileges.drop_privileges()
     activation.exec_with_sockets(
         [r.sock for r in records], [r.name for r in records], policy.command, os.environ

@@ -11,7 +11,9 @@ stdout per thing it receives, so you (and the tests) can see what reached it:
     udp dns 2001:db8:1::2 hello
 
 It uses only the standard library and follows sd_listen_fds(3): LISTEN_PID
-must be its own pid, or it serves nothing.
+must be its own pid, or it serves nothing.  With ECHO_IDLE_EXIT=SECONDS in its
+environment it exits after that long without traffic, as socket-activated
+services often do.
 """
 
 from __future__ import annotations
@@ -73,8 +75,15 @@ def main() -> int:
             select.register(sock, selectors.EVENT_READ, ("listener", name))
     # Listed before the selector opened its own fd: what we were handed.
     say(f"ready fds={','.join(map(str, open_fds))} names={':'.join(n for _, n in sockets)}")
+    # ECHO_IDLE_EXIT=SECONDS: exit when nothing came for that long and no
+    # connection is open, as many socket-activated services do.
+    idle = float(os.environ.get("ECHO_IDLE_EXIT", "0")) or None
     while True:
-        for key, _ in select.select():
+        events = select.select(timeout=idle)
+        if not events and not buffers:
+            say("idle: exiting")
+            return 0
+        for key, _ in events:
             sock: socket.socket = key.fileobj  # type: ignore[assignment]
             role, name = key.data
             if role == "listener" and sock.type == socket.SOCK_STREAM:

@@ -28,7 +28,7 @@
  * malformed, interfaces, subnets, knocking, filter; parts.REASONS hands them
  * over).  A developer's filter that includes this file alone gets none. */
 #ifdef ALF_REASONS
-BPF_PERCPU_ARRAY(alf_counters, u64, ALF_REASONS);
+BPF_PERCPU_ARRAY(alf_counters, u64, ALF_REASONS); /* with pinned state: the socket's own */
 
 static __always_inline int alf_count(u32 reason)
 {

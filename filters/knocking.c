@@ -20,13 +20,17 @@
  * Static sequences use row 0 of knock_ports.  Secret-derived ones use one row
  * per time window: window w = (TAI + tai_to_utc_ns) / window_ns, row w -
  * first_window, and a knock may start in the row of w-1, w or w+1 (clock
- * skew).  Each secret row opens the door once: knock_used marks it, so a
- * sequence sniffed on the wire cannot be replayed.
+ * skew).  Each secret window opens the door once: knock_used marks it, so a
+ * sequence sniffed on the wire cannot be replayed.  With pinned state
+ * (state.py), knock_state and knock_used outlive the
+ * program: sources that knocked stay admitted across restarts and reloads
+ * that keep the knock rules, and a used window stays used.  The wrapper hands
+ * the program the pinned maps in place of fresh ones.
  *
  * Maps:
  *   knock_config  ARRAY[1] struct knock_config (timeouts, window, sizes)
  *   knock_ports   ARRAY[KNOCK_ROWS * KNOCK_MAX_STEPS] u32 ports, row-major
- *   knock_used    ARRAY[KNOCK_ROWS] u32, 1 once a secret row has opened
+ *   knock_used    LRU_HASH u64 window -> u32: the secret windows that have opened
  *   knock_state   LRU_HASH struct knock_key -> struct knock_state,
  *                 KNOCK_SOURCES entries (a flood evicts the oldest)
  *   knock_listeners HASH u64 socket cookie -> u8, the TCP listeners this
@@ -82,7 +86,9 @@ struct knock_state {
 
 BPF_ARRAY(knock_config, struct knock_config, 1);
 BPF_ARRAY(knock_ports, u32, KNOCK_ROWS * KNOCK_MAX_STEPS);
-BPF_ARRAY(knock_used, u32, KNOCK_ROWS);
+/* With pinned state, these two are shared by the service's sockets with the same
+ * knock rules and kept across restarts and reloads (state.py, compiler.py). */
+BPF_TABLE("lru_hash", u64, u32, knock_used, KNOCK_ROWS);
 BPF_TABLE("lru_hash", struct knock_key, struct knock_state, knock_state, KNOCK_SOURCES);
 BPF_HASH(knock_listeners, u64, u8, KNOCK_LISTENERS);
 
@@ -181,13 +187,13 @@ static __always_inline int knock_pass(struct __sk_buff *skb, struct alf_packet *
     if (st.step >= cfg->steps) {
         st.step = 0;
 #if KNOCK_SECRET
-        u32 row = st.row;
-        u32 *used = knock_used.lookup(&row);
-        if (!used || *used) {
+        u64 window = cfg->first_window + st.row; /* absolute, so it survives reloads */
+        u32 one = 1;
+        if (knock_used.lookup(&window)) {
             knock_state.update(&key, &st); /* a replayed sequence opens nothing */
             return 0;
         }
-        *used = 1;
+        knock_used.update(&window, &one);
 #endif
         st.open_until_ns = now + cfg->open_ns;
     }

@@ -4,7 +4,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser"
+PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser fail2ban"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -17,6 +17,12 @@ if [ -n "$missing" ]; then
     echo "setup: installing$missing"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+    # The tests drive fail2ban themselves: the system's own fail2ban service, if this
+    # install just started it, is not wanted.
+    case " $missing " in
+        *" fail2ban "*) [ -d /run/systemd/system ] && [ "$(ps -p 1 -o comm=)" = systemd ] &&
+            systemctl disable --now fail2ban >/dev/null 2>&1 || true ;;
+    esac
 fi
 
 # BCC wants /lib/modules/$(uname -r)/build.  Kernels without a headers package
@@ -41,7 +47,19 @@ if [ ! -e "$build/include" ] && [ ! -e /sys/kernel/kheaders.tar.xz ]; then
     echo "setup: linked $build -> $arch"
 fi
 
-# The interface watcher's own user (interfaces.py): the application cannot signal
+# Pinned state lives in a BPF file system at /sys/fs/bpf (systemd mounts it at
+# boot; where PID 1 is not systemd, nobody does).
+if [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" != "bpf_fs" ]; then
+    if [ "$(id -u)" = 0 ]; then
+        mount -t bpf -o mode=700 bpf /sys/fs/bpf
+        echo "setup: mounted a BPF file system on /sys/fs/bpf"
+    else
+        echo "setup: /sys/fs/bpf is not a BPF file system (run as root to mount it)" >&2
+        exit 77
+    fi
+fi
+
+# The interface watcher's own user, and the owner of the pinned state (interfaces.py): the application cannot signal
 # a process of another user.
 if ! getent passwd alfwrapper >/dev/null; then
     if [ "$(id -u)" = 0 ]; then

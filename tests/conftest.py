@@ -4,11 +4,12 @@ BPF; ``network`` (three namespaced hosts) and ``services`` (stopped afterwards).
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
 from hosts import Network, Service, make_network
-from support import bpf_problem, require
+from support import WRAPPER, bpf_problem, require
 
 
 @pytest.fixture
@@ -23,6 +24,19 @@ def network(bpf_root: None) -> Iterator[Network]:
     try:
         yield net
     finally:
+        # Whatever still runs in them goes first; then alfwrapper forgets the state of
+        # their sockets (it can tell only while the namespaces exist); then they go.
+        deadline = time.monotonic() + 10
+        for name in net.names:
+            while time.monotonic() < deadline:
+                pids = subprocess.run(
+                    ["ip", "netns", "pids", name], capture_output=True, text=True
+                ).stdout.split()
+                if not pids:
+                    break
+                subprocess.run(["kill", "-9", *pids], capture_output=True)
+                time.sleep(0.05)
+        subprocess.run([*WRAPPER, "gc"], capture_output=True, timeout=60)
         for name in net.names:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 

@@ -227,6 +227,53 @@ MUTATIONS = [
 ]
 
 
+MUTATIONS += [
+    Mutation(
+        "restart-fills-the-slot",
+        "alfwrapper/wrapper.py",
+        "            state.install(record.state, record.loaded.fd)\n",
+        "            if record.fresh:\n"
+        "                state.install(record.state, record.loaded.fd)\n",
+        ("tests/integration/test_systemd.py::test_restarts_and_idle_exits_keep_the_current_rules",),
+    ),
+    Mutation(
+        "runtime-rules-in-force",
+        "alfwrapper/parts.py",
+        "        return pins is not None\n",
+        "        return False\n",
+        ("tests/integration/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
+    ),
+    Mutation(
+        "empty-slot-drops",
+        "alfwrapper/syscalls.py",
+        "            _insn(0xB7, dst=0, imm=0),  # r0 = 0: drop",
+        "            _insn(0xB7, dst=0, imm=-1),  # r0 = 0: drop",
+        ("tests/integration/test_live.py::test_an_emptied_slot_drops_everything",),
+    ),
+    Mutation(
+        "state-owned-by-another-user",
+        "alfwrapper/state.py",
+        "    uid, gid = owner()\n    if create:",
+        "    uid, gid = 0, 0\n    if create:",
+        ("tests/integration/test_live.py::test_pins_are_out_of_reach_of_the_application",),
+    ),
+    Mutation(
+        "gc-collects",
+        "alfwrapper/state.py",
+        "            if known and where.cookie not in alive and not owner_alive:",
+        "            if False:",
+        ("tests/integration/test_live.py::test_a_thousand_starts_leave_no_stale_pins",),
+    ),
+    Mutation(
+        "reload-swaps",
+        "alfwrapper/service.py",
+        "        state.install(m.state, loaded[id(m)].fd)\n",
+        "        pass\n",
+        ("tests/integration/test_systemd.py::test_reload_changes_rules_without_restarting",),
+    ),
+]
+
+
 def scratch_clone() -> Path:
     where = Path(tempfile.mkdtemp(prefix="alf-mutate-"))
     subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
@@ -270,7 +317,7 @@ def baseline(chosen: list[Mutation]) -> bool:
     clone = scratch_clone()
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+            [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests],
             cwd=clone,
             env={**os.environ, "PYTHONPATH": str(clone)},
             capture_output=True,
@@ -281,6 +328,9 @@ def baseline(chosen: list[Mutation]) -> bool:
         subprocess.run(["rm", "-rf", str(clone)], check=False)
     last = out.stdout.strip().splitlines()[-1:] or ["no output"]
     print(f"baseline (no mutation): {last[0]}", flush=True)
+    for line in out.stdout.splitlines():
+        if line.startswith(("FAILED", "ERROR")):
+            print(f"  {line}", flush=True)
     return out.returncode == 0
 
 

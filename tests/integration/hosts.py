@@ -46,7 +46,9 @@ class Host:
     def command(self, argv: Sequence[str]) -> list[str]:
         if not self.netns:  # the host itself
             return list(argv)
-        return ["ip", "netns", "exec", self.netns, *argv]
+        # nsenter, not `ip netns exec`: that one remounts /sys, and with it goes the
+        # BPF file system the wrapper pins its state in.
+        return ["nsenter", f"--net=/run/netns/{self.netns}", *argv]
 
     def probe(self, proto: str, family: int, port: int, message: str, timeout: float = 1.0) -> str:
         target = self.server_v4 if family == 4 else self.server_v6

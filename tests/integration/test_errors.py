@@ -198,7 +198,9 @@ def test_check_print_filter_compiles_what_it_prints(bpf_root: None, tmp_path: Pa
     assert out.returncode == 0, out.stderr
     assert "#define V4_STEPS SUBNET_STEP(3) SUBNET_STEP(4)" in out.stdout
     assert "#define SUBNET_NODES 129" in out.stdout
-    assert "if (!subnets_pass(pkt.family, pkt.addr))" in out.stdout
+    assert "if (!(alf_rt == ALF_RUNTIME_ALLOW || subnets_pass(pkt.family, pkt.addr)))" in (
+        out.stdout
+    )
     assert "knock_pass" not in out.stdout.split("alfwrapper-composed.c")[-1]
     # What it prints is compiled: a filter that does not compile fails the check.
     broken = ROOT / "tests/data/broken.c"

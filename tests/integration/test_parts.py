@@ -425,12 +425,15 @@ def test_rules_per_named_socket(network: Network, services: list[Service]) -> No
     )
 
 
-def test_socket_without_rules_is_not_filtered(network: Network, services: list[Service]) -> None:
+def test_socket_without_rules_passes_everything(network: Network, services: list[Service]) -> None:
+    # It still gets the dispatcher, so that a reload can give it rules later.
     b = network.denied
     svc = start(
         network,
         services,
         wrapped(
+            "--service",
+            "norules",
             "--listen",
             "[::]:8080",
             "--name",
@@ -443,8 +446,19 @@ def test_socket_without_rules_is_not_filtered(network: Network, services: list[S
             "admin=192.0.2.0/24",
         ),
     )
-    assert "'web' has no rules and is not filtered" in svc.errors()
+    assert "'web' has no rules: every packet passes until a reload gives it rules" in (svc.errors())
     check_policy(svc, served=[Probe(b, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8082)])
+    out = subprocess.run(
+        network.server.command(
+            [*WRAPPER, "reload", "norules", "--allow", "admin=192.0.2.0/24", "--deny",
+             "web=198.51.100.0/24"]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    check_policy(svc, served=[], dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "tcp", 4, 8082)])
 
 
 def test_rules_for_an_unknown_socket_name(bpf_root: None) -> None:

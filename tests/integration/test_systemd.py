@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -186,7 +186,7 @@ def test_administrator_drop_in_changes_the_shipped_policy(
         "# this site: the 198.51.100.0/24 office too, but not that one host\n"
         'allow = ["198.51.100.0/24"]\ndeny = ["2001:db8:a::2"]\n'
     )
-    manager.run("restart", unit)  # PartOf=: the socket is renewed with it
+    manager.run("restart", unit)  # the socket stays; the new start fills its slot
     assert b.probe("tcp", 4, 8080, "after", timeout=20) == "echo", log.output()
     check_policy(
         log,
@@ -300,14 +300,19 @@ def test_template_instance(network: Network, manager: UserManager) -> None:
     check_policy(log, served=all_probes(a, 8084), dropped=all_probes(b, 8084))
 
 
-def set_rules(manager: UserManager, unit: str, rules: str, restart: str = "on-failure") -> None:
-    """Change a service's rules (and Restart=) with a drop-in, as an admin would."""
+def set_policy(manager: UserManager, rules: str, clear: bool = False) -> None:
+    """Change the echo service's rules as an administrator would: policy drop-ins (the
+    first, if asked, clears the vendor's allow list: `allow = []`)."""
+    dropin = manager.policies / "alfwrapper-echo.toml.d"
+    dropin.mkdir(exist_ok=True)
+    (dropin / "40-clear.toml").write_text("allow = []\n" if clear else "")
+    (dropin / "50-test.toml").write_text(rules)
+
+
+def set_unit(manager: UserManager, unit: str, settings: str) -> None:
     dropin = manager.units / f"{unit}.d"
     dropin.mkdir(exist_ok=True)
-    (dropin / "rules.conf").write_text(
-        f"[Service]\nRestart={restart}\nRestartSec=100ms\nExecStart=\n"
-        f"ExecStart={ALFWRAPPER} {rules} -- {sys.executable} {ROOT}/examples/echo_server.py\n"
-    )
+    (dropin / "settings.conf").write_text(f"[Service]\n{settings}\n")
     manager.run("daemon-reload")
 
 
@@ -315,56 +320,100 @@ def main_pid(manager: UserManager, unit: str) -> int:
     return int(manager.run("show", "-p", "MainPID", "--value", unit).stdout.strip())
 
 
-def test_restarts_put_new_rules_in_force(network: Network, manager: UserManager) -> None:
+def wait_until(check: Callable[[], bool], what: Callable[[], str] | str,
+               timeout: float = 20.0) -> None:  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what() if callable(what) else what
+        time.sleep(0.05)
+
+
+# The vendor policy allows A's networks; these replace that, in a drop-in.
+ONLY_A = 'allow = ["192.0.2.0/24", "2001:db8:a::/48"]\n'
+ONLY_B = 'allow = ["198.51.100.0/24", "2001:db8:b::/48"]\n'
+
+
+def test_restarts_and_idle_exits_keep_the_current_rules(
+    network: Network, manager: UserManager
+) -> None:
+    """The shipped plain pair (no PartOf=, no fd store): after each way a service can
+    end and start again while its socket stays, the rules of the new start are in force
+    on the same socket, and the socket's dispatcher is never replaced."""
     a, b = network.allowed, network.denied
     unit = "alfwrapper-echo.service"
     log = UnitLog(manager.log_to_file(unit))
-    only_a = "--allow 192.0.2.0/24 --allow 2001:db8:a::/48"
-    only_b = "--allow 198.51.100.0/24 --allow 2001:db8:b::/48"
-    set_rules(manager, unit, only_a, restart="always")
+    set_unit(manager, unit, "Restart=always\nRestartSec=100ms\nEnvironment=ECHO_IDLE_EXIT=3")
     manager.run("start", "alfwrapper-echo.socket")
     assert a.probe("tcp", 4, 8080, "first", timeout=20) == "echo", log.output()
-    for round_ in range(4):
-        rules, inside, outside = (only_b, b, a) if round_ % 2 == 0 else (only_a, a, b)
-        set_rules(manager, unit, rules, restart="always")
-        pid = main_pid(manager, unit)
+    dispatchers = set(manager_state_dirs())
+    for turn, way in enumerate(("systemctl restart", "kill -9", "idle exit", "socket restart")):
+        inside, outside = (b, a) if turn % 2 == 0 else (a, b)  # the rules change each time
+        set_policy(manager, ONLY_B if inside is b else ONLY_A, clear=True)
         starts = log.output().count("ready fds")
-        if round_ < 2:  # an administrator's restart after the rule change
+        pid = main_pid(manager, unit)
+        if way == "systemctl restart":
             manager.run("restart", unit)
-        else:  # a crash, and Restart=always
-            os.kill(pid, 9)
-        deadline = time.monotonic() + 20
-        while main_pid(manager, unit) in (0, pid) or log.output().count("ready fds") == starts:
-            assert time.monotonic() < deadline, f"round {round_}: {log.output()}"
-            time.sleep(0.05)
+        elif way == "kill -9":
+            os.kill(pid, 9)  # Restart=always starts it again
+        elif way == "idle exit":
+            wait_until(lambda: "idle: exiting" in log.output(), "no idle exit", 30)
+            wait_until(
+                lambda: manager.run("is-active", unit, check=False).stdout.strip() != "active",
+                "still active",
+            )
+            # Exit status 0: no restart; the next connection activates it again.
+            assert inside.probe("tcp", 4, 8080, "wake", timeout=20) == "echo", log.output()
+        else:
+            manager.run("restart", "alfwrapper-echo.socket")  # a new socket
+            assert inside.probe("tcp", 4, 8080, "wake", timeout=20) == "echo", log.output()
+        wait_until(
+            lambda n=starts: log.output().count("ready fds") > n,  # type: ignore[misc]
+            lambda w=way: (
+                f"{w}: no new start: {log.output()}"  # type: ignore[misc]
+                + manager.run("status", unit, "alfwrapper-echo.socket", check=False).stdout
+            ),
+        )
+        assert "alfwrapper:" not in log.output().split("ready fds")[-1], log.output()
         check_policy(
             log, served=all_probes(inside, 8080, 8080), dropped=all_probes(outside, 8080, 8080)
         )
-    # The application still cannot touch the filter, and the service is not failing.
+        now = set(manager_state_dirs())
+        if way == "socket restart":
+            assert now != dispatchers, "a new socket gets new state"
+        else:
+            assert now == dispatchers, f"{way}: the kept sockets keep their state"
+        dispatchers = now
     assert manager.run("is-failed", unit, check=False).stdout.strip() != "failed"
 
 
-def test_service_gone_without_its_socket_fails_clearly(
-    network: Network, manager: UserManager
-) -> None:
-    # The service ends by itself (SIGTERM counts as a clean exit, so no restart),
-    # and the socket stays with its locked filter.
+def manager_state_dirs() -> list[str]:
+    folder = Path("/sys/fs/bpf/alfwrapper/alfwrapper-echo")
+    return sorted(p.name for p in folder.glob("sock-*")) if folder.exists() else []
+
+
+def test_reload_changes_rules_without_restarting(network: Network, manager: UserManager) -> None:
     a, b = network.allowed, network.denied
     unit = "alfwrapper-echo.service"
     log = start_echo(manager, a)
-    os.kill(main_pid(manager, unit), 15)
-    deadline = time.monotonic() + 20
-    while manager.run("is-active", unit, check=False).stdout.strip() == "active":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    a.probe("tcp", 4, 8080, "again", timeout=3)  # activates: the wrapper cannot re-filter
-    while "it still carries the locked filter of an earlier start" not in log.output():
-        assert time.monotonic() < deadline, log.output()
-        time.sleep(0.1)
-    # Nothing gets through: the old filter still holds, or systemd gave up on the socket.
-    assert b.probe("tcp", 4, 8080, "denied", timeout=2) in ("timeout", "refused")
-    assert not log.received("tcp", b.v4, "denied")
-    assert not log.received("tcp", a.v4, "again")
-    manager.run("reset-failed", unit, check=False)
-    manager.run("restart", "alfwrapper-echo.socket")
-    assert a.probe("tcp", 4, 8080, "repaired", timeout=20) == "echo", log.output()
+    pid = main_pid(manager, unit)
+    # A long-lived connection, open across the reload: one line a second.
+    long_client = subprocess.Popen(
+        a.command([sys.executable, str(ROOT / "tests/integration/steady_client.py"),
+                   a.server_v4, "8080", "6"]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    wait_until(lambda: "long-1" in log.output(), "the long connection did not start")
+    set_policy(manager, 'allow = ["198.51.100.0/24"]\ndeny = ["2001:db8:a::2"]\n')
+    out = manager.run("reload", unit, check=False)
+    assert out.returncode == 0, out.stderr + log.output()
+    assert main_pid(manager, unit) == pid, "reload restarted the application"
+    check_policy(
+        log,
+        served=[Probe(b, "tcp", 4, 8080), Probe(a, "tcp", 4, 8080)],
+        dropped=[Probe(a, "tcp", 6, 8080), Probe(b, "tcp", 6, 8080)],
+    )
+    result, _ = long_client.communicate(timeout=60)
+    assert result.split() == ["sent", "6", "echoed", "6"], (result, log.output())
+    assert "long-6" in log.output()
+    assert main_pid(manager, unit) == pid

@@ -45,6 +45,8 @@ def test_doctor_names_the_missing_capability() -> None:
     )
     assert out.returncode == 69
     problems = [line for line in out.stdout.splitlines() if line.startswith("problem: ")]
-    assert len(problems) == 1, out.stdout
+    assert len(problems) == 2, out.stdout
     assert "CAP_BPF" in problems[0] and "unprivileged_bpf_disabled" in problems[0]
+    # And the pinned state, which uid 0 without CAP_DAC_OVERRIDE cannot reach.
+    assert "pinned state" in problems[1] and "CAP_DAC_OVERRIDE" in problems[1]
     assert "Traceback" not in out.stderr

@@ -1,0 +1,55 @@
+/* runtime.c: allow and deny rules added to a running service (alfwrapper
+ * allow / deny / revoke), without recompiling.
+ *
+ *   alf_runtime        LPM_TRIE struct alf_runtime_key -> u8 verdict, per
+ *                      socket, pinned (state.py): ALF_RUNTIME_ALLOW or
+ *                      ALF_RUNTIME_DENY.  The most specific rule decides.
+ *   alf_runtime_count  ARRAY[1] u32: 1 once alf_runtime may hold rules (a start
+ *                      or reload clears both), so that a socket that never had
+ *                      any pays one array lookup, not a trie walk.
+ *
+ * A runtime rule decides before the policy's subnet rules: a runtime deny
+ * drops, a runtime allow passes the subnet check (interface, knocking and a
+ * developer's filter still apply).  The rules last until the next start or
+ * reload of the service.
+ *
+ * Both maps are the socket's own, pinned: the wrapper hands the program the
+ * pinned ones in place of fresh ones (compiler.py).
+ *
+ * Macros: ALF_RUNTIME_RULES (max entries), ALF_RUNTIME_ALLOW, ALF_RUNTIME_DENY.
+ */
+#ifndef ALF_RUNTIME_C
+#define ALF_RUNTIME_C
+#include "common.h"
+
+#if !defined(ALF_RUNTIME_RULES) || !defined(ALF_RUNTIME_DENY)
+#error "runtime.c is compiled by alfwrapper, which defines its settings"
+#endif
+
+struct alf_runtime_key {
+    u32 prefixlen; /* 32 (family and padding) + the prefix length */
+    u8 family;
+    u8 pad[3];
+    u8 addr[16];
+};
+
+BPF_F_TABLE("lpm_trie", struct alf_runtime_key, u8, alf_runtime, ALF_RUNTIME_RULES,
+            BPF_F_NO_PREALLOC);
+BPF_ARRAY(alf_runtime_count, u32, 1);
+
+/* 0 if no runtime rule matches, else ALF_RUNTIME_ALLOW or ALF_RUNTIME_DENY. */
+static __always_inline u32 runtime_verdict(const struct alf_packet *pkt)
+{
+    u32 zero = 0;
+    u32 *count = alf_runtime_count.lookup(&zero);
+    if (!count || !*count)
+        return 0;
+    struct alf_runtime_key key = {};
+    key.prefixlen = 32 + (pkt->family == 4 ? 32 : 128);
+    key.family = pkt->family;
+    __builtin_memcpy(key.addr, pkt->addr, 16);
+    u8 *verdict = alf_runtime.lookup(&key);
+    return verdict ? *verdict : 0;
+}
+
+#endif /* ALF_RUNTIME_C */

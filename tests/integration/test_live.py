@@ -1,0 +1,196 @@
+"""A running service's firewall changed in place, and its pinned state guarded: live
+allow/deny/revoke at a million rules, gc, who may reach the pins, and fail-closed slots."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hosts import Network, Probe, Service, all_probes, check_policy
+from support import ECHO_SERVER, NO_CAPS, ROOT, WRAPPER
+from test_wrapper import million_rule_file
+
+STATE = Path("/sys/fs/bpf/alfwrapper")
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WRAPPER, *argv], capture_output=True, text=True, timeout=120)
+
+
+def start(network: Network, services: list[Service], service: str, *options: str) -> Service:
+    svc = Service(
+        network.server,
+        [*WRAPPER, "--service", service, "--listen", "[::]:8080", "--name", "web",
+         "--listen-datagram", "[::]:8081", "--name", "dns", *options, "--", *ECHO_SERVER],
+    )  # fmt: skip
+    services.append(svc)
+    svc.wait_for(r"^ready ", timeout=120)
+    return svc
+
+
+def test_live_deny_allow_revoke_at_a_million_rules(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    a, b = network.allowed, network.denied
+    rules = tmp_path / "million.rules"
+    million_rule_file(rules, ["192.0.2.2/32", "2001:db8:a::2/128"])
+    svc = start(network, services, "live", "--allow-file", str(rules))
+    pid = svc.proc.pid
+    check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
+    out = cli("deny", "live", "192.0.2.2", "2001:db8:a::/48")
+    assert out.returncode == 0, out.stderr
+    check_policy(svc, served=[], dropped=all_probes(a, 8080, 8081))
+    # A runtime allow lets the denied host in; on one socket only.
+    out = cli("allow", "live", "--socket", "web", "198.51.100.0/24")
+    assert out.returncode == 0, out.stderr
+    check_policy(svc, served=[Probe(b, "tcp", 4, 8080)], dropped=[Probe(b, "udp", 4, 8081)])
+    shown = cli("show", "live").stdout
+    assert "deny 192.0.2.2/32" in shown and "deny 2001:db8:a::/48" in shown
+    assert shown.count("allow 198.51.100.0/24") == 1
+    out = cli("revoke", "live", "192.0.2.2", "2001:db8:a::/48", "198.51.100.0/24")
+    assert out.returncode == 0, out.stderr
+    check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
+    assert svc.proc.poll() is None and svc.proc.pid == pid
+
+
+def test_runtime_rule_errors() -> None:
+    for argv, needle in (
+        (["deny", "nosuch", "192.0.2.1"], "service nosuch: has no pinned state"),
+        (["deny", "bad/name", "192.0.2.1"], "is not a service name"),
+        (["deny", "x", "192.0.2.1/33"], "longer than 32"),
+    ):
+        out = cli(*argv)
+        assert out.returncode == 64, out.stderr
+        assert needle in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+
+
+def pins_of(service: str) -> list[Path]:
+    return sorted((STATE / service).glob("sock-*"))
+
+
+def test_state_of_closed_sockets_is_collected(network: Network, services: list[Service]) -> None:
+    for _ in range(5):
+        svc = start(network, services, "churn", "--allow", "192.0.2.0/24")
+        assert len(pins_of("churn")) == 2  # this start's two sockets, none before
+        svc.stop()
+    out = cli("gc")
+    assert out.returncode == 0 and "removed churn" in out.stdout, out.stdout
+    assert not (STATE / "churn").exists()
+
+
+def test_pins_are_out_of_reach_of_the_application(
+    network: Network, services: list[Service]
+) -> None:
+    start(network, services, "guarded", "--allow", "192.0.2.0/24")
+    folder = pins_of("guarded")[0]
+    info = STATE.stat()
+    assert info.st_mode & 0o777 == 0o700 and info.st_uid != 0
+    # uid 0 without capabilities, as the application runs: nothing opens, nothing lists.
+    probe = (
+        "import os, sys\n"
+        "from alfwrapper import syscalls\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n"
+        "        syscalls.obj_get(path); print(path, 'OPENED')\n"
+        "    except OSError as e:\n"
+        "        print(path, e.errno)\n"
+        "try:\n"
+        "    os.listdir(sys.argv[1].rsplit('/', 1)[0]); print('LISTED')\n"
+        "except OSError as e:\n"
+        "    print('list', e.errno)\n"
+    )
+    paths = [str(folder / n) for n in ("slot", "counters", "runtime", "dispatch")]
+    out = subprocess.run(
+        [*NO_CAPS, sys.executable, "-c", probe, *paths],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert "OPENED" not in out.stdout and "LISTED" not in out.stdout, out.stdout + out.stderr
+    assert out.stdout.count(" 13") == 5, out.stdout  # EACCES, every time
+
+
+def test_an_emptied_slot_drops_everything(network: Network, services: list[Service]) -> None:
+    a = network.allowed
+    svc = start(network, services, "emptied", "--allow", "192.0.2.0/24")
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[])
+    from alfwrapper import syscalls
+
+    for folder in pins_of("emptied"):
+        slot = syscalls.obj_get(str(folder / "slot"))
+        syscalls.map_delete(slot, struct.pack("I", 0))
+        os.close(slot)
+    check_policy(svc, served=[], dropped=all_probes(a, 8080, 8081))
+
+
+def test_a_socket_filtered_by_someone_else_is_refused(bpf_root: None, tmp_path: Path) -> None:
+    # A classic filter, attached and locked by another program: not alfwrapper's to replace.
+    script = (
+        "import os, socket, struct, sys\n"
+        "s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)\n"
+        "s.bind(('::1', 0)); s.listen()\n"
+        "code = struct.pack('HBBI', 6, 0, 0, 0xFFFFFFFF)\n"  # ret #-1: pass all
+        "import ctypes\n"
+        "buf = ctypes.create_string_buffer(code)\n"
+        "prog = struct.pack('HL', 1, ctypes.addressof(buf))\n"
+        "s.setsockopt(socket.SOL_SOCKET, 26 - 0, prog)\n"  # SO_ATTACH_FILTER
+        "s.setsockopt(socket.SOL_SOCKET, 44, 1)\n"
+        "os.dup2(s.fileno(), 3); os.set_inheritable(3, True)\n"
+        "os.environ.update(LISTEN_FDS='1', LISTEN_PID=str(os.getpid()))\n"
+        "os.execvp(sys.executable, [sys.executable, '-m', 'alfwrapper', '--service', 'foreign',"
+        " '--allow', '192.0.2.0/24', '--', '/bin/true'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert out.returncode == 78, out.stderr
+    assert "carries a filter that alfwrapper did not attach" in out.stderr
+    assert len(out.stderr.splitlines()) == 1
+
+
+def test_watcher_is_replaced_on_reload(network: Network, services: list[Service]) -> None:
+    a, b = network.allowed, network.denied
+    svc = start(network, services, "watched", "--interface", a.server_if)
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+    out = subprocess.run(
+        network.server.command([*WRAPPER, "reload", "watched", "--interface", b.server_if]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    check_policy(svc, served=[Probe(b, "tcp", 4, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
+    watchers = subprocess.run(
+        ["pgrep", "-f", "alfwrapper.watcher watched "], capture_output=True, text=True
+    ).stdout.split()
+    assert len(watchers) == 1, watchers  # the old one is gone
+    os.kill(int(watchers[0]), signal.SIGKILL)
+    time.sleep(0.3)
+    check_policy(svc, served=[], dropped=[Probe(b, "tcp", 4, 8080)])
+
+
+def test_a_thousand_starts_leave_no_stale_pins(bpf_root: None) -> None:
+    """What each start does to the pins, a thousand times, each in a process of its own
+    as a start is: collect what closed sockets left (state.gc, as the wrapper does first
+    thing), then pin a new socket's state, then end."""
+    from alfwrapper import state
+
+    state.live_cookies()  # loads pyroute2 once, for every child
+    for _ in range(1000):
+        child = os.fork()
+        if child == 0:
+            try:
+                with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+                    state.gc()
+                    state.create("thousand", sock)
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        assert os.waitpid(child, 0)[1] == 0
+    assert len(pins_of("thousand")) == 1  # the last one's: nothing has collected it yet
+    state.gc()
+    assert not (STATE / "thousand").exists()
