@@ -156,7 +156,7 @@ def summary(
     }
     if loaded is not None:
         info = syscalls.prog_info(loaded.fd)
-        maps = compiler.map_fds(loaded)
+        maps = compiler.map_fds(loaded.bpf)
         out["parts"] = list(loaded.plan.part_names)
         out["instructions"] = info.instructions
         out["map_bytes"] = sum(syscalls.fd_memlock(fd) for fd in maps.values())

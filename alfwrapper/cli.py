@@ -9,6 +9,7 @@ Every subcommand that takes rules builds its Policy the same way
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -376,6 +377,58 @@ def show_main(argv: Sequence[str]) -> int:
     return int(ops.out(ops.show(state.check_service(args.service))))
 
 
+def status_main(argv: Sequence[str]) -> int:
+    p = Parser(
+        prog="alfwrapper status",
+        usage="alfwrapper status [SERVICE] [--json | --prometheus [--output FILE]]",
+        description="What each service's firewall does: its sockets, whether the application "
+        "runs, its rules and runtime rules, the program in force, and the packets passed and "
+        "dropped by reason since the socket's first start.  Reads the pinned state: no "
+        "wrapper need be running.",
+        epilog="examples: alfwrapper status; alfwrapper status web --json; "
+        "alfwrapper status --prometheus --output /var/lib/prometheus/node-exporter/alfwrapper.prom",
+    )
+    p.add_argument("service", nargs="?", default="", help="default: every service")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--json", action="store_true", help="print JSON")
+    how.add_argument("--prometheus", action="store_true",
+                     help="print the counters in Prometheus' text format")  # fmt: skip
+    p.add_argument("--output", metavar="FILE", default="",
+                   help="write to FILE instead, atomically (for node_exporter)")  # fmt: skip
+    args = p.parse_args(argv)
+    ops = _service_ops()
+    report = ops.status(state.check_service(args.service) if args.service else "")
+    if args.json:
+        text = json.dumps(report, indent=2) + "\n"
+    elif args.prometheus:
+        text = ops.prometheus(report)
+    else:
+        text = "\n".join(ops.status_lines(report)) + "\n"
+    if args.output:
+        ops.write_atomically(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def log_main(argv: Sequence[str]) -> int:
+    p = Parser(
+        prog="alfwrapper log",
+        usage="alfwrapper log [SERVICE] [--follow] [--json]",
+        description="Print the packets a service's firewall dropped, one line each, with the "
+        "source and the reason, from its drop log (--log-drops).  Without --follow, what is "
+        "buffered, then exit.  Reading takes the events: a journal forwarder, when one runs, "
+        "sends them to the journal instead.",
+        epilog="examples: alfwrapper log web; alfwrapper log web --follow --json",
+    )
+    p.add_argument("service", nargs="?", default="", help="default: every service")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new events")
+    p.add_argument("--json", action="store_true", help="one JSON object a line")
+    args = p.parse_args(argv)
+    service = state.check_service(args.service) if args.service else ""
+    return int(_service_ops().log(service, args.follow, args.json))
+
+
 def gc_main(argv: Sequence[str]) -> int:
     p = Parser(
         prog="alfwrapper gc",
@@ -437,6 +490,8 @@ SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "allow": change_main("allow"),
     "revoke": change_main("revoke"),
     "show": show_main,
+    "status": status_main,
+    "log": log_main,
     "gc": gc_main,
     "doctor": doctor.main,
     "knock": knock_main,

@@ -26,7 +26,7 @@ from alfwrapper.errors import (
     AlfError,
 )
 from alfwrapper.parts import REASONS, FillEnv
-from alfwrapper.program import BODY, ENTRY, ProgramPlan, plan_program
+from alfwrapper.program import ProgramPlan, object_name, plan_program
 from alfwrapper.rules import SocketRules
 
 
@@ -173,12 +173,14 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             EX_DATAERR,
             details=text,
         ) from None
+    if plan.label:
+        name_maps(bpf, plan.label)
     adopt_pinned(bpf, plan.pinned)
     try:
         with _stderr_to(log):
-            fn = bpf.load_func(ENTRY.encode(), bcc.BPF.SOCKET_FILTER)
+            fn = bpf.load_func(plan.entry.encode(), bcc.BPF.SOCKET_FILTER)
             if plan.rules.interfaces:
-                body = bpf.load_func(BODY.encode(), bcc.BPF.SOCKET_FILTER)
+                body = bpf.load_func(plan.body.encode(), bcc.BPF.SOCKET_FILTER)
                 bpf[b"iface_alive"][ctypes.c_int(0)] = ctypes.c_int(body.fd)
     except Exception as err:
         text = "".join(log)
@@ -198,6 +200,23 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             f"loading {what}", message, "run with -v for details", EX_OSERR, details=text
         ) from None
     return LoadedFilter(bpf=bpf, fd=fn.fd, plan=plan)
+
+
+def name_maps(bpf: Any, label: str) -> None:
+    """Name every map for the service and socket it serves, before the program loads.
+
+    BCC names a map after its declaration, the same in every program; each is
+    replaced here (while empty, by fd number, as adopt_pinned does) by a copy
+    named ``LABEL.ROLE`` (program.object_name)."""
+    for name, fd in map_fds(bpf).items():
+        try:
+            renamed = syscalls.map_renamed(fd, object_name(label, name))
+        except OSError as err:
+            raise AlfError(
+                f"naming the map {name}", err.strerror or str(err), "run with -v", EX_OSERR
+            ) from None
+        os.dup2(renamed, fd, inheritable=False)
+        os.close(renamed)
 
 
 def adopt_pinned(bpf: Any, pinned: tuple[tuple[str, str], ...]) -> None:
@@ -255,17 +274,18 @@ def prog_id(loaded: LoadedFilter) -> int:
     return prog_info(loaded.fd).id
 
 
-def map_fds(loaded: LoadedFilter) -> dict[str, int]:
-    """Every map of a loaded program, by name (libbcc's table list; BCC's Python has none)."""
+def map_fds(bpf: Any) -> dict[str, int]:
+    """Every map of a compiled BCC module, by its declaration's name (libbcc's table
+    list; BCC's Python has none)."""
     from bcc.libbcc import lib  # noqa: PLC0415
 
     lib.bpf_num_tables.restype = ctypes.c_size_t
     lib.bpf_num_tables.argtypes = [ctypes.c_void_p]
     lib.bpf_table_name.restype = ctypes.c_char_p
     lib.bpf_table_name.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    module = loaded.bpf.module
+    module = bpf.module
     names = [lib.bpf_table_name(module, i) for i in range(lib.bpf_num_tables(module))]
-    return {name.decode(): loaded.bpf[name].map_fd for name in names}
+    return {name.decode(): bpf[name].map_fd for name in names}
 
 
 def counters(loaded: LoadedFilter) -> dict[str, int]:

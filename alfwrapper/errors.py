@@ -10,6 +10,7 @@ EX_NOINPUT = 66
 EX_UNAVAILABLE = 69
 EX_SOFTWARE = 70
 EX_OSERR = 71
+EX_CANTCREAT = 73
 EX_NOPERM = 77
 EX_CONFIG = 78
 
@@ -46,6 +47,9 @@ class AlfError(Exception):
         self.hint = hint
         self.exit_code = exit_code
         self.details = details
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.why}"
 
     def line(self) -> str:
         text = f"alfwrapper: {self.what}: {self.why}"

@@ -14,12 +14,10 @@ those sockets is dropped (interfaces.c).
 
 from __future__ import annotations
 
-import os
-import select
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from alfwrapper import companion
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
 
 RTMGRP_LINK = 1
@@ -72,77 +70,14 @@ class WatchedMap:
     alive_fd: int
 
 
-READY_SECONDS = 20.0
-
-
 def start_watcher(maps: Sequence[WatchedMap], label: str, app_pid: int = 0) -> int:
-    """Start the watcher for these maps; returns its pid once it reports ready.
+    """Start the watcher for these maps; returns its pid once it reports ready (after its
+    first full dump: until then the rules would not follow renames).
 
     ``label`` names the service in the watcher's command line and messages;
     the watcher exits with the process ``app_pid`` (default: this one, which
     becomes the application).
     """
-    app_pid = app_pid or os.getpid()
-    pidfd = os.pidfd_open(app_pid)
-    ready_r, ready_w = os.pipe()
-    pid_r, pid_w = os.pipe()
-    child = os.fork()
-    if child:
-        os.close(pidfd)
-        os.close(ready_w)
-        os.close(pid_w)
-        os.waitpid(child, 0)
-        # The watcher says "ready" after its first full dump; until then the
-        # interface rules would not follow renames, so do not start without it.
-        ready, _, _ = select.select([ready_r], [], [], READY_SECONDS)
-        word = os.read(ready_r, 16) if ready else b""
-        watcher = int(os.read(pid_r, 16) or b"0")
-        os.close(ready_r)
-        os.close(pid_r)
-        if word != b"ready":
-            raise AlfError(
-                "starting the interface watcher",
-                "it did not report ready",
-                "its own message above says why; check that netlink works here",
-                EX_OSERR,
-            )
-        return watcher
-    try:
-        os.close(ready_r)
-        os.close(pid_r)
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        os.write(pid_w, str(os.getpid()).encode())
-        os.close(pid_w)
-        # Its messages belong in the application's log: the wrapper's stderr is the
-        # application's; another caller's (`alfwrapper reload`) is not to be held open.
-        if os.path.exists(f"/proc/{app_pid}/fd/2"):
-            try:
-                log = os.open(f"/proc/{app_pid}/fd/2", os.O_WRONLY | os.O_APPEND)
-            except OSError:
-                log = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.close(log)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        keep = [pidfd, ready_w]
-        argv = [sys.executable, "-m", "alfwrapper.watcher", label, str(pidfd), str(ready_w)]
-        for m in maps:
-            argv.append(f"{m.allowed_fd}:{m.alive_fd}:{','.join(m.names)}")
-            keep += [m.allowed_fd, m.alive_fd]
-        for fd in keep:
-            os.set_inheritable(fd, True)
-        # Nothing else of the wrapper's: no listening socket, no other map.
-        for name in os.listdir("/proc/self/fd"):
-            if int(name) > 2 and int(name) not in keep:
-                try:
-                    os.close(int(name))
-                except OSError:
-                    pass  # the listing's own fd
-        os.execv(sys.executable, argv)
-    except BaseException as err:  # never return into the wrapper's code
-        print(f"alfwrapper: starting the interface watcher: {err}", file=sys.stderr)
-    os._exit(1)
+    args = [label] + [f"{m.allowed_fd}:{m.alive_fd}:{','.join(m.names)}" for m in maps]
+    keep = [fd for m in maps for fd in (m.allowed_fd, m.alive_fd)]
+    return companion.spawn("alfwrapper.watcher", "interface watcher", args, keep, app_pid)

@@ -98,6 +98,13 @@ KEYS: dict[str, Key] = {
     "knock-steps": Key(
         "setting", "length of secret sequences, 1 to 8 (default 3)", number=int, low=1, high=8
     ),
+    "log-drops": Key(
+        "setting",
+        "log dropped packets, at most this many a second (default: no log)",
+        number=int,
+        low=1,
+        high=100_000,
+    ),
     "knock-sources": Key(
         "setting", "knock states kept, LRU (default 131072)", number=int, low=1024, high=1 << 24
     ),
@@ -210,6 +217,7 @@ class Policy:
             if r.knock_ports or r.knock_secret:
                 ports, secret = r.knock_ports, r.knock_secret
             path = r.filter or path
+        log_rate = int(settings.pop("log-drops", 0))
         knock = None
         if ports or secret:
             knock = replace(
@@ -223,6 +231,7 @@ class Policy:
             interfaces=tuple(dict.fromkeys(interfaces)),
             knock=knock,
             custom=CustomFilter(path, sets) if path else None,
+            log_rate=log_rate,
             sources=sources,
         )
 

@@ -21,6 +21,8 @@ import os
 from alfwrapper import syscalls
 from alfwrapper.errors import EX_OSERR, AlfError
 
+CAP_SETGID = 6
+CAP_SETUID = 7
 CAP_BPF = 39
 CAP_LAST = 63
 PR_SET_DUMPABLE = 4

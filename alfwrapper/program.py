@@ -21,9 +21,47 @@ from alfwrapper.errors import EX_DATAERR, AlfError
 from alfwrapper.parts import PARTS, REASONS, RUNTIME_ALLOW, RUNTIME_DENY, PartPlan, Pins
 from alfwrapper.rules import FILTER_LIMIT, SocketRules, read_text_input
 
-ENTRY = "filter"
-BODY = "alf_body"  # the composed parts, when the entry point must tail-call them
+ENTRY = "filter"  # the entry point's name when the program has no label
+LOG_PAGES = 64  # the drop log's ring buffer: 64 pages, about 6,000 events
 USER_ENTRY = "alf_user_filter"
+LABEL_LIMIT = 10  # a label, "." and a role of at most 4 fill a kernel object name (15)
+
+# Each map's role in its name (declaration -> role), so that `bpftool map`
+# says what a map is for as well as whose it is.
+MAP_ROLES = {
+    "alf_counters": "cnt",
+    "alf_events": "log",
+    "alf_log_bucket": "logb",
+    "alf_runtime": "rt",
+    "alf_runtime_count": "rtn",
+    "iface_allowed": "ifok",
+    "iface_alive": "ifup",
+    "knock_config": "kcfg",
+    "knock_ports": "kprt",
+    "knock_used": "kuse",
+    "knock_state": "kst",
+    "knock_listeners": "klst",
+    "subnet_roots": "snr",
+    "subnet_nodes": "snn",
+}
+
+
+def label(service: str, protocol: str, port: int) -> str:
+    """Which service and socket a program serves, in a kernel object name: the
+    service (cut short, in C identifier characters), the protocol's initial and the
+    port, as in ``web_t8080``.  Programs are named by it, maps by it and their role
+    (``web_t8080.cnt``)."""
+    tag = f"{protocol[:1] or 'x'}{port}"
+    service = re.sub(r"[^A-Za-z0-9_]", "_", service)
+    if not service[:1].isalpha():
+        service = "s" + service
+    return f"{service[: max(1, LABEL_LIMIT - 1 - len(tag))]}_{tag}"[:LABEL_LIMIT]
+
+
+def object_name(label_: str, role: str) -> str:
+    """A map's name: the label and its role, within the kernel's 15 characters."""
+    return f"{label_}.{MAP_ROLES.get(role, role.removeprefix('alf_'))}"[:15]
+
 
 # The developer's entry point, as the docs tell them to write it.
 _ENTRY_RE = re.compile(
@@ -59,6 +97,9 @@ class ProgramPlan:
     include_dirs: tuple[str, ...]
     parts: tuple[PartPlan, ...]
     pinned: tuple[tuple[str, str], ...] = ()  # (map, pin path), for compiler.py
+    label: str = ""  # which service and socket (label()): names the maps
+    entry: str = ENTRY  # the entry point's name, the kernel's name of the program
+    body: str = ENTRY + "_b"  # the composed parts, when the entry point tail-calls them
 
     @property
     def cflags(self) -> list[str]:
@@ -98,9 +139,12 @@ def _reason(name: str) -> str:
     return f"ALF_REASON_{name.upper()}"
 
 
-def plan_program(rules: SocketRules, pins: Pins | None = None) -> ProgramPlan:
+def plan_program(rules: SocketRules, pins: Pins | None = None, label_: str = "") -> ProgramPlan:
     """The program for these rules; with ``pins``, for a socket whose state is pinned
-    (its counters, runtime rules and knock state then outlive the program)."""
+    (its counters, runtime rules and knock state then outlive the program); with
+    ``label_`` (label()), named for the service and socket it serves."""
+    entry_name = label_ or ENTRY
+    body_name = f"{entry_name}_b"
     plans = tuple(p.plan(rules, pins) for p in PARTS if p.used(rules, pins))
     used = {p.part.name for p in plans}
     folder = filter_dir()
@@ -111,12 +155,24 @@ def plan_program(rules: SocketRules, pins: Pins | None = None) -> ProgramPlan:
         ("ALF_RUNTIME_DENY", str(RUNTIME_DENY)),
     ]
     pinned = [("alf_counters", pins.path("counters"))] if pins is not None else []
+    structs = ""
+    if rules.log_rate:
+        from alfwrapper.droplog import BUCKET_C, EVENT_C  # noqa: PLC0415
+
+        defines += [("ALF_LOG_RATE", str(rules.log_rate)), ("ALF_LOG_PAGES", str(LOG_PAGES))]
+        structs = EVENT_C + BUCKET_C
+        if pins is not None:
+            pinned += [
+                ("alf_events", pins.path("events")),
+                ("alf_log_bucket", pins.path("log_bucket")),
+            ]
     # Malformed packets first: not IP, unreadable headers, IPv4-mapped IPv6
     # sources (common.h).  Every part after this reads the parsed headers.
     body = [
-        f"    if (!alf_parse_packet(skb, &pkt))\n        return alf_count({_reason('malformed')});"
+        "    if (!alf_parse_packet(skb, &pkt))\n"
+        f"        return alf_drop(skb, &pkt, {_reason('malformed')});"
     ]
-    pasted = [f'#line 1 "{folder / "common.h"}"\n{(folder / "common.h").read_text()}']
+    pasted = [f'{structs}#line 1 "{folder / "common.h"}"\n{(folder / "common.h").read_text()}']
     include_dirs = [str(folder)]
     custom = ""
     for plan in plans:
@@ -129,7 +185,7 @@ def plan_program(rules: SocketRules, pins: Pins | None = None) -> ProgramPlan:
         if plan.part.condition:
             body.append(
                 f"    if (!({plan.part.condition}))\n"
-                f"        return alf_count({_reason(plan.part.reason)});"
+                f"        return alf_drop(skb, &pkt, {_reason(plan.part.reason)});"
             )
     if rules.custom:
         custom = _custom_source(rules.custom.path)
@@ -137,7 +193,7 @@ def plan_program(rules: SocketRules, pins: Pins | None = None) -> ProgramPlan:
         body.append(
             f"    skb->cb[ALF_L4_CB] = pkt.l4_offset;\n"
             f"    int kept = {USER_ENTRY}(skb);\n"
-            f"    if (!kept)\n        return alf_count({_reason('filter')});\n"
+            f"    if (!kept)\n        return alf_drop(skb, &pkt, {_reason('filter')});\n"
             f"    alf_count({_reason('passed')});\n    return kept;"
         )
     else:
@@ -148,7 +204,7 @@ def plan_program(rules: SocketRules, pins: Pins | None = None) -> ProgramPlan:
     # every packet is dropped (interfaces.c).
     watched = "interfaces" in used
     entry = (
-        f"int {ENTRY}(struct __sk_buff *skb)\n{{\n    iface_alive.call(skb, 0);\n"
+        f"int {entry_name}(struct __sk_buff *skb)\n{{\n    iface_alive.call(skb, 0);\n"
         f"    /* the interface watcher is gone: fail closed */\n"
         f"    return alf_count({_reason('interfaces')});\n}}\n"
         if watched
@@ -162,7 +218,7 @@ def plan_program(rules: SocketRules, pins: Pins | None = None) -> ProgramPlan:
         + "".join(pasted)
         + custom
         + '#line 1 "alfwrapper-composed.c"\n'
-        + f"int {BODY if watched else ENTRY}(struct __sk_buff *skb)\n"
+        + f"int {body_name if watched else entry_name}(struct __sk_buff *skb)\n"
         + "{\n    struct alf_packet pkt = {};\n    u32 alf_rt = 0; /* a runtime rule's verdict */\n"
         + "\n".join(body)
         + "\n}\n"
@@ -175,6 +231,9 @@ def plan_program(rules: SocketRules, pins: Pins | None = None) -> ProgramPlan:
         include_dirs=tuple(include_dirs),
         parts=plans,
         pinned=tuple(pinned),
+        label=label_,
+        entry=entry_name,
+        body=body_name,
     )
 
 

@@ -106,6 +106,7 @@ class SocketRules:
     interfaces: tuple[str, ...] = ()
     knock: KnockRules | None = None
     custom: CustomFilter | None = None
+    log_rate: int = 0  # --log-drops: dropped packets logged per second, 0 for none
     sources: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     @property

@@ -11,16 +11,23 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from alfwrapper import interfaces, state
-from alfwrapper.errors import EX_USAGE, AlfError, excerpt
+from alfwrapper import interfaces, program, state, syscalls
+from alfwrapper.errors import EX_CANTCREAT, EX_NOPERM, EX_USAGE, AlfError, excerpt
 from alfwrapper.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_key
 from alfwrapper.policy import Policy
-from alfwrapper.rules import Prefix, parse_prefix
+from alfwrapper.rules import Prefix, SocketRules, parse_prefix
+from alfwrapper.state import alive
+
+if TYPE_CHECKING:
+    from alfwrapper.compiler import LoadedFilter
 
 
 @dataclass
@@ -33,6 +40,12 @@ class Member:
     @property
     def name(self) -> str:
         return str(self.meta.get("name", "unknown"))
+
+    def program_label(self) -> str:
+        """Its programs' and maps' name, as the wrapper gave it (program.label)."""
+        port = self.meta.get("port", 0)
+        protocol = str(self.meta.get("protocol", ""))
+        return program.label(self.state.service, protocol, port if isinstance(port, int) else 0)
 
     def label(self) -> str:
         address = str(self.meta.get("address", "?"))
@@ -104,37 +117,37 @@ def reload(
         os.chdir(here)
     wrapper.check_names(policy, [m.name for m in found])
     rules = {id(m): policy.rules_for(m.name) for m in found}
-    wanted = sorted({i for r in rules.values() for i in r.interfaces})
-    indexes = interfaces.resolve(wanted) if wanted else {}
-    env = FillEnv({i: n for n, i in indexes.items()}, interfaces.link_index)
-    loaded = {id(m): wrapper.load_pinned(rules[id(m)], m.state, env) for m in found}
-    for m in found:
-        lf = loaded[id(m)]
-        if lf.plan.rules.knock and m.meta.get("protocol") == "tcp":
-            from alfwrapper import compiler  # noqa: PLC0415
-
-            compiler.set_knock_listeners(lf.bpf, [m.state.cookie])
     pids = [int(str(m.meta.get("pid", 0)) or 0) for m in found]
-    app = next((p for p in pids if p and os.path.exists(f"/proc/{p}")), 0)
-    watcher = 0
-    following = [lf for lf in loaded.values() if lf.plan.rules.interfaces]
-    if following and app and os.path.exists(f"/proc/{app}"):
-        watcher = wrapper.start_watcher(following, service, app)
-    for m in found:
-        state.clear_runtime(m.state)  # runtime rules last until the next reload
-        state.install(m.state, loaded[id(m)].fd)
-    old_watchers = {int(str(m.meta.get("watcher", 0)) or 0) for m in found} - {0, watcher}
-    for pid in old_watchers:
-        try:
-            os.kill(pid, signal.SIGTERM)  # its programs are out of every slot now
-        except OSError:
-            pass
-    from alfwrapper import compiler  # noqa: PLC0415
+    app = next((p for p in pids if alive(p)), 0)
+    # Interface names and indexes mean the service's network namespace: its watcher
+    # follows renames there, and its drop log forwarder names interfaces there.
+    with service_netns(service, found[0].meta.get("netns"), app):
+        loaded, watcher = load_members(service, found, rules, app)
+        for m in found:
+            state.clear_runtime(m.state)  # runtime rules last until the next reload
+            state.install(m.state, loaded[id(m)].fd)
+        old_watchers = {int(str(m.meta.get("watcher", 0)) or 0) for m in found} - {0, watcher}
+        for pid in old_watchers:
+            try:
+                os.kill(pid, signal.SIGTERM)  # its programs are out of every slot now
+            except OSError:
+                pass
+        from alfwrapper import compiler  # noqa: PLC0415
 
+        forwarder = 0
+        wanted_log = any(rules[id(m)].log_rate for m in found)
+        running = {m.meta.get("forwarder") for m in found} - {None, 0}
+        if wanted_log and app and not any(alive(p) for p in running):
+            logging = [(m.name, m.state) for m in found if rules[id(m)].log_rate]
+            forwarder = wrapper.start_forwarder(logging, service, app)
+        else:
+            forwarder = next((int(str(p)) for p in running if alive(p)), 0)
     for m in found:
         m.meta.update(
             argv=options,
             watcher=watcher,
+            forwarder=forwarder,
+            rules=wrapper.rule_counts(rules[id(m)]),
             reloaded=int(time.time()),
             program=compiler.prog_id(loaded[id(m)]),
             knock=knock_key(rules[id(m)]) if rules[id(m)].knock else "",
@@ -144,6 +157,61 @@ def reload(
         state.write_meta(m.state, m.meta)
     collect()  # knock state no socket uses any more
     return found
+
+
+def load_members(
+    service: str, found: list[Member], rules: dict[int, SocketRules], app: int
+) -> tuple[dict[int, LoadedFilter], int]:
+    """Each socket's new program (by id(member)), and the pid of the interface watcher
+    that holds them, if they need one."""
+    from alfwrapper import compiler, wrapper  # noqa: PLC0415  (BCC only where programs load)
+
+    wanted = sorted({i for r in rules.values() for i in r.interfaces})
+    indexes = interfaces.resolve(wanted) if wanted else {}
+    env = FillEnv({i: n for n, i in indexes.items()}, interfaces.link_index)
+    loaded = {
+        id(m): wrapper.load_pinned(rules[id(m)], m.state, env, m.program_label()) for m in found
+    }
+    for m in found:
+        lf = loaded[id(m)]
+        if lf.plan.rules.knock and m.meta.get("protocol") == "tcp":
+            compiler.set_knock_listeners(lf.bpf, [m.state.cookie])
+    following = [lf for lf in loaded.values() if lf.plan.rules.interfaces]
+    if following and app:
+        return loaded, wrapper.start_watcher(following, service, app)
+    return loaded, 0
+
+
+@contextmanager
+def service_netns(service: str, netns: object, app: int, strict: bool = True) -> Iterator[bool]:
+    """Run the block in the service's network namespace (that of its application),
+    when it is not ours: a reload from the host of a service in a container or with
+    PrivateNetwork=.  Yields whether the block runs there; unless ``strict``, it
+    runs where we are when it cannot."""
+    if not netns or netns == state.netns_cookie():
+        yield True
+        return
+    if not strict and (not app or os.geteuid() != 0):
+        yield False
+        return
+    if not app:
+        raise AlfError(
+            f"reloading {service}",
+            "it runs in another network namespace, and its application is not running",
+            "run the reload inside that namespace (ExecReload= does)",
+            EX_USAGE,
+        )
+    with ExitStack() as inside:
+        try:
+            inside.enter_context(syscalls.netns(f"/proc/{app}/ns/net"))
+        except PermissionError:
+            raise AlfError(
+                f"reloading {service}",
+                f"it runs in the network namespace of pid {app}, which only root may enter",
+                f"run as root, or inside it: nsenter -t {app} -n alfwrapper reload {service}",
+                EX_NOPERM,
+            ) from None
+        yield True
 
 
 def parse_cidrs(texts: Sequence[str]) -> list[Prefix]:
@@ -202,4 +270,222 @@ def gc() -> list[str]:
 def out(lines: Sequence[str]) -> int:
     for line in lines:
         print(line, file=sys.stdout)
+    return 0
+
+
+# -- what the firewall does: status, metrics, the drop log ----------------------------------
+
+
+def possible_cpus() -> int:
+    """How many per-CPU slots a per-CPU map value has (the possible CPUs)."""
+    try:
+        text = open("/sys/devices/system/cpu/possible").read().strip()  # noqa: PTH123, SIM115
+    except OSError:
+        return os.cpu_count() or 1
+    return max(int(part.split("-")[-1]) for part in text.split(",")) + 1
+
+
+def counters(member: Member) -> dict[str, int]:
+    """The socket's verdict counters, summed over CPUs, by reason."""
+    from alfwrapper.parts import REASONS  # noqa: PLC0415
+
+    cpus = possible_cpus()
+    fd = state.open_pin(member.state, "counters")
+    try:
+        out = {}
+        for i, reason in enumerate(REASONS):
+            raw = syscalls.map_lookup(fd, struct.pack("I", i), 8 * cpus) or b""
+            out[reason] = sum(struct.unpack(f"{len(raw) // 8}Q", raw))
+        return out
+    finally:
+        os.close(fd)
+
+
+def program_in_slot(member: Member) -> int:
+    """The id of the program in the socket's slot (0 if empty)."""
+    fd = state.open_pin(member.state, "slot")
+    try:
+        raw = syscalls.map_lookup(fd, struct.pack("I", 0), 4)
+        return struct.unpack("I", raw)[0] if raw else 0
+    finally:
+        os.close(fd)
+
+
+def log_suppressed(member: Member) -> int | None:
+    """Drop-log events suppressed by the rate limit so far, or None without a drop log."""
+    from alfwrapper.droplog import BUCKET  # noqa: PLC0415
+
+    if not (member.state.dir / "log_bucket").exists():
+        return None
+    fd = state.open_pin(member.state, "log_bucket")
+    try:
+        raw = syscalls.map_lookup(fd, struct.pack("I", 0), BUCKET.size)
+        return int(BUCKET.unpack(raw)[3]) if raw else 0
+    finally:
+        os.close(fd)
+
+
+def socket_status(m: Member) -> dict[str, object]:
+    counts = counters(m) if (m.state.dir / "counters").exists() else {}
+    runtime = state.runtime_rules(m.state) if (m.state.dir / "runtime").exists() else []
+    pid = m.meta.get("pid")
+    return {
+        "name": m.name,
+        "protocol": m.meta.get("protocol"),
+        "address": m.meta.get("address"),
+        "port": m.meta.get("port"),
+        "cookie": m.state.cookie,
+        "pid": pid if alive(pid) else None,
+        "rules": m.meta.get("rules", {}),
+        "runtime": [
+            {
+                "verdict": "allow" if verdict == RUNTIME_ALLOW else "deny",
+                "cidr": f"{_address(family, value)}/{length}",
+            }
+            for family, value, length, verdict in sorted(runtime)
+        ],  # fmt: skip
+        "program": program_in_slot(m),
+        "counters": {
+            "passed": counts.get("passed", 0),
+            "dropped": {r: n for r, n in counts.items() if r != "passed"},
+        },
+        "log_suppressed": log_suppressed(m),
+    }
+
+
+def _address(family: int, value: int) -> str:
+    af = socket.AF_INET if family == 4 else socket.AF_INET6
+    return socket.inet_ntop(af, value.to_bytes(4 if family == 4 else 16, "big"))
+
+
+def status(service: str) -> dict[str, object]:
+    collect()
+    names = [service] if service else state.services()
+    services = []
+    for name in names:
+        found = [Member(s, state.read_meta(s)) for s in state.sockets_of(name)]
+        services.append({"name": name, "sockets": [socket_status(m) for m in found]})
+    return {"services": services}
+
+
+def status_lines(report: dict[str, object]) -> list[str]:
+    lines = []
+    for svc in report["services"]:  # type: ignore[attr-defined]
+        lines.append(f"{svc['name']}:")
+        for s in svc["sockets"]:
+            address = str(s["address"])
+            host = f"[{address}]" if ":" in address else address
+            running = f"pid {s['pid']}" if s["pid"] else "not running"
+            counts = s["rules"]
+            rules = ", ".join(f"{n} {k}" for k, n in counts.items() if n and k != "log-drops")
+            dropped = ", ".join(f"{r} {n}" for r, n in s["counters"]["dropped"].items())
+            lines.append(
+                f"  {s['name']} {s['protocol']} {host}:{s['port']} ({running}; program "
+                f"{s['program']})"
+            )
+            lines.append(
+                f"    rules: {rules or 'none'}; runtime rules: {len(s['runtime'])}"
+                + (f"; drop log: {counts['log-drops']}/s" if counts.get("log-drops") else "")
+            )
+            lines.append(f"    packets passed {s['counters']['passed']}; dropped: {dropped}")
+            if s["log_suppressed"] is not None:
+                lines.append(f"    drop log events suppressed: {s['log_suppressed']}")
+    if not report["services"]:
+        lines.append("no service is pinned (nothing runs behind alfwrapper here)")
+    return lines
+
+
+def _label(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus(report: dict[str, object]) -> str:
+    """The counters in Prometheus' text exposition format (for node_exporter's textfile
+    collector)."""
+    out = [
+        "# HELP alfwrapper_packets_total Packets judged by an alfwrapper socket filter.",
+        "# TYPE alfwrapper_packets_total counter",
+    ]
+    for svc in report["services"]:  # type: ignore[attr-defined]
+        for s in svc["sockets"]:
+            base = (
+                f'service="{_label(svc["name"])}",socket="{_label(s["name"])}",'
+                f'protocol="{_label(s["protocol"])}",port="{_label(s["port"])}"'
+            )
+            out.append(
+                f'alfwrapper_packets_total{{{base},verdict="pass",reason=""}} '
+                f"{s['counters']['passed']}"
+            )
+            for reason, n in s["counters"]["dropped"].items():
+                out.append(
+                    f'alfwrapper_packets_total{{{base},verdict="drop",reason="{reason}"}} {n}'
+                )
+    out += [
+        "# HELP alfwrapper_runtime_rules Runtime allow/deny rules in force on a socket.",
+        "# TYPE alfwrapper_runtime_rules gauge",
+    ]
+    for svc in report["services"]:  # type: ignore[attr-defined]
+        for s in svc["sockets"]:
+            out.append(
+                f'alfwrapper_runtime_rules{{service="{_label(svc["name"])}",'
+                f'socket="{_label(s["name"])}",protocol="{_label(s["protocol"])}",'
+                f'port="{_label(s["port"])}"}} {len(s["runtime"])}'
+            )
+    return "\n".join(out) + "\n"
+
+
+def write_atomically(path: str, text: str) -> None:
+    """For a collector that reads at any moment: a whole file or the old one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    temp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}")
+    try:
+        with open(temp, "w", encoding="utf-8") as f:  # noqa: PTH123
+            f.write(text)
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except OSError as err:
+        if os.path.lexists(temp):
+            os.unlink(temp)
+        raise AlfError(
+            f"writing {path}",
+            err.strerror or str(err),
+            "name a file in a folder that exists and that you may write to",
+            EX_CANTCREAT,
+        ) from None
+
+
+def log(service: str, follow: bool, as_json: bool) -> int:
+    """Print the drop log of a service (every service, if "")."""
+    from alfwrapper import droplog  # noqa: PLC0415
+
+    everyone = [service] if service else state.services()
+    found = [m for name in everyone for m in members(name) if (m.state.dir / "events").exists()]
+    if not found:
+        raise AlfError(
+            f"service {service}" if service else "alfwrapper log",
+            "logs no drops" if service else "no service logs drops",
+            "start it (or reload it) with --log-drops RATE, or log-drops = RATE in its policy",
+            EX_USAGE,
+        )
+    for name in sorted({m.state.service for m in found}):
+        if any(alive(m.meta.get("forwarder")) for m in found if m.state.service == name):
+            print(
+                f"note: {name}'s drops go to the journal: journalctl ALF_SERVICE={name}",
+                file=sys.stderr,
+            )
+    rings = [(m.state.service, m.name, state.open_pin(m.state, "events")) for m in found]
+    pids = [m.meta.get("pid") for m in found]
+    app = next((p for p in pids if isinstance(p, int) and alive(p)), 0)
+    netns = {m.meta.get("netns") for m in found}
+    try:
+        # Interface indexes mean the service's network namespace: named there, or
+        # given by index when the services' namespaces differ or cannot be entered.
+        with service_netns(service, netns.pop(), app, strict=False) as there:
+            naming = droplog.interface_name if there and not netns else None
+            droplog.read(rings, droplog.print_event(as_json), follow, naming)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for _, _, fd in rings:
+            os.close(fd)
     return 0

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from alfwrapper import syscalls
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.program import object_name
 
 BPFFS = Path("/sys/fs/bpf")
 ROOT = BPFFS / "alfwrapper"
@@ -214,9 +215,9 @@ def find(service: str, sock: socket.socket) -> SocketState | None:
     return state if (state.dir / "dispatch").exists() else None
 
 
-def create(service: str, sock: socket.socket) -> tuple[SocketState, int]:
-    """A new socket's state: its directory, slot, meta and dispatcher.  Returns the
-    dispatcher's fd, to attach."""
+def create(service: str, sock: socket.socket, label: str) -> tuple[SocketState, int]:
+    """A new socket's state: its directory, slot, meta and dispatcher (named for
+    ``label``, program.label).  Returns the dispatcher's fd, to attach."""
     state = SocketState(service, socket_cookie(sock))
     state_root()
     trusted_dir(state.service_dir, True)
@@ -224,9 +225,13 @@ def create(service: str, sock: socket.socket) -> tuple[SocketState, int]:
         remove(state)  # a stale socket of the same cookie cannot exist: leftovers
     trusted_dir(state.dir, True)
     try:
-        slot = syscalls.map_create(syscalls.BPF_MAP_TYPE_PROG_ARRAY, "alf_slot", 4, 4, 1)
-        meta = syscalls.map_create(syscalls.BPF_MAP_TYPE_ARRAY, "alf_meta", 4, META_SIZE, 1)
-        dispatch = syscalls.load_dispatcher(slot, "alf_dispatch")
+        slot = syscalls.map_create(
+            syscalls.BPF_MAP_TYPE_PROG_ARRAY, object_name(label, "slot"), 4, 4, 1
+        )
+        meta = syscalls.map_create(
+            syscalls.BPF_MAP_TYPE_ARRAY, object_name(label, "meta"), 4, META_SIZE, 1
+        )
+        dispatch = syscalls.load_dispatcher(slot, f"{label}_d")
         for fd, name in ((slot, "slot"), (meta, "meta"), (dispatch, "dispatch")):
             syscalls.obj_pin(fd, state.path(name))
         os.close(slot)
@@ -402,7 +407,7 @@ def gc() -> list[SocketState]:
     return _collect(live_cookies(), {netns_cookie()})
 
 
-def _collect(alive: set[int], namespaces: set[int] | None) -> list[SocketState]:
+def _collect(live: set[int], namespaces: set[int] | None) -> list[SocketState]:
     """Remove socket state whose cookie is not alive (only from these namespaces, if
     given), and knock state no socket refers to any more."""
     try:
@@ -418,8 +423,8 @@ def _collect(alive: set[int], namespaces: set[int] | None) -> list[SocketState]:
             where = SocketState(service_dir.name, int(entry.name[5:]))
             meta = read_meta(where) if (entry / "meta").exists() else {}
             known = namespaces is None or meta.get("netns") in namespaces or not meta
-            owner_alive = _alive(meta.get("pid"))  # its process: the socket may be unbound
-            if known and where.cookie not in alive and not owner_alive:
+            owner_alive = alive(meta.get("pid"))  # its process: the socket may be unbound
+            if known and where.cookie not in live and not owner_alive:
                 remove(where)
                 removed.append(where)
             else:
@@ -432,8 +437,17 @@ def _collect(alive: set[int], namespaces: set[int] | None) -> list[SocketState]:
     return removed
 
 
-def _alive(pid: object) -> bool:
-    return isinstance(pid, int) and pid > 0 and os.path.exists(f"/proc/{pid}")
+def alive(pid: object) -> bool:
+    """Does this process run (neither gone nor a zombie that nobody has reaped)?"""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # noqa: PTH123
+            stat = f.read(1024)
+    except OSError:
+        return False
+    end = stat.rfind(b")")  # the command name in brackets may hold anything
+    return stat[end + 2 : end + 3] not in (b"Z", b"X")
 
 
 def gc_everywhere() -> list[SocketState]:

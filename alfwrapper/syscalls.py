@@ -19,7 +19,8 @@ import ctypes.util
 import os
 import platform
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -137,30 +138,28 @@ class ProgInfo:
     jited_bytes: int
 
 
-def prog_info(prog_fd: int) -> ProgInfo:
-    """BPF_OBJ_GET_INFO_BY_FD of a program: struct bpf_prog_info up to xlated_prog_len."""
+def _info(fd: int, what: str) -> bytes:
     info = ctypes.create_string_buffer(256)  # larger than the kernel's struct: zeros are fine
     size = ctypes.c_uint32(len(info))
     _bpf_check(
-        libbpf().bpf_obj_get_info_by_fd(prog_fd, info, ctypes.byref(size)),
+        libbpf().bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)),
         "BPF_OBJ_GET_INFO_BY_FD",
-        f"prog fd {prog_fd}",
+        f"{what} fd {fd}",
     )
-    prog_id = int.from_bytes(info.raw[4:8], "little")
-    jited, xlated = (int.from_bytes(info.raw[i : i + 4], "little") for i in (16, 20))
+    return info.raw
+
+
+def prog_info(prog_fd: int) -> ProgInfo:
+    """BPF_OBJ_GET_INFO_BY_FD of a program: struct bpf_prog_info up to xlated_prog_len."""
+    raw = _info(prog_fd, "prog")
+    prog_id = int.from_bytes(raw[4:8], "little")
+    jited, xlated = (int.from_bytes(raw[i : i + 4], "little") for i in (16, 20))
     return ProgInfo(prog_id, xlated // 8, jited)
 
 
 def map_shape(map_fd: int) -> tuple[int, int, int, int, int]:
     """A map's type, key size, value size, max entries and flags (struct bpf_map_info)."""
-    info = ctypes.create_string_buffer(256)
-    size = ctypes.c_uint32(len(info))
-    _bpf_check(
-        libbpf().bpf_obj_get_info_by_fd(map_fd, info, ctypes.byref(size)),
-        "BPF_OBJ_GET_INFO_BY_FD",
-        f"map fd {map_fd}",
-    )
-    kind, _, key, value, entries, flags = struct.unpack_from("=6I", info.raw)
+    kind, _, key, value, entries, flags = struct.unpack_from("=6I", _info(map_fd, "map"))
     return kind, key, value, entries, flags
 
 
@@ -195,6 +194,57 @@ def obj_get(path: str) -> int:
 
 def map_create(kind: int, name: str, key_size: int, value_size: int, entries: int) -> int:
     fd = libbpf().bpf_map_create(kind, name.encode()[:15], key_size, value_size, entries, None)
+    _bpf_check(fd, "BPF_MAP_CREATE", name)
+    return int(fd)
+
+
+class _MapCreateOpts(ctypes.Structure):
+    # struct bpf_map_create_opts, libbpf's bpf.h (1.0 and later)
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("btf_fd", ctypes.c_uint32),
+        ("btf_key_type_id", ctypes.c_uint32),
+        ("btf_value_type_id", ctypes.c_uint32),
+        ("btf_vmlinux_value_type_id", ctypes.c_uint32),
+        ("inner_map_fd", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32),
+        ("map_extra", ctypes.c_uint64),
+        ("numa_node", ctypes.c_uint32),
+        ("map_ifindex", ctypes.c_uint32),
+    ]
+
+
+def _btf_fds() -> dict[int, int]:
+    """This process's open BTF objects (BCC keeps its program's open), by id."""
+    found = {}
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{entry}") == "anon_inode:btf":
+                # struct bpf_btf_info: u64 btf, u32 btf_size, u32 id
+                found[int.from_bytes(_info(int(entry), "btf")[12:16], "little")] = int(entry)
+        except OSError:
+            continue
+    return found
+
+
+def map_renamed(map_fd: int, name: str) -> int:
+    """A new, empty map like this one (type, sizes, flags, BTF types) but named ``name``.
+
+    A map's name is fixed when it is made; BCC names each after its C
+    declaration.  The copy keeps the BTF description when the BTF object is
+    open in this process (then `bpftool map dump` prints the structs)."""
+    # struct bpf_map_info: type, id, key_size, value_size, max_entries, map_flags,
+    # name[16], ifindex, btf_vmlinux_value_type_id, netns_dev, netns_ino, btf_id,
+    # btf_key_type_id, btf_value_type_id, btf_vmlinux_id, map_extra
+    raw = _info(map_fd, "map")
+    kind, _, key, value, entries, flags = struct.unpack_from("=6I", raw)
+    btf_id, btf_key, btf_value = struct.unpack_from("=3I", raw, 64)
+    (extra,) = struct.unpack_from("=Q", raw, 80)
+    opts = _MapCreateOpts(sz=ctypes.sizeof(_MapCreateOpts), map_flags=flags, map_extra=extra)
+    btf = _btf_fds().get(btf_id) if btf_id else None
+    if btf is not None:
+        opts.btf_fd, opts.btf_key_type_id, opts.btf_value_type_id = btf, btf_key, btf_value
+    fd = libbpf().bpf_map_create(kind, name.encode()[:15], key, value, entries, ctypes.byref(opts))
     _bpf_check(fd, "BPF_MAP_CREATE", name)
     return int(fd)
 
@@ -236,11 +286,88 @@ def load_dispatcher(slot_fd: int, name: str) -> int:
     return int(fd)
 
 
+_SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+class RingReader:
+    """Reads BPF ring buffers (Linux 5.8) through libbpf's ring_buffer API.
+
+    ``on_record(index, data)`` gets each record with the index of its buffer in
+    ``map_fds``.  Reading a record consumes it, for every reader of that buffer.
+    """
+
+    def __init__(self, map_fds: list[int], on_record: Callable[[int, bytes], None]) -> None:
+        lib = libbpf()
+        lib.ring_buffer__new.restype = ctypes.c_void_p
+        lib.ring_buffer__new.argtypes = [ctypes.c_int, _SAMPLE_FN, ctypes.c_void_p, ctypes.c_void_p]
+        lib.ring_buffer__add.argtypes = [ctypes.c_void_p, ctypes.c_int, _SAMPLE_FN, ctypes.c_void_p]
+        lib.ring_buffer__poll.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.ring_buffer__consume.argtypes = [ctypes.c_void_p]
+        lib.ring_buffer__epoll_fd.argtypes = [ctypes.c_void_p]
+        lib.ring_buffer__free.argtypes = [ctypes.c_void_p]
+
+        def sample(ctx: int | None, data: int, size: int) -> int:
+            on_record(ctx or 0, ctypes.string_at(data, size))
+            return 0
+
+        self._callback = _SAMPLE_FN(sample)  # kept alive as long as the reader
+        self._ring = None
+        for index, fd in enumerate(map_fds):
+            if self._ring is None:
+                self._ring = lib.ring_buffer__new(fd, self._callback, index, None)
+                if not self._ring:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"ring_buffer__new: {os.strerror(err)}")
+            else:
+                _bpf_check(lib.ring_buffer__add(self._ring, fd, self._callback, index),
+                           "ring_buffer__add")  # fmt: skip
+
+    def fileno(self) -> int:
+        return int(libbpf().ring_buffer__epoll_fd(self._ring))
+
+    def consume(self) -> int:
+        """Read every record there is now; returns how many."""
+        count = libbpf().ring_buffer__consume(self._ring)
+        _bpf_check(min(count, 0), "ring_buffer__consume")
+        return int(count)
+
+    def poll(self, timeout_ms: int) -> int:
+        count = libbpf().ring_buffer__poll(self._ring, timeout_ms)
+        if count < 0 and (ctypes.get_errno() or -count) == 4:  # EINTR
+            return 0
+        _bpf_check(min(count, 0), "ring_buffer__poll")
+        return int(count)
+
+    def close(self) -> None:
+        if self._ring:
+            libbpf().ring_buffer__free(self._ring)
+            self._ring = None
+
+
 CLONE_NEWNET = 0x40000000
 
 
 def setns(fd: int, kind: int) -> None:
     _check(_libc.setns(fd, kind), "setns")
+
+
+@contextmanager
+def netns(path: str) -> Iterator[None]:
+    """Run the block in the network namespace at ``path`` (as /proc/PID/ns/net), then
+    return to our own.  Needs CAP_SYS_ADMIN; OSError when it cannot enter."""
+    home = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            setns(fd, CLONE_NEWNET)
+        finally:
+            os.close(fd)
+        try:
+            yield
+        finally:
+            setns(home, CLONE_NEWNET)
+    finally:
+        os.close(home)
 
 
 def each_netns() -> Iterator[int]:

@@ -55,9 +55,12 @@ class Target:
 
 def become_watcher_user() -> None:
     """As root: switch to the watcher's own user, keeping only CAP_BPF (kernels before
-    6.5 check it for map updates too)."""
+    6.5 check it for map updates too).  Without the capabilities to switch (a
+    service's own user, or uid 0 with a bounded capability set, as in a unit
+    with CapabilityBoundingSet=), stay that user, with CAP_BPF alone."""
     privileges.set_dumpable(False)
-    if os.geteuid() != 0:
+    switch = (1 << privileges.CAP_SETUID) | (1 << privileges.CAP_SETGID)
+    if os.geteuid() != 0 or privileges.permitted() & switch != switch:
         privileges.drop_privileges(keep=1 << privileges.CAP_BPF)
         return
     for name in WATCHER_USERS:

@@ -66,6 +66,15 @@ class SocketRecord:
     def listener(self) -> bool:
         return self.sock.type == socket.SOCK_STREAM and not self.connected
 
+    @property
+    def protocol(self) -> str:
+        return "tcp" if self.sock.type == socket.SOCK_STREAM else "udp"
+
+    def label(self, service: str) -> str:
+        """Its programs' and maps' name (program.label); a created socket is not bound yet."""
+        port = self.spec.port if self.spec else self.sock.getsockname()[1]
+        return program.label(service, self.protocol, port)
+
 
 def check_command(command: tuple[str, ...]) -> None:
     if not command:
@@ -114,7 +123,7 @@ def gather_sockets(policy: Policy) -> list[SocketRecord]:
     return records
 
 
-def load_programs(records: list[SocketRecord]) -> list[compiler.LoadedFilter]:
+def load_programs(records: list[SocketRecord], service: str) -> list[compiler.LoadedFilter]:
     """A program for each socket with pinned state (its maps are its own), and one
     per distinct rule set for connected (Accept=yes) sockets."""
     env = fill_env(records)
@@ -122,13 +131,12 @@ def load_programs(records: list[SocketRecord]) -> list[compiler.LoadedFilter]:
     loaded: list[compiler.LoadedFilter] = []
     for record in records:
         if record.state is not None:
-            record.loaded = load_pinned(record.rules, record.state, env)
+            record.loaded = load_pinned(record.rules, record.state, env, record.label(service))
             loaded.append(record.loaded)
         elif not record.rules.empty:
             if record.rules not in shared:
-                shared[record.rules] = compiler.load_program(
-                    program.plan_program(record.rules), env
-                )
+                plan = program.plan_program(record.rules, label_=record.label(service))
+                shared[record.rules] = compiler.load_program(plan, env)
                 loaded.append(shared[record.rules])
             record.loaded = shared[record.rules]
     set_listeners(records, loaded)
@@ -154,13 +162,13 @@ def set_listeners(records: list[SocketRecord], loaded: list[compiler.LoadedFilte
 
 
 def load_pinned(
-    rules: SocketRules, where: state.SocketState, env: FillEnv
+    rules: SocketRules, where: state.SocketState, env: FillEnv, label: str
 ) -> compiler.LoadedFilter:
     """Compile and load a socket's program against its pinned maps (made if missing)."""
     if rules.knock:
         state.trusted_dir(where.service_dir / knock_key(rules), create=True)
     pins = Pins(str(where.dir), str(where.service_dir))
-    loaded = compiler.load_program(program.plan_program(rules, pins), env)
+    loaded = compiler.load_program(program.plan_program(rules, pins, label), env)
     state.own(where.service_dir)
     return loaded
 
@@ -184,7 +192,9 @@ def pin_sockets(records: list[SocketRecord], service: str) -> None:
                 EX_CONFIG,
             )
         else:
-            record.state, record.dispatch = state.create(service, record.sock)
+            record.state, record.dispatch = state.create(
+                service, record.sock, record.label(service)
+            )
 
 
 def install_programs(records: list[SocketRecord]) -> None:
@@ -202,8 +212,39 @@ def install_programs(records: list[SocketRecord]) -> None:
             attach.attach_filter(record.sock, record.loaded.fd)
 
 
+def rule_counts(rules: SocketRules) -> dict[str, int]:
+    """How many rules of each kind, for status."""
+    return {
+        "allow": len(rules.subnets.allow),
+        "deny": len(rules.subnets.deny),
+        "interface": len(rules.interfaces),
+        "knock": int(rules.knock is not None),
+        "filter": int(rules.custom is not None),
+        "log-drops": rules.log_rate,
+    }
+
+
+def start_forwarder(
+    logging: list[tuple[str, state.SocketState]], service: str, app_pid: int = 0
+) -> int:
+    """The journal forwarder of the drop log of these sockets (name, state), if any and
+    journald runs; its pid, or 0 (events then wait in the ring buffers for
+    `alfwrapper log`)."""
+    from alfwrapper import companion, droplog  # noqa: PLC0415
+
+    if not logging or not droplog.journald_present():
+        return 0
+    fds = [state.open_pin(where, "events") for _, where in logging]
+    try:
+        args = [service] + [f"{name}:{fd}" for (name, _), fd in zip(logging, fds, strict=True)]
+        return companion.spawn("alfwrapper.droplog", "drop log forwarder", args, fds, app_pid)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def describe_sockets(
-    records: list[SocketRecord], service: str, argv: list[str], watcher: int
+    records: list[SocketRecord], service: str, argv: list[str], watcher: int, forwarder: int
 ) -> None:
     """What status and reload need to know, in each socket's pinned meta."""
     for record in records:
@@ -215,11 +256,13 @@ def describe_sockets(
             {
                 "service": service,
                 "name": record.name,
-                "protocol": "tcp" if record.sock.type == socket.SOCK_STREAM else "udp",
+                "protocol": record.protocol,
                 "address": host,
                 "port": port,
                 "pid": os.getpid(),
                 "watcher": watcher,
+                "forwarder": forwarder,
+                "rules": rule_counts(record.rules),
                 "netns": state.netns_cookie(),
                 "argv": argv,
                 "cwd": os.getcwd(),
@@ -320,7 +363,7 @@ def run(policy: Policy, service: str, argv: list[str]) -> int | NoReturn:
     try:
         if pinned:
             pin_sockets(records, service)
-        loaded = load_programs(records)
+        loaded = load_programs(records, service)
         install_programs(records)
         for record in records:
             if record.inherited and record.fresh and record.loaded is not None:
@@ -353,7 +396,11 @@ def run(policy: Policy, service: str, argv: list[str]) -> int | NoReturn:
                 file=sys.stderr,
             )
     watcher = start_watcher(loaded, service)
-    describe_sockets(records, service, argv, watcher)
+    forwarder = start_forwarder(
+        [(r.name, r.state) for r in records if r.state is not None and r.rules.log_rate],
+        service,
+    )
+    describe_sockets(records, service, argv, watcher, forwarder)
     privileges.drop_privileges()
     activation.exec_with_sockets(
         [r.sock for r in records], [r.name for r in records], policy.command, os.environ

@@ -150,6 +150,76 @@ static __always_inline int alf_parse_packet(struct __sk_buff *skb, struct alf_pa
     return pkt->family;
 }
 
+#ifdef ALF_LOG_RATE
+/* The drop log (--log-drops RATE): one event per dropped packet into a ring
+ * buffer (Linux 5.8), at most ALF_LOG_RATE a second with as many again in a
+ * burst (a token bucket in alf_log_bucket, counted in nanoseconds of credit);
+ * events past that, and events that find the ring buffer full, are counted,
+ * not sent, and the next event sent says how many were suppressed before it.  The bucket is shared by all CPUs without
+ * atomics: under a flood two CPUs may both spend the last token, so the rate
+ * can be overshot by the number of CPUs, never more.  The event says when
+ * (ts_ns), where (ifindex), why (reason) and from whom (family, proto, addr,
+ * sport, dport). */
+/* struct alf_event and struct alf_bucket are generated before this file, from
+ * their one definition (droplog.py). */
+BPF_RINGBUF_OUTPUT(alf_events, ALF_LOG_PAGES);
+BPF_ARRAY(alf_log_bucket, struct alf_bucket, 1);
+
+#define ALF_LOG_COST (1000000000ULL / ALF_LOG_RATE)
+
+static __always_inline void alf_log(struct __sk_buff *skb, const struct alf_packet *pkt, u32 reason)
+{
+    u32 zero = 0;
+    struct alf_bucket *bucket = alf_log_bucket.lookup(&zero);
+    if (!bucket)
+        return;
+    /* The coarse clock (Linux 5.11; jiffies, a few ms) is half the price of
+     * bpf_ktime_get_ns() and fine for a rate of events a second. */
+    u64 now = bpf_ktime_get_coarse_ns();
+    u64 credit = bucket->credit_ns + (now - bucket->last_ns);
+    if (credit > ALF_LOG_COST * ALF_LOG_RATE || bucket->last_ns == 0)
+        credit = ALF_LOG_COST * ALF_LOG_RATE; /* a burst of one second's worth */
+    bucket->last_ns = now;
+    if (credit < ALF_LOG_COST) {
+        bucket->credit_ns = credit;
+        bucket->pending += 1;
+        bucket->suppressed += 1;
+        return;
+    }
+    bucket->credit_ns = credit - ALF_LOG_COST;
+    /* Written in place in the ring buffer: no copy. */
+    struct alf_event *ev = alf_events.ringbuf_reserve(sizeof(struct alf_event));
+    if (!ev) { /* the buffer is full (nobody reads the log): counted, never lost unseen */
+        bucket->pending += 1;
+        bucket->suppressed += 1;
+        return;
+    }
+    ev->ts_ns = now;
+    ev->ifindex = skb->ingress_ifindex;
+    ev->suppressed = bucket->pending;
+    ev->sport = pkt->sport;
+    ev->dport = pkt->dport;
+    ev->reason = reason;
+    ev->family = pkt->family;
+    ev->proto = pkt->proto;
+    ev->pad = 0;
+    __builtin_memcpy(ev->addr, pkt->addr, 16);
+    alf_events.ringbuf_submit(ev, 0);
+    bucket->pending = 0;
+}
+#endif
+
+#ifdef ALF_REASONS
+/* Count a dropped packet by its reason, and log it if asked to. */
+static __always_inline int alf_drop(struct __sk_buff *skb, const struct alf_packet *pkt, u32 reason)
+{
+#ifdef ALF_LOG_RATE
+    alf_log(skb, pkt, reason);
+#endif
+    return alf_count(reason);
+}
+#endif
+
 /* The packet's source address only (4 or 16 bytes, network order), with
  * the same checks as alf_parse_packet().  Returns 4, 6 or 0 (drop). */
 static __always_inline int alf_source_address(struct __sk_buff *skb, u8 addr[16])

@@ -271,11 +271,70 @@ MUTATIONS += [
         "        pass\n",
         ("tests/integration/test_systemd.py::test_reload_changes_rules_without_restarting",),
     ),
+    Mutation(
+        "counters-not-pinned",
+        "alfwrapper/program.py",
+        '    pinned = [("alf_counters", pins.path("counters"))] if pins is not None else []',
+        "    pinned = []",
+        ("tests/integration/test_systemd.py::test_status_counts_across_restarts_and_idle_exits",),
+    ),
+    Mutation(
+        "counted-under-wrong-reason",
+        "alfwrapper/program.py",
+        '                f"        return alf_drop(skb, &pkt, {_reason(plan.part.reason)});"',
+        "                f\"        return alf_drop(skb, &pkt, {_reason('malformed')});\"",
+        ("tests/integration/test_observe.py::test_counters_are_exact_per_reason",),
+    ),
+    Mutation(
+        "drop-log-unlimited",
+        "filters/common.h",
+        "    if (credit < ALF_LOG_COST) {",
+        "    if (0) {",
+        ("tests/integration/test_observe.py::test_drop_log_under_a_flood",),
+    ),
+    Mutation(
+        "drop-log-suppressed-uncounted",
+        "filters/common.h",
+        "        bucket->suppressed += 1;\n        return;\n    }\n    bucket->credit_ns",
+        "        return;\n    }\n    bucket->credit_ns",
+        ("tests/integration/test_observe.py::test_drop_log_under_a_flood",),
+    ),
+    Mutation(
+        "maps-unnamed",
+        "alfwrapper/compiler.py",
+        "    if plan.label:\n",
+        "    if False:\n",
+        (
+            "tests/integration/test_observe.py::test_programs_and_maps_are_named_for_service_and_socket",
+        ),
+    ),
+    Mutation(
+        "prometheus-drops-zero",
+        "alfwrapper/service.py",
+        'verdict="drop",reason="{reason}"}} {n}\'',
+        'verdict="drop",reason="{reason}"}} 0\'',
+        ("tests/integration/test_observe.py::test_status_text_json_and_prometheus",),
+    ),
+    Mutation(
+        "reload-in-callers-netns",
+        "alfwrapper/service.py",
+        "    if not netns or netns == state.netns_cookie():",
+        "    if True:",
+        ("tests/integration/test_observe.py::test_counters_are_exact_per_reason",),
+    ),
+    Mutation(
+        "forwarder-outside-cgroup",
+        "alfwrapper/companion.py",
+        "        theirs, ours = _cgroups(app_pid), _cgroups(os.getpid())",
+        "        return",
+        ("tests/integration/test_systemd.py::test_drops_go_to_the_journal_under_the_unit",),
+    ),
 ]
 
 
 def scratch_clone() -> Path:
     where = Path(tempfile.mkdtemp(prefix="alf-mutate-"))
+    where.chmod(0o755)  # the privilege tests run parts of it as nobody
     subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
     return where
 

@@ -10,6 +10,8 @@
     attacker.py flood ADDR TCPPORT UDPPORT STOP TAG
         datagrams and connections (each carrying TAG-n) every 10 ms until the
         file STOP exists; prints how many
+    attacker.py udpflood ADDR PORT COUNT TAG
+        COUNT datagrams as fast as they go; prints how many were sent
     attacker.py raw IP_VERSION SRC DST udp|syn PORT DATA [EXT,...] [SPORT]
         one crafted packet with scapy (craft.py): a UDP datagram, a TCP SYN, or a
         knock (a SYN not waited on), from a SRC that may be forged, with IPv6
@@ -150,6 +152,23 @@ def flood(address: str, tcp_port: int, udp_port: int, stop: str, tag: str) -> st
     return f"sent {sent}"
 
 
+def udpflood(address: str, port: int, count: int, tag: str) -> str:
+    """COUNT datagrams as fast as they go (at most 60 s); prints how many were sent."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sent = 0
+    deadline = time.monotonic() + 60
+    with socket.socket(family, socket.SOCK_DGRAM) as udp:
+        for i in range(count):
+            if i % 1000 == 0 and time.monotonic() > deadline:
+                break
+            try:
+                udp.sendto(f"{tag}-{i}\n".encode(), (address, port))
+                sent += 1
+            except OSError:
+                time.sleep(0.001)  # a full queue: let it drain
+    return f"sent {sent}"
+
+
 def main() -> str:
     args = sys.argv[1:]
     if args[0] == "tcp":
@@ -157,6 +176,8 @@ def main() -> str:
         return tcp(args[1], args[2], int(args[3]), args[4], hold)
     if args[0] == "halfopen":
         return halfopen(args[1], int(args[2]), args[3], args[4], float(args[5]))
+    if args[0] == "udpflood":
+        return udpflood(args[1], int(args[2]), int(args[3]), args[4])
     if args[0] == "flood":
         return flood(args[1], int(args[2]), int(args[3]), args[4], args[5])
     if args[0] == "raw":

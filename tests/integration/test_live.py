@@ -186,7 +186,7 @@ def test_a_thousand_starts_leave_no_stale_pins(bpf_root: None) -> None:
             try:
                 with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
                     state.gc()
-                    state.create("thousand", sock)
+                    state.create("thousand", sock, "thousand_t0")
                 os._exit(0)
             except BaseException:
                 os._exit(1)

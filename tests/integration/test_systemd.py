@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -12,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hosts import CLIENT, Host, Network, Probe, Service, all_probes, check_policy
@@ -43,8 +46,12 @@ class UserManager:
         self.units.mkdir(parents=True)
         self.logs = self.root / "logs"
         self.logs.mkdir()
+        self.textfile = self.root / "textfile"  # node_exporter's folder, for the metrics unit
+        self.textfile.mkdir()
         for unit in UNITS.iterdir():
-            (self.units / unit.name).write_text(installed_unit(unit.read_text()))
+            text = installed_unit(unit.read_text())
+            text = text.replace("/var/lib/prometheus/node-exporter", str(self.textfile))
+            (self.units / unit.name).write_text(text)
         Path("/run/systemd/system").mkdir(parents=True, exist_ok=True)
         self.env = {
             **os.environ,
@@ -417,3 +424,139 @@ def test_reload_changes_rules_without_restarting(network: Network, manager: User
     assert result.split() == ["sent", "6", "echoed", "6"], (result, log.output())
     assert "long-6" in log.output()
     assert main_pid(manager, unit) == pid
+
+
+JOURNALD = "/lib/systemd/systemd-journald"
+
+
+@pytest.fixture
+def journal() -> Iterator[None]:
+    """systemd-journald, as on a systemd host (here PID 1 is not systemd, so nothing
+    runs it): started for the test, and gone after it with its files, so that other
+    tests see a host without a journal."""
+    if not Path(JOURNALD).exists():
+        pytest.fail("systemd-journald is missing: `make setup` installs systemd")
+    from alfwrapper.droplog import journald_present
+
+    assert not journald_present(), "a journal already runs here"
+    proc = subprocess.Popen([JOURNALD], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(journald_present, "systemd-journald did not come up", 20)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        shutil.rmtree("/run/systemd/journal", ignore_errors=True)
+        shutil.rmtree("/run/log/journal", ignore_errors=True)
+
+
+def journal_entries(*matches: str) -> list[dict[str, str]]:
+    out = subprocess.run(["journalctl", "--no-pager", "-o", "json", *matches],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def test_drops_go_to_the_journal_under_the_unit(
+    network: Network, journal: None, manager: UserManager
+) -> None:
+    a, b = network.allowed, network.denied
+    set_policy(manager, "log-drops = 1000\n")
+    log = start_echo(manager, a)
+    check_policy(log, served=[Probe(a, "udp", 4, 8080)],
+                 dropped=[Probe(b, "udp", 4, 8080), Probe(b, "tcp", 6, 8080)])  # fmt: skip
+    unit = "alfwrapper-echo.service"
+
+    def drops() -> list[dict[str, str]]:
+        return journal_entries("-u", unit, "ALF_SERVICE=alfwrapper-echo")
+
+    wait_until(lambda: {e.get("ALF_SRC") for e in drops()} >= {b.v4, b.v6},
+               lambda: f"journal: {journal_entries('ALF_SERVICE=alfwrapper-echo')}")  # fmt: skip
+    for entry in drops():
+        assert entry["ALF_REASON"] == "subnets", entry
+        assert entry["ALF_SOCKET"] == "echo" and entry["ALF_PORT"] == "8080", entry
+        assert entry["_SYSTEMD_UNIT"] == unit, entry
+        assert entry["ALF_INTERFACE"] == b.server_if, entry
+        assert entry["ALF_SRC"] in (b.v4, b.v6), entry
+    protocols = {e["ALF_PROTOCOL"] for e in drops()}
+    assert protocols == {"udp", "tcp"}, protocols
+    # The allowed client's traffic is not in the drop log.
+    assert not journal_entries(f"ALF_SRC={a.v4}") and not journal_entries(f"ALF_SRC={a.v6}")
+    # The forwarder keeps CAP_BPF alone (the unit bounds its capabilities, so it
+    # cannot switch to the user alfwrapper: it stays the service's user), and lives
+    # in the unit's cgroup.
+    forwarder = status_json()["sockets"][0]["forwarder"]
+    assert forwarder, "no forwarder"
+    proc_status = Path(f"/proc/{forwarder}/status").read_text()
+    assert re.search(rf"^CapEff:\s+0*{1 << 39:x}$", proc_status, re.M), proc_status
+    assert re.search(r"^NoNewPrivs:\s+1$", proc_status, re.M)
+    assert unit in Path(f"/proc/{forwarder}/cgroup").read_text()
+    # One started by a reload from an administrator's shell joins the unit's cgroup too.
+    os.kill(forwarder, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{forwarder}").exists(), "the forwarder lives on")
+    policies = {"ALFWRAPPER_POLICY_PATH": f"{manager.policies}:{ROOT}/policies"}
+    out = subprocess.run([ALFWRAPPER, "reload", "alfwrapper-echo"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **policies})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    again = status_json()["sockets"][0]["forwarder"]
+    assert again and again != forwarder
+    check_policy(log, served=[], dropped=[Probe(b, "udp", 6, 8080)])
+    wait_until(lambda: any(e["_PID"] == str(again) and e["ALF_SRC"] == b.v6 for e in drops()),
+               lambda: f"journal: {journal_entries('ALF_SERVICE=alfwrapper-echo')}")  # fmt: skip
+    # It ends with the application.
+    manager.run("stop", unit)
+    wait_until(lambda: not Path(f"/proc/{again}").exists(), "the forwarder outlived the unit")
+
+
+def status_json(service: str = "alfwrapper-echo") -> dict[str, Any]:
+    """The service's status, with each socket's meta (forwarder, watcher) beside it."""
+    out = subprocess.run([ALFWRAPPER, "status", service, "--json"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)["services"][0]
+    from alfwrapper import state
+
+    for sock in report["sockets"]:
+        sock.update(forwarder=state.read_meta(state.SocketState(service, sock["cookie"]))
+                    .get("forwarder", 0))  # fmt: skip
+    return report
+
+
+def test_status_counts_across_restarts_and_idle_exits(
+    network: Network, manager: UserManager
+) -> None:
+    a, b = network.allowed, network.denied
+    unit = "alfwrapper-echo.service"
+    log = start_echo(manager, a)
+    check_policy(log, served=[Probe(a, "udp", 4, 8080)], dropped=[Probe(b, "udp", 4, 8080)])
+
+    def udp() -> dict[str, Any]:
+        return next(s for s in status_json()["sockets"] if s["protocol"] == "udp")
+
+    before = udp()
+    assert before["pid"] == main_pid(manager, unit)
+    assert before["counters"]["passed"] >= 1 and before["counters"]["dropped"]["subnets"] >= 1
+    manager.run("stop", unit)  # as an idle exit: the socket unit stays
+    stopped = udp()
+    assert stopped["pid"] is None
+    assert stopped["counters"] == before["counters"]  # read from the pinned state
+    # The next datagram starts the service again; the counting goes on from there.
+    check_policy(log, served=[Probe(a, "udp", 4, 8080)], dropped=[Probe(b, "udp", 4, 8080)])
+    after = udp()
+    assert after["pid"] == main_pid(manager, unit) and after["cookie"] == before["cookie"]
+    assert after["counters"]["passed"] > before["counters"]["passed"]
+    assert after["counters"]["dropped"]["subnets"] > before["counters"]["dropped"]["subnets"]
+
+
+def test_metrics_timer_writes_the_textfile(network: Network, manager: UserManager) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    start_echo(manager, network.allowed)
+    manager.run("start", "alfwrapper-metrics.timer")
+    target = manager.textfile / "alfwrapper.prom"
+    wait_until(target.exists, lambda: manager.run("status", "alfwrapper-metrics.service",
+                                                  check=False).stdout)  # fmt: skip
+    families = {f.name: f for f in text_string_to_metric_families(target.read_text())}
+    passed = [s for s in families["alfwrapper_packets"].samples
+              if s.labels["service"] == "alfwrapper-echo" and s.labels["verdict"] == "pass"
+              and s.labels["protocol"] == "tcp"]  # fmt: skip
+    assert passed and passed[0].value >= 1, passed

@@ -127,3 +127,37 @@ def test_every_part_and_reason_is_counted_in_order() -> None:
     ]
     assert order == sorted(order), body
     assert dict(plan.defines)["ALF_REASONS"] == "6"
+
+
+def test_drop_log_is_in_the_program_only_when_asked_for() -> None:
+    off = plan_program(rules_for(["--allow", "192.0.2.0/24"], "x"))
+    on = plan_program(rules_for(["--allow", "192.0.2.0/24", "--log-drops", "7"], "x"))
+    assert "ALF_LOG_RATE" not in dict(off.defines)
+    assert dict(on.defines)["ALF_LOG_RATE"] == "7"
+    # Without the setting, common.h's logging is compiled out (#ifdef ALF_LOG_RATE).
+    assert "#ifdef ALF_LOG_RATE" in off.text and "struct alf_event {" not in off.text
+    assert "struct alf_event {" in on.text
+
+
+@pytest.mark.parametrize(
+    ("service", "protocol", "port", "label"),
+    [
+        ("web", "tcp", 8080, "web_t8080"),
+        ("alfwrapper-echo", "udp", 8080, "alfw_u8080"),  # cut to fit, '-' is not allowed
+        ("9lives", "tcp", 22, "s9live_t22"),  # a C identifier starts with a letter
+        ("x", "udp", 65535, "x_u65535"),
+    ],
+)
+def test_labels_name_service_and_socket_within_kernel_limits(
+    service: str, protocol: str, port: int, label: str
+) -> None:
+    from alfwrapper.program import label as make_label
+    from alfwrapper.program import object_name
+
+    got = make_label(service, protocol, port)
+    assert got == label
+    assert len(object_name(got, "knock_listeners")) <= 15
+    assert object_name(got, "alf_counters") == f"{label}.cnt"[:15]
+    plan = plan_program(rules_for(["--interface", "lo"], "x"), label_=got)
+    assert f"int {got}(struct __sk_buff *skb)" in plan.text
+    assert f"int {got}_b(struct __sk_buff *skb)" in plan.text

@@ -51,6 +51,10 @@ EQUIVALENT = [
         "--knock-secret {d}/knock.secret --knock-window 10 --knock-steps 4",
     ),
     (
+        "log-drops = 20\n[socket.web]\nlog-drops = 5\n",
+        "--log-drops 20 --log-drops web=5",
+    ),
+    (
         'filter = "f.c"\nset = [["m", "1", "2"]]\n[socket.web]\nset = [["m", "3", "4"]]\n',
         "--filter {d}/f.c --set m 1 2 --set web=m 3 4",
     ),
