@@ -44,6 +44,7 @@ clean:
 install: setup
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/alfwrapper \
 		$(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5 \
+		$(DESTDIR)$(PREFIX)/share/man/man8 \
 		$(DESTDIR)$(PREFIX)/lib/alfwrapper/policy $(DESTDIR)$(UNITDIR)
 	printf '#!/bin/sh\nexec %s/.venv/bin/alfwrapper "$$@"\n' "$(CURDIR)" \
 		> $(DESTDIR)$(PREFIX)/bin/alfwrapper
@@ -51,10 +52,11 @@ install: setup
 	install -m 644 examples/echo_server.py $(DESTDIR)$(PREFIX)/share/alfwrapper/
 	install -m 644 man/alfwrapper.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/alfwrapper.policy.5 $(DESTDIR)$(PREFIX)/share/man/man5/
+	install -m 644 man/alfwrapper-loader.8 $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 644 policies/*.toml $(DESTDIR)$(PREFIX)/lib/alfwrapper/policy/
 	install -d $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/www
 	install -m 644 examples/lighttpd/lighttpd.conf $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/
 	install -m 644 examples/lighttpd/www/index.html $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/www/
-	install -m 644 units/*.socket units/*.service examples/lighttpd/*.socket \
+	install -m 644 units/*.socket units/*.service units/*.timer examples/lighttpd/*.socket \
 		examples/lighttpd/*.service $(DESTDIR)$(UNITDIR)/
 	@echo "installed; now: systemctl daemon-reload && systemctl start alfwrapper-echo.socket"

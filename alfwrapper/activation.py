@@ -149,6 +149,25 @@ def inherit_sockets(environ: Mapping[str, str], pid: int) -> list[tuple[socket.s
     return sockets
 
 
+def inherit_unix_listener(environ: Mapping[str, str], pid: int) -> socket.socket | None:
+    """The one listening Unix stream socket a service like the loader is passed (fd 3),
+    or None when nothing was passed."""
+    listen = parse_listen_env(environ, pid)
+    if listen.count == 0:
+        return None
+    fd = SD_LISTEN_FDS_START
+    if listen.count != 1 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        raise AlfError("inherited sockets (LISTEN_FDS)", "expected one Unix socket", "", EX_CONFIG)
+    sock = socket.socket(fileno=fd)
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        raise AlfError(
+            f"inherited fd {fd}", "is not a Unix stream socket", "use ListenStream=PATH", EX_CONFIG
+        )
+    for name in LISTEN_VARS:
+        os.environ.pop(name, None)
+    return sock
+
+
 def is_connected_stream(sock: socket.socket) -> bool:
     """A stream socket handed over already connected (Accept=yes), not listening."""
     return sock.type == socket.SOCK_STREAM and not sock.getsockopt(

@@ -328,8 +328,11 @@ def reload_main(argv: Sequence[str]) -> int:
 
 
 def _service_ops() -> Any:
-    from alfwrapper import service  # noqa: PLC0415
+    """The commands on running services: on the pinned state here, or, without the
+    privilege for it, on this user's through the loader."""
+    from alfwrapper import loader, service  # noqa: PLC0415
 
+    loader.use_if_needed()
     return service
 
 
@@ -482,6 +485,12 @@ def knock_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def loader_main(argv: Sequence[str]) -> int:
+    from alfwrapper import loader  # noqa: PLC0415
+
+    return loader.main(argv)
+
+
 SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "check": check_main,
     "explain": explain_main,
@@ -495,6 +504,7 @@ SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "gc": gc_main,
     "doctor": doctor.main,
     "knock": knock_main,
+    "loader": loader_main,
 }
 
 

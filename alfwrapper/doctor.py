@@ -21,6 +21,7 @@ CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
 CAP_BPF = 39
 MIN_KERNEL = (5, 6)  # BPF_MAP_UPDATE_BATCH; bpf_skb_load_bytes_relative is 4.18
+LOADER_KERNEL = (6, 5)  # map and program fds usable without CAP_BPF
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ def check_bpf_syscall() -> Check:
 
 def check_jit() -> Check:
     value = _read("/proc/sys/net/core/bpf_jit_enable")
+    if value is None and os.path.exists("/proc/sys/net/core/bpf_jit_enable"):
+        return Check(True, "BPF JIT: only root may read net.core.bpf_jit_enable")
+    if value is None and os.path.isdir("/proc/sys/net/core"):
+        return Check(True, "BPF JIT: net.core.bpf_jit_enable is seen from the host's network "
+                     "namespace only")  # fmt: skip
     if value is None:
         return Check(False, "cannot read net.core.bpf_jit_enable: is /proc mounted?")
     if value == "0":
@@ -78,6 +84,7 @@ def check_jit() -> Check:
 
 
 def check_privilege() -> Check:
+    """Which way this user's filters get loaded, and whether that way works."""
     unpriv = _read("/proc/sys/kernel/unprivileged_bpf_disabled")
     caps = effective_capabilities(_read("/proc/self/status") or "")
     held = [
@@ -90,16 +97,42 @@ def check_privilege() -> Check:
         if caps >> bit & 1
     ]
     held_text = ", ".join(held) or "none of CAP_BPF, CAP_SYS_ADMIN, CAP_NET_ADMIN"
-    can_load = caps >> CAP_BPF & 1 or caps >> CAP_SYS_ADMIN & 1
-    if unpriv != "0" and not can_load:
+    if caps >> CAP_BPF & 1 or caps >> CAP_SYS_ADMIN & 1:
+        return Check(True, f"loads filters itself (capabilities: {held_text})")
+    if unpriv == "0":
+        return Check(
+            True,
+            "loads the built-in filters itself: kernel.unprivileged_bpf_disabled=0 "
+            f"(capabilities: {held_text}); knocking and pinned state need CAP_BPF",
+        )
+    return check_loader(unpriv, held_text)
+
+
+def through_loader() -> bool:
+    from alfwrapper import loader  # noqa: PLC0415
+
+    return loader.needed()
+
+
+def check_loader(unpriv: str | None, held_text: str) -> Check:
+    from alfwrapper import loader  # noqa: PLC0415
+
+    why = f"kernel.unprivileged_bpf_disabled={unpriv} and this process holds {held_text}"
+    if kernel_version(platform.release()) < LOADER_KERNEL:
         return Check(
             False,
-            f"kernel.unprivileged_bpf_disabled={unpriv} and this process "
-            f"holds {held_text}: run as root, or with AmbientCapabilities=CAP_BPF",
+            f"{why}, so filters come from the loader, and its fds need Linux "
+            f"{LOADER_KERNEL[0]}.{LOADER_KERNEL[1]} to be used without CAP_BPF: upgrade the "
+            "kernel, or run as root or with AmbientCapabilities=CAP_BPF",
         )
+    try:
+        loader.Broker().request({"op": "services"}, seconds=10)
+    except AlfError as err:
+        return Check(False, f"{why}, so filters come from the loader: {err.why} ({err.hint})")
     return Check(
         True,
-        f"may load filters (kernel.unprivileged_bpf_disabled={unpriv}; capabilities: {held_text})",
+        f"loads filters through the loader ({loader.socket_path()}): {why}; your "
+        "services' pinned state is kept by the loader",
     )
 
 
@@ -164,6 +197,25 @@ def check_build() -> Check:
     return Check(True, "a subnet filter compiles, loads and fills its maps")
 
 
+def check_build_through_loader() -> Check:
+    import socket  # noqa: PLC0415
+
+    from alfwrapper import loader, syscalls  # noqa: PLC0415
+
+    rules = SocketRules(SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)))
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+            fd, _ = loader.Broker().load(rules, None, "doctor_u0", False, sock)
+            verdict = syscalls.prog_test_run(fd, syscalls.udp_frame(4, 0xC0000202)).retval
+            os.close(fd)
+    except (AlfError, OSError) as err:
+        text = err.line() if isinstance(err, AlfError) else str(err)
+        return Check(False, f"through the loader: {text.removeprefix('alfwrapper: ')}")
+    if verdict == 0:
+        return Check(False, "through the loader: the test filter dropped an allowed packet")
+    return Check(True, "a subnet filter compiles and loads through the loader, and judges here")
+
+
 CHECKS: tuple[Callable[[], Check], ...] = (
     check_kernel,
     check_bpf_syscall,
@@ -172,6 +224,13 @@ CHECKS: tuple[Callable[[], Check], ...] = (
     check_headers,
     check_bcc,
     check_state,
+)
+# Through the loader, compiling and pinned state are the loader's business.
+LOADER_CHECKS: tuple[Callable[[], Check], ...] = (
+    check_kernel,
+    check_bpf_syscall,
+    check_jit,
+    check_privilege,
 )
 
 
@@ -183,9 +242,10 @@ def main(argv: Sequence[str]) -> int:
             "run `alfwrapper doctor`",
             EX_USAGE,
         )
-    results = [check() for check in CHECKS]
+    loader = through_loader()
+    results = [check() for check in (LOADER_CHECKS if loader else CHECKS)]
     if all(r.ok for r in results):
-        results.append(check_build())
+        results.append(check_build_through_loader() if loader else check_build())
     for r in results:
         print(f"{'ok' if r.ok else 'problem'}: {r.text}")
     return 0 if all(r.ok for r in results) else EX_UNAVAILABLE

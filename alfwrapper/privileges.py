@@ -23,19 +23,25 @@ from alfwrapper.errors import EX_OSERR, AlfError
 
 CAP_SETGID = 6
 CAP_SETUID = 7
+CAP_SYS_ADMIN = 21
 CAP_BPF = 39
 CAP_LAST = 63
 PR_SET_DUMPABLE = 4
 PR_SET_KEEPCAPS = 8
 
 
-def permitted() -> int:
-    """This process's permitted capability set, from /proc/self/status."""
+def permitted(field: str = "CapPrm") -> int:
+    """This process's permitted capability set (or another: CapEff), from
+    /proc/self/status."""
     with open("/proc/self/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("CapPrm:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1], 16)
     return 0
+
+
+def effective() -> int:
+    return permitted("CapEff")
 
 
 def set_dumpable(dumpable: bool) -> None:

@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from alfwrapper.errors import EX_DATAERR, AlfError
+from alfwrapper.errors import EX_DATAERR, AlfError, excerpt
 from alfwrapper.parts import PARTS, REASONS, RUNTIME_ALLOW, RUNTIME_DENY, PartPlan, Pins
 from alfwrapper.rules import FILTER_LIMIT, SocketRules, read_text_input
 
@@ -114,9 +114,82 @@ class ProgramPlan:
         return tuple(p.part.name for p in self.parts)
 
 
-def _custom_source(path_text: str) -> str:
+# Preprocessor lines (after comments and line continuations are taken out), and
+# what may follow #include in a filter the loader compiles.
+_DIRECTIVE = re.compile(r"^[ \t]*(?:#|%:)[ \t]*(\w+)(.*)$", re.M)
+_LITERAL_INCLUDE = re.compile(r'^[ \t]*"([A-Za-z0-9_.-]+\.h)"[ \t]*$')
+_PRAGMAS = (["unroll"], ["nounroll"], ["clang"])  # loop hints only
+
+
+def _without_comments(text: str) -> str:
+    """C text with each comment replaced by a space (newlines kept), as the
+    preprocessor sees it: a comment opener inside a string or character literal is
+    not one."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"'":
+            end = i + 1
+            while end < n and text[end] not in (c, "\n"):
+                end += 2 if text[end] == "\\" else 1
+            out.append(text[i : end + 1])
+            i = end + 1
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            out.append(" ")
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.append(" " + "\n" * text.count("\n", i, end))
+            i = end
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def checked_source(text: str, where: str) -> str:
+    """A filter's text from someone who may not read the loader's files: it may include
+    only alfwrapper's own headers, by name, and nothing may name a file in another way
+    (computed includes, __has_include, #embed, _Pragma, trigraphs).  The compiler
+    then never opens a file of theirs choosing, so its messages cannot show one."""
+    allowed = sorted(p.name for p in filter_dir().glob("*.h"))
+    flat = _without_comments(text.replace("\\\r\n", "").replace("\\\n", ""))
+
+    def refuse(offset: int, why: str) -> AlfError:
+        line = flat[:offset].count("\n") + 1
+        return AlfError(
+            f"{where}:{line}",
+            why,
+            f"through the loader a filter may include only alfwrapper's headers: "
+            f"{', '.join(allowed)}",
+            EX_DATAERR,
+        )
+
+    for word in ("__has_include", "_Pragma", "??=", "__FILE_NAME__"):
+        if word in flat:
+            raise refuse(flat.index(word), f"uses {word}")
+    for m in _DIRECTIVE.finditer(flat):
+        directive, rest = m.group(1), m.group(2)
+        if directive in ("include", "include_next", "import", "embed"):
+            name = _LITERAL_INCLUDE.match(rest)
+            if directive != "include" or not name or name.group(1) not in allowed:
+                raise refuse(m.start(), f"#{directive}{excerpt(rest, quote=False)} is not allowed")
+        elif directive == "pragma" and rest.split()[:1] not in _PRAGMAS:
+            raise refuse(m.start(), f"#pragma{excerpt(rest, quote=False)} is not allowed")
+        elif directive == "line" or directive.isdigit():  # names a file in messages
+            raise refuse(m.start(), f"#{directive} is not allowed")
+    return text
+
+
+def _custom_source(path_text: str, source: str = "") -> str:
     path = Path(path_text)
-    text = read_text_input(path_text, "--filter", "give a restricted-C file", FILTER_LIMIT)
+    if source:
+        text = checked_source(source, path_text)
+    else:
+        text = read_text_input(path_text, "--filter", "give a restricted-C file", FILTER_LIMIT)
     matches = list(_ENTRY_RE.finditer(text))
     if len(matches) != 1:
         line = text[: matches[1].start()].count("\n") + 1 if matches else 1
@@ -132,7 +205,8 @@ def _custom_source(path_text: str) -> str:
     # Same line, so the compiler's line numbers still match the file.
     renamed = f"{m.group('lead')}static __always_inline int {USER_ENTRY}({m.group('args')})"
     text = text[: m.start()] + renamed + text[m.end() :]
-    return f'#line 1 "{path.resolve()}"\n{text}\n'
+    shown = path_text if source else str(path.resolve())
+    return f'#line 1 "{shown}"\n{text}\n'
 
 
 def _reason(name: str) -> str:
@@ -188,8 +262,9 @@ def plan_program(rules: SocketRules, pins: Pins | None = None, label_: str = "")
                 f"        return alf_drop(skb, &pkt, {_reason(plan.part.reason)});"
             )
     if rules.custom:
-        custom = _custom_source(rules.custom.path)
-        include_dirs.append(str(Path(rules.custom.path).resolve().parent))
+        custom = _custom_source(rules.custom.path, rules.custom.source)
+        if not rules.custom.source:  # its own headers, beside it
+            include_dirs.append(str(Path(rules.custom.path).resolve().parent))
         body.append(
             f"    skb->cb[ALF_L4_CB] = pkt.l4_offset;\n"
             f"    int kept = {USER_ENTRY}(skb);\n"

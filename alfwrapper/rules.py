@@ -91,6 +91,9 @@ class CustomFilter:
 
     path: str
     sets: tuple[MapSetting, ...] = ()
+    # Its text, when it was read elsewhere: the loader compiles what the user's
+    # wrapper read, never a path it was given (program.checked_source).
+    source: str = ""
 
 
 @dataclass(frozen=True)

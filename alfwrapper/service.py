@@ -56,16 +56,13 @@ class Member:
 def collect() -> tuple[list[state.SocketState], str]:
     """Forget sockets that are gone: in every network namespace when we may enter them
     (root), else in this one.  Returns what was removed, and where we looked."""
-    try:
-        return state.gc_everywhere(), "every network namespace"
-    except OSError:
-        return state.gc(), "this network namespace (run as root for all)"
+    return state.store().collect()
 
 
 def members(service: str, name: str = "") -> list[Member]:
     """The service's live sockets (those named ``name``, if given)."""
     collect()
-    found = [Member(s, state.read_meta(s)) for s in state.sockets_of(service)]
+    found = [Member(s, state.read_meta(s)) for s in state.store().sockets_of(service)]
     if name:
         chosen = [m for m in found if m.name == name]
         if not chosen:
@@ -164,18 +161,21 @@ def load_members(
 ) -> tuple[dict[int, LoadedFilter], int]:
     """Each socket's new program (by id(member)), and the pid of the interface watcher
     that holds them, if they need one."""
-    from alfwrapper import compiler, wrapper  # noqa: PLC0415  (BCC only where programs load)
+    from alfwrapper import wrapper  # noqa: PLC0415  (BCC only where programs load)
 
     wanted = sorted({i for r in rules.values() for i in r.interfaces})
     indexes = interfaces.resolve(wanted) if wanted else {}
     env = FillEnv({i: n for n, i in indexes.items()}, interfaces.link_index)
     loaded = {
-        id(m): wrapper.load_pinned(rules[id(m)], m.state, env, m.program_label()) for m in found
+        id(m): wrapper.load_pinned(
+            rules[id(m)],
+            m.state,
+            env,
+            m.program_label(),
+            [m.state.cookie] if rules[id(m)].knock and m.meta.get("protocol") == "tcp" else [],
+        )
+        for m in found
     }
-    for m in found:
-        lf = loaded[id(m)]
-        if lf.plan.rules.knock and m.meta.get("protocol") == "tcp":
-            compiler.set_knock_listeners(lf.bpf, [m.state.cookie])
     following = [lf for lf in loaded.values() if lf.plan.rules.interfaces]
     if following and app:
         return loaded, wrapper.start_watcher(following, service, app)
@@ -249,7 +249,7 @@ def change(service: str, name: str, verb: str, cidrs: Sequence[str]) -> list[str
 def show(service: str) -> list[str]:
     lines = []
     for m in members(service):
-        rules = state.runtime_rules(m.state) if (m.state.dir / "runtime").exists() else []
+        rules = state.runtime_rules(m.state) if state.store().has_pin(m.state, "runtime") else []
         lines.append(f"{service} {m.label()}: {len(rules)} runtime rule(s)")
         for family, value, length, verdict in sorted(rules):
             af = socket.AF_INET if family == 4 else socket.AF_INET6
@@ -315,7 +315,7 @@ def log_suppressed(member: Member) -> int | None:
     """Drop-log events suppressed by the rate limit so far, or None without a drop log."""
     from alfwrapper.droplog import BUCKET  # noqa: PLC0415
 
-    if not (member.state.dir / "log_bucket").exists():
+    if not state.store().has_pin(member.state, "log_bucket"):
         return None
     fd = state.open_pin(member.state, "log_bucket")
     try:
@@ -326,8 +326,8 @@ def log_suppressed(member: Member) -> int | None:
 
 
 def socket_status(m: Member) -> dict[str, object]:
-    counts = counters(m) if (m.state.dir / "counters").exists() else {}
-    runtime = state.runtime_rules(m.state) if (m.state.dir / "runtime").exists() else []
+    counts = counters(m) if state.store().has_pin(m.state, "counters") else {}
+    runtime = state.runtime_rules(m.state) if state.store().has_pin(m.state, "runtime") else []
     pid = m.meta.get("pid")
     return {
         "name": m.name,
@@ -360,10 +360,10 @@ def _address(family: int, value: int) -> str:
 
 def status(service: str) -> dict[str, object]:
     collect()
-    names = [service] if service else state.services()
+    names = [service] if service else state.store().services()
     services = []
     for name in names:
-        found = [Member(s, state.read_meta(s)) for s in state.sockets_of(name)]
+        found = [Member(s, state.read_meta(s)) for s in state.store().sockets_of(name)]
         services.append({"name": name, "sockets": [socket_status(m) for m in found]})
     return {"services": services}
 
@@ -458,8 +458,10 @@ def log(service: str, follow: bool, as_json: bool) -> int:
     """Print the drop log of a service (every service, if "")."""
     from alfwrapper import droplog  # noqa: PLC0415
 
-    everyone = [service] if service else state.services()
-    found = [m for name in everyone for m in members(name) if (m.state.dir / "events").exists()]
+    everyone = [service] if service else state.store().services()
+    found = [
+        m for name in everyone for m in members(name) if state.store().has_pin(m.state, "events")
+    ]
     if not found:
         raise AlfError(
             f"service {service}" if service else "alfwrapper log",

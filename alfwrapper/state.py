@@ -14,12 +14,19 @@ live allow/deny, status and gc all find a socket's state here by its cookie.
           meta                          ARRAY[1]: JSON about the socket, for status and reload
           counters                      PERCPU_ARRAY: verdicts by reason
           runtime, runtime_count        LPM_TRIE and ARRAY[1]: live allow and deny
+      %users/UID/SERVICE/...            the same, for the services of user UID, kept by
+                                        the loader (loader.py) on that user's requests
 
 Pinned objects are guarded by file permissions alone (since Linux 6.5 the
 unprivileged_bpf_disabled check covers only creating maps and loading
 programs): an application running as uid 0 without capabilities could open a
 root-owned pin.  So the tree belongs to a user the application never is, and
 every directory on the path is checked before it is trusted.
+
+A Store is one such tree and what can be done to it: the root's, or a user's
+(%users/UID).  A wrapper or command that cannot reach the tree itself uses the
+loader's Store instead (loader.Broker), which asks the loader to do the same
+things in the user's tree; store() is the one in use.
 """
 
 from __future__ import annotations
@@ -75,14 +82,14 @@ def owner() -> tuple[int, int]:
     return user.pw_uid, user.pw_gid
 
 
-def check_bpffs() -> None:
+def check_bpffs(where: Path = BPFFS) -> None:
     try:
-        magic = _statfs_magic(str(BPFFS))
+        magic = _statfs_magic(str(where))
     except OSError as err:
-        raise _fail(f"{BPFFS}", err) from None
+        raise _fail(f"{where}", err) from None
     if magic != BPF_FS_MAGIC:
         raise AlfError(
-            f"{BPFFS}",
+            f"{where}",
             "is not a BPF file system",
             "mount one: mount -t bpf -o mode=700 bpf /sys/fs/bpf",
             EX_CONFIG,
@@ -129,14 +136,39 @@ def trusted_dir(path: Path, create: bool) -> None:
         )
 
 
-def state_root(create: bool = True) -> Path:
-    check_bpffs()
-    trusted_dir(ROOT, create)
+def state_root(create: bool = True, base: Path = ROOT, top: Path = ROOT) -> Path:
+    """The tree at ``base`` (``top``, or a user's under it), each folder on the way
+    checked.  ``top`` is ROOT but in the loader, which sees it elsewhere (its unit
+    binds it to a path the loader's user can reach)."""
+    check_bpffs(top.parent if top == ROOT else top)
+    folder = top
+    trusted_dir(folder, create)
+    for part in base.relative_to(top).parts:
+        folder = folder / part
+        trusted_dir(folder, create)
     try:
-        os.listdir(ROOT)  # ours to enter?  (uid 0 without CAP_DAC_OVERRIDE is not)
+        os.listdir(base)  # ours to enter?  (uid 0 without CAP_DAC_OVERRIDE is not)
     except OSError as err:
-        raise _fail(f"{ROOT}", err) from None
-    return ROOT
+        raise _fail(f"{base}", err) from None
+    return base
+
+
+USERS = "%users"  # no service's folder name has a "%" but before "2E"
+
+
+def user_base(uid: int, top: Path = ROOT) -> Path:
+    """Where the state of user ``uid``'s services is kept."""
+    return top / USERS / str(uid)
+
+
+def folder_name(service: str) -> str:
+    """A service's folder: bpffs reserves names with a dot (EPERM), so dots are
+    written %2E."""
+    return service.replace(".", "%2E")
+
+
+def service_of(folder: str) -> str:
+    return folder.replace("%2E", ".")
 
 
 def check_service(name: str) -> str:
@@ -181,14 +213,15 @@ class SocketState:
 
     service: str
     cookie: int
+    base: Path = ROOT  # the tree it is in: ROOT, or a user's (user_base)
 
     @property
     def dir(self) -> Path:
-        return ROOT / self.service / f"sock-{self.cookie}"
+        return self.service_dir / f"sock-{self.cookie}"
 
     @property
     def service_dir(self) -> Path:
-        return ROOT / self.service
+        return self.base / folder_name(self.service)
 
     def path(self, name: str) -> str:
         return str(self.dir / name)
@@ -201,47 +234,17 @@ def socket_cookie(sock: socket.socket) -> int:
     return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, 57, 8), "little")
 
 
+def socket_netns_cookie(sock: socket.socket) -> int:
+    """The network namespace a socket lives in (SO_NETNS_COOKIE, Linux 5.14), or 0."""
+    try:
+        return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
+    except OSError:
+        return 0
+
+
 def netns_cookie() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            return int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
-        except OSError:
-            return 0
-
-
-def find(service: str, sock: socket.socket) -> SocketState | None:
-    """This socket's state, if an earlier start of this service left it."""
-    state = SocketState(service, socket_cookie(sock))
-    return state if (state.dir / "dispatch").exists() else None
-
-
-def create(service: str, sock: socket.socket, label: str) -> tuple[SocketState, int]:
-    """A new socket's state: its directory, slot, meta and dispatcher (named for
-    ``label``, program.label).  Returns the dispatcher's fd, to attach."""
-    state = SocketState(service, socket_cookie(sock))
-    state_root()
-    trusted_dir(state.service_dir, True)
-    if state.dir.exists():
-        remove(state)  # a stale socket of the same cookie cannot exist: leftovers
-    trusted_dir(state.dir, True)
-    try:
-        slot = syscalls.map_create(
-            syscalls.BPF_MAP_TYPE_PROG_ARRAY, object_name(label, "slot"), 4, 4, 1
-        )
-        meta = syscalls.map_create(
-            syscalls.BPF_MAP_TYPE_ARRAY, object_name(label, "meta"), 4, META_SIZE, 1
-        )
-        dispatch = syscalls.load_dispatcher(slot, f"{label}_d")
-        for fd, name in ((slot, "slot"), (meta, "meta"), (dispatch, "dispatch")):
-            syscalls.obj_pin(fd, state.path(name))
-        os.close(slot)
-        os.close(meta)
-    except OSError as err:
-        raise _fail(f"pinning the state of {service} in {state.dir}", err) from None
-    own(state.dir)
-    # Until this socket is bound, sock_diag does not list it: gc keeps it by this pid.
-    write_meta(state, {"pid": os.getpid(), "netns": netns_cookie(), "service": service})
-    return state, dispatch
+        return socket_netns_cookie(s)
 
 
 def own(path: Path) -> None:
@@ -260,13 +263,6 @@ def install(state: SocketState, prog_fd: int) -> None:
         raise _fail(f"installing the new program for {state.dir}", err) from None
     finally:
         os.close(slot)
-
-
-def open_pin(state: SocketState, name: str) -> int:
-    try:
-        return syscalls.obj_get(state.path(name))
-    except OSError as err:
-        raise _fail(f"opening {state.path(name)}", err) from None
 
 
 def write_meta(state: SocketState, meta: dict[str, object]) -> None:
@@ -343,7 +339,7 @@ def set_runtime(where: SocketState, key: bytes, verdict: int | None) -> bool:
 
 def clear_runtime(where: SocketState) -> None:
     """Forget the runtime rules (a start or a reload); nothing if none were made yet."""
-    if not (where.dir / "runtime").exists():
+    if not store().has_pin(where, "runtime"):
         return
     fd, count_fd = open_pin(where, "runtime"), open_pin(where, "runtime_count")
     try:
@@ -353,33 +349,6 @@ def clear_runtime(where: SocketState) -> None:
     finally:
         os.close(fd)
         os.close(count_fd)
-
-
-def services() -> list[str]:
-    root = state_root(create=False)
-    return sorted(p.name for p in root.iterdir() if p.is_dir())
-
-
-def sockets_of(service: str) -> list[SocketState]:
-    state_root(create=False)
-    folder = ROOT / check_service(service)
-    if not folder.is_dir():
-        raise AlfError(
-            f"service {service}",
-            "has no pinned state",
-            "is it running behind alfwrapper? `alfwrapper status` lists services",
-            EX_USAGE,
-        )
-    trusted_dir(folder, False)
-    found = []
-    for entry in sorted(folder.iterdir()):
-        if entry.name.startswith("sock-") and entry.name[5:].isdigit():
-            found.append(SocketState(service, int(entry.name[5:])))
-    return found
-
-
-def remove(state: SocketState) -> None:
-    shutil.rmtree(state.dir, ignore_errors=True)
 
 
 def live_cookies() -> set[int]:
@@ -396,47 +365,6 @@ def live_cookies() -> set[int]:
     return found
 
 
-def gc() -> list[SocketState]:
-    """Remove the state of sockets of this network namespace that no longer exist.
-
-    Socket cookies are unique until reboot, and sock_diag lists every bound
-    socket of a namespace: a socket it does not list, whose process (the
-    wrapper that pinned it, then the application) is gone too, is gone.  State
-    from other namespaces is left to `alfwrapper gc` (gc_everywhere).
-    """
-    return _collect(live_cookies(), {netns_cookie()})
-
-
-def _collect(live: set[int], namespaces: set[int] | None) -> list[SocketState]:
-    """Remove socket state whose cookie is not alive (only from these namespaces, if
-    given), and knock state no socket refers to any more."""
-    try:
-        root = state_root(create=False)
-    except AlfError:
-        return []
-    removed = []
-    for service_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        kept_knock = set()
-        for entry in sorted(service_dir.glob("sock-*")):
-            if not entry.name[5:].isdigit():
-                continue
-            where = SocketState(service_dir.name, int(entry.name[5:]))
-            meta = read_meta(where) if (entry / "meta").exists() else {}
-            known = namespaces is None or meta.get("netns") in namespaces or not meta
-            owner_alive = alive(meta.get("pid"))  # its process: the socket may be unbound
-            if known and where.cookie not in live and not owner_alive:
-                remove(where)
-                removed.append(where)
-            else:
-                kept_knock.add(str(meta.get("knock", "")))
-        for knock in service_dir.glob("knock-*"):
-            if knock.name not in kept_knock:
-                shutil.rmtree(knock, ignore_errors=True)
-        if not any(service_dir.iterdir()):
-            service_dir.rmdir()
-    return removed
-
-
 def alive(pid: object) -> bool:
     """Does this process run (neither gone nor a zombie that nobody has reaped)?"""
     if not isinstance(pid, int) or pid <= 0:
@@ -450,16 +378,188 @@ def alive(pid: object) -> bool:
     return stat[end + 2 : end + 3] not in (b"Z", b"X")
 
 
+def open_pin(state: SocketState, name: str) -> int:
+    """An fd of one of the socket's pinned objects (from the store in use)."""
+    return store().open_pin(state, name)
+
+
+class Store:
+    """One tree of pinned state (``base``: ROOT, or a user's) and what can be done to it."""
+
+    def __init__(self, base: Path = ROOT, top: Path = ROOT) -> None:
+        self.base = base
+        self.top = top
+
+    def root(self, create: bool = True) -> Path:
+        return state_root(create, self.base, self.top)
+
+    def state(self, service: str, cookie: int) -> SocketState:
+        return SocketState(service, cookie, self.base)
+
+    def find(self, service: str, sock: socket.socket) -> SocketState | None:
+        """This socket's state, if an earlier start of this service left it."""
+        state = self.state(service, socket_cookie(sock))
+        return state if (state.dir / "dispatch").exists() else None
+
+    def create(
+        self, service: str, sock: socket.socket, label: str, pid: int = 0
+    ) -> tuple[SocketState, int]:
+        """A new socket's state: its directory, slot, meta and dispatcher (named for
+        ``label``, program.label).  Returns the dispatcher's fd, to attach.  ``pid``
+        is the process that will hold the socket (default: this one)."""
+        state = self.state(service, socket_cookie(sock))
+        self.root()
+        trusted_dir(state.service_dir, True)
+        if state.dir.exists():
+            self.remove(state)  # a stale socket of the same cookie cannot exist: leftovers
+        trusted_dir(state.dir, True)
+        try:
+            slot = syscalls.map_create(
+                syscalls.BPF_MAP_TYPE_PROG_ARRAY, object_name(label, "slot"), 4, 4, 1
+            )
+            meta = syscalls.map_create(
+                syscalls.BPF_MAP_TYPE_ARRAY, object_name(label, "meta"), 4, META_SIZE, 1
+            )
+            dispatch = syscalls.load_dispatcher(slot, f"{label}_d")
+            for fd, name in ((slot, "slot"), (meta, "meta"), (dispatch, "dispatch")):
+                syscalls.obj_pin(fd, state.path(name))
+            os.close(slot)
+            os.close(meta)
+        except OSError as err:
+            raise _fail(f"pinning the state of {service} in {state.dir}", err) from None
+        own(state.dir)
+        # Until this socket is bound, sock_diag does not list it: gc keeps it by this pid.
+        write_meta(
+            state,
+            {"pid": pid or os.getpid(), "netns": socket_netns_cookie(sock), "service": service},
+        )
+        return state, dispatch
+
+    def remove(self, state: SocketState) -> None:
+        shutil.rmtree(state.dir, ignore_errors=True)
+
+    def open_pin(self, state: SocketState, name: str) -> int:
+        try:
+            return syscalls.obj_get(state.path(name))
+        except OSError as err:
+            raise _fail(f"opening {state.path(name)}", err) from None
+
+    def has_pin(self, state: SocketState, name: str) -> bool:
+        return (state.dir / name).exists()
+
+    def services(self) -> list[str]:
+        root = self.root(create=False)
+        return sorted(service_of(p.name) for p in root.iterdir() if _service_folder(p))
+
+    def sockets_of(self, service: str) -> list[SocketState]:
+        self.root(create=False)
+        folder = self.base / folder_name(check_service(service))
+        if not folder.is_dir():
+            raise AlfError(
+                f"service {service}",
+                "has no pinned state",
+                "is it running behind alfwrapper? `alfwrapper status` lists services",
+                EX_USAGE,
+            )
+        trusted_dir(folder, False)
+        found = []
+        for entry in sorted(folder.iterdir()):
+            if entry.name.startswith("sock-") and entry.name[5:].isdigit():
+                found.append(self.state(service, int(entry.name[5:])))
+        return found
+
+    def gc(self) -> list[SocketState]:
+        """Remove the state of sockets of this network namespace that no longer exist.
+
+        Socket cookies are unique until reboot, and sock_diag lists every bound
+        socket of a namespace: a socket it does not list, whose process (the
+        wrapper that pinned it, then the application) is gone too, is gone.  State
+        from other namespaces is left to `alfwrapper gc` (gc_everywhere).
+        """
+        return self._collect(live_cookies(), {netns_cookie()})
+
+    def collect(self) -> tuple[list[SocketState], str]:
+        """Forget sockets that are gone: in every network namespace when we may enter
+        them (root), else in this one.  Returns what was removed, and where we looked."""
+        try:
+            return gc_everywhere(), "every network namespace"
+        except OSError:
+            return self.gc(), "this network namespace (run as root for all)"
+
+    def _collect(self, live: set[int], namespaces: set[int] | None) -> list[SocketState]:
+        """Remove socket state whose cookie is not alive (only from these namespaces, if
+        given), and knock state no socket refers to any more."""
+        try:
+            root = self.root(create=False)
+        except AlfError:
+            return []
+        removed = []
+        for service_dir in sorted(p for p in root.iterdir() if _service_folder(p)):
+            kept_knock = set()
+            for entry in sorted(service_dir.glob("sock-*")):
+                if not entry.name[5:].isdigit():
+                    continue
+                where = self.state(service_of(service_dir.name), int(entry.name[5:]))
+                meta = read_meta(where) if (entry / "meta").exists() else {}
+                known = namespaces is None or meta.get("netns") in namespaces or not meta
+                owner_alive = alive(meta.get("pid"))  # its process: the socket may be unbound
+                if known and where.cookie not in live and not owner_alive:
+                    self.remove(where)
+                    removed.append(where)
+                else:
+                    kept_knock.add(str(meta.get("knock", "")))
+            for knock in service_dir.glob("knock-*"):
+                if knock.name not in kept_knock:
+                    shutil.rmtree(knock, ignore_errors=True)
+            if not any(service_dir.iterdir()):
+                service_dir.rmdir()
+        return removed
+
+
+def _service_folder(path: Path) -> bool:
+    """A folder alfwrapper made for a service: not the users' trees, nor anything
+    else someone left in the tree (which would otherwise break every listing)."""
+    name = service_of(path.name)
+    return path.is_dir() and bool(_SERVICE.match(name)) and not name.startswith(".")
+
+
+def user_stores() -> list[Store]:
+    """The trees of users' services (kept by the loader), for root's gc."""
+    folder = ROOT / USERS
+    try:
+        uids = [p.name for p in folder.iterdir() if p.name.isdigit()]
+    except OSError:
+        return []
+    return [Store(folder / uid) for uid in sorted(uids)]
+
+
 def gc_everywhere() -> list[SocketState]:
-    """As root: gc over every network namespace we can find (processes' and /run/netns).
+    """As root: gc over every network namespace we can find (processes' and /run/netns),
+    in root's tree and in every user's.
 
     The state of a socket whose namespace we cannot find (a namespace no process is
     in, held only by a socket unit, or one deleted) is kept: it cannot be told
     from alive.
     """
-    alive: set[int] = set()
+    live: set[int] = set()
     seen: set[int] = set()
     for _ in syscalls.each_netns():
-        alive |= live_cookies()
+        live |= live_cookies()
         seen.add(netns_cookie())
-    return _collect(alive, seen)
+    removed = []
+    for tree in [Store(ROOT), *user_stores()]:
+        removed += tree._collect(live, seen)  # noqa: SLF001
+    return removed
+
+
+_store: Store = Store(ROOT)
+
+
+def store() -> Store:
+    """The store in use: root's tree, or the loader's for a user (use_store)."""
+    return _store
+
+
+def use_store(chosen: Store) -> None:
+    global _store
+    _store = chosen

@@ -157,6 +157,16 @@ def prog_info(prog_fd: int) -> ProgInfo:
     return ProgInfo(prog_id, xlated // 8, jited)
 
 
+def map_info_id(fd: int) -> int:
+    """The kernel's id of a map (struct bpf_map_info's second word)."""
+    return int.from_bytes(_info(fd, "map")[4:8], "little")
+
+
+def prog_type(fd: int) -> int:
+    """A program's type (struct bpf_prog_info's first word: 1 is a socket filter)."""
+    return int.from_bytes(_info(fd, "prog")[0:4], "little")
+
+
 def map_shape(map_fd: int) -> tuple[int, int, int, int, int]:
     """A map's type, key size, value size, max entries and flags (struct bpf_map_info)."""
     kind, _, key, value, entries, flags = struct.unpack_from("=6I", _info(map_fd, "map"))
@@ -547,3 +557,57 @@ def capset(effective: int, permitted: int, inheritable: int) -> None:
         data[i].permitted = permitted >> (32 * i) & 0xFFFFFFFF
         data[i].inheritable = inheritable >> (32 * i) & 0xFFFFFFFF
     _check(_libc.syscall(number, ctypes.byref(header), ctypes.byref(data)), "capset")
+
+
+# Landlock (Linux 5.13): no library in Debian's Python; its three syscalls and
+# structs from uapi/linux/landlock.h.
+_SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_ADD_RULE = 445
+_SYS_LANDLOCK_RESTRICT_SELF = 446
+_LANDLOCK_RULE_PATH_BENEATH = 1
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+# What changes the file system, as of ABI 1: write a file, remove a file or a
+# directory, make a character device, a directory, a regular file (a BPF pin
+# is one), a socket, a FIFO, a block device or a symbolic link.
+_LANDLOCK_WRITES_V1 = (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (
+    1 << 9) | (1 << 10) | (1 << 11) | (1 << 12)  # fmt: skip
+_LANDLOCK_REFER = 1 << 13  # ABI 2: link or rename across folders
+_LANDLOCK_TRUNCATE = 1 << 14  # ABI 3
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_write_only_beneath(paths: list[str]) -> None:
+    """From now on this process (and what it starts) may change the file system only
+    beneath ``paths``; reading is untouched.  OSError when Landlock is unavailable."""
+    abi = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, _LANDLOCK_CREATE_RULESET_VERSION)
+    _check(abi, "landlock_create_ruleset")
+    handled = _LANDLOCK_WRITES_V1
+    if abi >= 2:
+        handled |= _LANDLOCK_REFER
+    if abi >= 3:
+        handled |= _LANDLOCK_TRUNCATE
+    attr = ctypes.c_uint64(handled)
+    ruleset = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), 8, 0)
+    _check(ruleset, "landlock_create_ruleset")
+    try:
+        for path in paths:
+            folder = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneath(handled, folder)
+                _check(
+                    _libc.syscall(
+                        _SYS_LANDLOCK_ADD_RULE, ruleset, _LANDLOCK_RULE_PATH_BENEATH,
+                        ctypes.byref(rule), 0,
+                    ),
+                    "landlock_add_rule",
+                )  # fmt: skip
+            finally:
+                os.close(folder)
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        _check(_libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)

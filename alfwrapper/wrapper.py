@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from alfwrapper import (
     activation,
@@ -125,21 +125,25 @@ def gather_sockets(policy: Policy) -> list[SocketRecord]:
 
 def load_programs(records: list[SocketRecord], service: str) -> list[compiler.LoadedFilter]:
     """A program for each socket with pinned state (its maps are its own), and one
-    per distinct rule set for connected (Accept=yes) sockets."""
+    per distinct rule set for the others (connected Accept=yes sockets, or every
+    socket when no state can be kept)."""
     env = fill_env(records)
     shared: dict[SocketRules, compiler.LoadedFilter] = {}
     loaded: list[compiler.LoadedFilter] = []
     for record in records:
         if record.state is not None:
-            record.loaded = load_pinned(record.rules, record.state, env, record.label(service))
+            record.loaded = load_pinned(
+                record.rules, record.state, env, record.label(service), listeners([record])
+            )
             loaded.append(record.loaded)
         elif not record.rules.empty:
             if record.rules not in shared:
-                plan = program.plan_program(record.rules, label_=record.label(service))
-                shared[record.rules] = compiler.load_program(plan, env)
+                sharing = [r for r in records if r.state is None and r.rules == record.rules]
+                shared[record.rules] = load_unpinned(
+                    record.rules, record, env, record.label(service), listeners(sharing)
+                )
                 loaded.append(shared[record.rules])
             record.loaded = shared[record.rules]
-    set_listeners(records, loaded)
     return loaded
 
 
@@ -149,26 +153,62 @@ def fill_env(records: list[SocketRecord]) -> FillEnv:
     return FillEnv({index: name for name, index in indexes.items()}, interfaces.link_index)
 
 
-def set_listeners(records: list[SocketRecord], loaded: list[compiler.LoadedFilter]) -> None:
-    # The knock part tells a listener's handshake from an accepted connection's
-    # traffic by the socket's cookie: it must know its listeners before any
-    # packet reaches them.
-    for lf in loaded:
-        if lf.plan.rules.knock:
-            cookies = [
-                attach.socket_cookie(r.sock) for r in records if r.loaded is lf and r.listener
-            ]
-            compiler.set_knock_listeners(lf.bpf, cookies)
+def listeners(records: list[SocketRecord]) -> list[int]:
+    """The cookies of the listening sockets among these (sharing one program).  The
+    knock part tells a listener's handshake from an accepted connection's traffic by
+    the socket's cookie: it must know its listeners before any packet reaches them."""
+    return [attach.socket_cookie(r.sock) for r in records if r.listener and r.rules.knock]
+
+
+def _through_loader() -> Any:
+    """The loader's store, when this process uses it (loader.Broker), else None."""
+    from alfwrapper import loader  # noqa: PLC0415
+
+    chosen = state.store()
+    return chosen if isinstance(chosen, loader.Broker) else None
+
+
+def _remote(rules: SocketRules, fd: int, label: str) -> compiler.LoadedFilter:
+    """A program the loader loaded: its fd, and the plan's rules (no BCC module here)."""
+    plan = program.ProgramPlan(rules=rules, text="", defines=(), include_dirs=(), parts=(),
+                               label=label)  # fmt: skip
+    return compiler.LoadedFilter(bpf=None, fd=fd, plan=plan)
+
+
+def load_unpinned(
+    rules: SocketRules, record: SocketRecord, env: FillEnv, label: str, cookies: list[int]
+) -> compiler.LoadedFilter:
+    broker = _through_loader()
+    if broker is not None:
+        fd, _ = broker.load(rules, None, label, bool(cookies), record.sock)
+        return _remote(rules, fd, label)
+    loaded = compiler.load_program(program.plan_program(rules, label_=label), env)
+    if cookies:
+        compiler.set_knock_listeners(loaded.bpf, cookies)
+    return loaded
 
 
 def load_pinned(
-    rules: SocketRules, where: state.SocketState, env: FillEnv, label: str
+    rules: SocketRules, where: state.SocketState, env: FillEnv, label: str, cookies: list[int]
 ) -> compiler.LoadedFilter:
-    """Compile and load a socket's program against its pinned maps (made if missing)."""
+    """Compile and load a socket's program against its pinned maps (made if missing),
+    here or through the loader."""
+    broker = _through_loader()
+    if broker is not None:
+        fd, _ = broker.load(rules, where, label, bool(cookies))
+        return _remote(rules, fd, label)
+    return load_pinned_here(rules, where, env, label, cookies)
+
+
+def load_pinned_here(
+    rules: SocketRules, where: state.SocketState, env: FillEnv, label: str, cookies: list[int]
+) -> compiler.LoadedFilter:
     if rules.knock:
         state.trusted_dir(where.service_dir / knock_key(rules), create=True)
     pins = Pins(str(where.dir), str(where.service_dir))
     loaded = compiler.load_program(program.plan_program(rules, pins, label), env)
+    if cookies:
+        compiler.set_knock_listeners(loaded.bpf, cookies)
     state.own(where.service_dir)
     return loaded
 
@@ -180,7 +220,7 @@ def pin_sockets(records: list[SocketRecord], service: str) -> None:
     for record in records:
         if record.connected:
             continue
-        found = state.find(service, record.sock)
+        found = state.store().find(service, record.sock)
         if found is not None:
             record.state, record.fresh = found, False
         elif attach.has_filter(record.sock):
@@ -192,7 +232,7 @@ def pin_sockets(records: list[SocketRecord], service: str) -> None:
                 EX_CONFIG,
             )
         else:
-            record.state, record.dispatch = state.create(
+            record.state, record.dispatch = state.store().create(
                 service, record.sock, record.label(service)
             )
 
@@ -344,8 +384,8 @@ def state_available() -> str:
     """Why this wrapper cannot keep pinned state, or "" if it can.  Without it, each
     socket gets its program directly, which no restart or reload can replace."""
     try:
-        state.state_root(create=True)
-        state.gc()  # what sockets of this namespace left behind that are gone
+        state.store().root(create=True)
+        state.store().gc()  # what sockets of this namespace left behind that are gone
         return ""
     except AlfError as err:
         return f"{err.what}: {err.why}"
@@ -358,6 +398,18 @@ def run(policy: Policy, service: str, argv: list[str]) -> int | NoReturn:
     it so that `alfwrapper reload` can build the policy again."""
     check_command(policy.command)
     records = gather_sockets(policy)
+    from alfwrapper import loader  # noqa: PLC0415
+
+    if loader.use_if_needed():
+        following = sorted({i for r in records for i in r.rules.interfaces})
+        if following:
+            raise AlfError(
+                f"--interface {following[0]}",
+                "without CAP_BPF, filters come from the loader, which cannot follow "
+                "interface renames for you",
+                "use subnet rules, or give the service CAP_BPF",
+                EX_USAGE,
+            )
     unpinned = state_available() if any(not r.connected for r in records) else ""
     pinned = any(not r.connected for r in records) and not unpinned
     try:
@@ -375,7 +427,7 @@ def run(policy: Policy, service: str, argv: list[str]) -> int | NoReturn:
     except BaseException:
         for record in records:  # a failed start leaves no state of new sockets behind
             if record.fresh and record.state is not None:
-                state.remove(record.state)
+                state.store().remove(record.state)
         raise
     if unpinned:
         print(

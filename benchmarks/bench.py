@@ -326,9 +326,9 @@ def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> 
     with tempfile.TemporaryDirectory() as tmp, socket.socket(socket.AF_INET6) as sock:
         name = f"bench-{os.getpid()}"
         label = program.label(name, "udp", 0)
-        where, dispatch = state.create(name, sock, label)
+        where, dispatch = state.store().create(name, sock, label)
         try:
-            loaded = load_pinned(rules, where, FillEnv(), label)
+            loaded = load_pinned(rules, where, FillEnv(), label, [])
             state.install(where, loaded.fd)
             # The same program, directly and behind the dispatcher, interleaved.
             direct, behind = [], []
@@ -362,7 +362,7 @@ def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> 
             assert prog_test_run(dispatch, frame).retval != 0
         finally:
             os.close(dispatch)
-            state.remove(where)
+            state.store().remove(where)
             shutil.rmtree(state.ROOT / name, ignore_errors=True)
     return out
 

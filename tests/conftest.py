@@ -1,14 +1,18 @@
 """Fixtures for every test: ``bpf_root`` skips (or, under CI=true, fails) without root and
-BPF; ``network`` (three namespaced hosts) and ``services`` (stopped afterwards)."""
+BPF; ``network`` (three namespaced hosts), ``services`` (stopped afterwards) and
+``manager`` (root's systemd --user with the shipped units)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hosts import Network, Service, make_network
+from managers import UserManager
 from support import WRAPPER, bpf_problem, require
 
 
@@ -47,3 +51,42 @@ def services() -> Iterator[list[Service]]:
     yield started
     for svc in started:
         svc.stop()
+
+
+@pytest.fixture
+def manager(network: Network) -> Iterator[UserManager]:
+    """root's `systemd --user` in the server's namespace, with the shipped units."""
+    if shutil.which("systemd") is None and not Path("/lib/systemd/systemd").exists():
+        pytest.fail("systemd is missing: `make setup` installs it")
+    mgr = UserManager(network.server)
+    try:
+        yield mgr
+    finally:
+        mgr.stop()
+
+
+@pytest.fixture(scope="session")
+def readable_copy() -> Iterator[Path]:
+    """alfwrapper (with its filters), pyroute2, the echo service and the test filters
+    where any user can read them: the checkout (and its virtualenv) may sit in a
+    directory only root can enter, as a fresh `mktemp -d` clone does.  Run it with the
+    system Python (which has BCC) and PYTHONPATH=copy."""
+    import tempfile
+
+    import pyroute2
+    from support import ROOT
+
+    root = Path(tempfile.mkdtemp(prefix="alf-readable-"))
+    root.chmod(0o755)
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "alfwrapper", root / "alfwrapper", ignore=skip)
+    shutil.copytree(ROOT / "filters", root / "filters", ignore=skip)
+    shutil.copytree(Path(pyroute2.__file__).parent, root / "pyroute2", ignore=skip)
+    shutil.copy(ROOT / "examples/echo_server.py", root / "echo_server.py")
+    shutil.copy(ROOT / "tests/data/allowlist.c", root / "allowlist.c")
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

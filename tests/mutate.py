@@ -329,6 +329,49 @@ MUTATIONS += [
         "        return",
         ("tests/integration/test_systemd.py::test_drops_go_to_the_journal_under_the_unit",),
     ),
+    Mutation(
+        "loader-trusts-claimed-uid",
+        "alfwrapper/loader.py",
+        '    op = message.get("op")\n',
+        '    op = message.get("op")\n    if "uid" in message:\n'
+        '        who = Caller(who.pid, int(message["uid"]), who.gid, who.pins)\n',
+        ("tests/integration/test_loader.py::test_one_user_cannot_touch_anothers_service",),
+    ),
+    Mutation(
+        "loader-unconfined-compile",
+        "alfwrapper/loader.py",
+        "    if rules.custom:\n        confine(tree)\n",
+        "    if False:\n        confine(tree)\n",
+        ("tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",),
+    ),
+    Mutation(
+        "loader-old-maps-allowed",
+        "alfwrapper/loader.py",
+        "        if ident <= probe and ident not in own:",
+        "        if False:",
+        ("tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",),
+    ),
+    Mutation(
+        "loader-any-include",
+        "alfwrapper/program.py",
+        '            if directive != "include" or not name or name.group(1) not in allowed:',
+        "            if False:",
+        ("tests/integration/test_loader.py::test_includes_leak_nothing",),
+    ),
+    Mutation(
+        "loader-no-program-quota",
+        "alfwrapper/loader.py",
+        "    if len(usage) + programs > limits.programs:",
+        "    if False:",
+        ("tests/integration/test_loader.py::test_quota_is_enforced_and_said",),
+    ),
+    Mutation(
+        "loader-one-queue",
+        "alfwrapper/loader.py",
+        "WORKERS = 8  # connections served at once",
+        "WORKERS = 2  # connections served at once",
+        ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
+    ),
 ]
 
 

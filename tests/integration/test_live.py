@@ -185,12 +185,12 @@ def test_a_thousand_starts_leave_no_stale_pins(bpf_root: None) -> None:
         if child == 0:
             try:
                 with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-                    state.gc()
-                    state.create("thousand", sock, "thousand_t0")
+                    state.store().gc()
+                    state.store().create("thousand", sock, "thousand_t0")
                 os._exit(0)
             except BaseException:
                 os._exit(1)
         assert os.waitpid(child, 0)[1] == 0
     assert len(pins_of("thousand")) == 1  # the last one's: nothing has collected it yet
-    state.gc()
+    state.store().gc()
     assert not (STATE / "thousand").exists()

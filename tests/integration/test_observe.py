@@ -5,6 +5,7 @@ rate-limited, under a flood."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -195,7 +196,13 @@ def test_prometheus_file_is_written_whole(
 ) -> None:
     start(network, services, "scraped", "--deny", "203.0.113.0/24")
     target = tmp_path / "alfwrapper.prom"
-    out = cli("status", "--prometheus", "--output", str(target))
+    # A folder someone else left in the tree is no service: it must not break the listing.
+    stray = Path("/sys/fs/bpf/alfwrapper/left by someone")
+    (stray / "1000").mkdir(parents=True)
+    try:
+        out = cli("status", "--prometheus", "--output", str(target))
+    finally:
+        shutil.rmtree(stray)
     assert out.returncode == 0 and out.stdout == "", out.stderr
     names = {f.name for f in text_string_to_metric_families(target.read_text())}
     assert "alfwrapper_packets" in names

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hosts import Network, Service, all_probes, check_policy
-from support import ROOT
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # the interpreter python3-bpfcc is built for
 SYSCTL = Path("/proc/sys/kernel/unprivileged_bpf_disabled")
@@ -20,34 +17,6 @@ NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 # What AmbientCapabilities=CAP_BPF gives a unit's unprivileged user.
 NOBODY_WITH_BPF = [*NOBODY, "--inh-caps=-all,+bpf", "--ambient-caps=+bpf"]
 NOBODY_WITHOUT_CAPS = [*NOBODY, "--inh-caps=-all", "--bounding-set=-all"]
-
-
-@pytest.fixture(scope="module")
-def readable_copy() -> Iterator[Path]:
-    """alfwrapper, pyroute2 and the echo service where uid 65534 can read them.
-
-    The checkout (and its virtualenv) may sit in a directory only root can
-    enter, as a fresh `mktemp -d` clone does; the system Python has BCC.
-    """
-    import pyroute2
-
-    root = Path(tempfile.mkdtemp(prefix="alf-readable-"))
-    root.chmod(0o755)
-    shutil.copytree(
-        ROOT / "alfwrapper", root / "alfwrapper", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    shutil.copytree(
-        Path(pyroute2.__file__).parent,
-        root / "pyroute2",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    shutil.copy(ROOT / "examples/echo_server.py", root / "echo_server.py")
-    for path in root.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def as_nobody(

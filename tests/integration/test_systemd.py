@@ -9,126 +9,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hosts import CLIENT, Host, Network, Probe, Service, all_probes, check_policy
+from hosts import CLIENT, Host, Network, Probe, all_probes, check_policy
+from managers import ALFWRAPPER, UNITS, UnitLog, UserManager, installed_unit, wait_until
 from support import ROOT
-
-UNITS = ROOT / "units"
-ALFWRAPPER = str(Path(sys.executable).parent / "alfwrapper")
-
-
-def installed_unit(text: str) -> str:
-    """A shipped unit as installed here: our paths, and no DynamicUser= (which only a
-    system manager supports; PID 1 here is not systemd)."""
-    text = text.replace("/usr/local/bin/alfwrapper", ALFWRAPPER)
-    text = text.replace("/usr/local/share/alfwrapper/", f"{ROOT}/examples/")
-    text = text.replace("/var/lib/alfwrapper-lighttpd", f"{ROOT}/examples/lighttpd")
-    text = text.replace("/usr/bin/python3", sys.executable)
-    return re.sub(r"(?m)^DynamicUser=.*\n", "", text)
-
-
-class UserManager:
-    """`systemd --user` in the server's network namespace, with the shipped units."""
-
-    def __init__(self, server: Host) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="alf-systemd-"))
-        self.runtime = self.root / "runtime"
-        self.runtime.mkdir(mode=0o700)
-        self.config = self.root / "config"
-        self.units = self.config / "systemd" / "user"
-        self.units.mkdir(parents=True)
-        self.logs = self.root / "logs"
-        self.logs.mkdir()
-        self.textfile = self.root / "textfile"  # node_exporter's folder, for the metrics unit
-        self.textfile.mkdir()
-        for unit in UNITS.iterdir():
-            text = installed_unit(unit.read_text())
-            text = text.replace("/var/lib/prometheus/node-exporter", str(self.textfile))
-            (self.units / unit.name).write_text(text)
-        Path("/run/systemd/system").mkdir(parents=True, exist_ok=True)
-        self.env = {
-            **os.environ,
-            "XDG_RUNTIME_DIR": str(self.runtime),
-            "XDG_CONFIG_HOME": str(self.config),
-        }
-        self.proc = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{server.netns}", "systemd", "--user"],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while self.run("is-system-running", check=False).stdout.strip() not in (
-            "running",
-            "degraded",
-        ):
-            assert self.proc.poll() is None, "systemd --user exited"
-            assert time.monotonic() < deadline, "systemd --user did not come up"
-            time.sleep(0.1)
-        # The policies as installed: the administrator's folder first, then the shipped ones.
-        self.policies = self.config / "alfwrapper" / "policy"
-        self.policies.mkdir(parents=True)
-        self.run("set-environment", f"ALFWRAPPER_POLICY_PATH={self.policies}:{ROOT}/policies")
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["systemctl", "--user", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=check,
-            timeout=60,
-        )
-
-    def log_to_file(self, unit: str) -> Path:
-        """A drop-in sending the unit's output to a file (no journal here), returned."""
-        path = self.logs / f"{unit}.log"
-        dropin = self.units / f"{unit}.d"
-        dropin.mkdir(exist_ok=True)
-        (dropin / "log.conf").write_text(
-            f"[Service]\nStandardOutput=append:{path}\nStandardError=append:{path}\n"
-        )
-        return path
-
-    def stop(self) -> None:
-        self.run("exit", check=False)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-class UnitLog(Service):
-    """A unit's output file, read like a Service's."""
-
-    def __init__(self, path: Path) -> None:  # noqa: D107 (no process of our own)
-        self.path = path
-
-    def output(self) -> str:
-        return self.path.read_text() if self.path.exists() else ""
-
-    def errors(self) -> str:
-        return self.output()
-
-
-@pytest.fixture
-def manager(network: Network) -> Iterator[UserManager]:
-    if shutil.which("systemd") is None and not Path("/lib/systemd/systemd").exists():
-        pytest.fail("systemd is missing: `make setup` installs it")
-    mgr = UserManager(network.server)
-    try:
-        yield mgr
-    finally:
-        mgr.stop()
 
 
 def test_units_verify(tmp_path: Path) -> None:
@@ -325,14 +215,6 @@ def set_unit(manager: UserManager, unit: str, settings: str) -> None:
 
 def main_pid(manager: UserManager, unit: str) -> int:
     return int(manager.run("show", "-p", "MainPID", "--value", unit).stdout.strip())
-
-
-def wait_until(check: Callable[[], bool], what: Callable[[], str] | str,
-               timeout: float = 20.0) -> None:  # fmt: skip
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what() if callable(what) else what
-        time.sleep(0.05)
 
 
 # The vendor policy allows A's networks; these replace that, in a drop-in.

@@ -23,7 +23,9 @@ def long_options() -> set[str]:
     }
 
 
-@pytest.mark.parametrize("page", ["man/alfwrapper.1", "man/alfwrapper.policy.5"])
+@pytest.mark.parametrize(
+    "page", ["man/alfwrapper.1", "man/alfwrapper.policy.5", "man/alfwrapper-loader.8"]
+)
 def test_man_page_lints_clean(page: str) -> None:
     if shutil.which("mandoc") is None:
         pytest.fail("mandoc is missing: `make setup` installs it")

@@ -1,0 +1,919 @@
+"""The loader: filters for users who may not load BPF themselves.
+
+Since 2021 distributions set kernel.unprivileged_bpf_disabled: creating a map
+or loading a program needs CAP_BPF.  Attaching a loaded program to one's own
+socket needs nothing (SO_ATTACH_BPF), and since Linux 6.5 neither does using
+a map or program one holds an fd of.  So a small service, `alfwrapper loader`
+(units alfwrapper-loader.socket and alfwrapper-loader.service), holding
+CAP_BPF alone and running as the user alfwrapper, compiles and loads filters
+for anyone who asks over /run/alfwrapper/loader.sock, keeps the pinned state
+of each user's services in a tree of that user's own (state.user_base), and
+hands back file descriptors (SCM_RIGHTS).  A wrapper or command without
+CAP_BPF uses it by itself: Broker is a state.Store whose every operation is a
+request here.
+
+The protocol: a request is a 4-byte big-endian length and a JSON object, with
+at most one fd (a socket) beside it; the answer is the same, with the fds it
+hands back.  The caller is who SO_PEERCRED says; only the tree of that uid is
+ever touched.  Each connection is served by a fresh child process, bounded in
+time, so a hostile request can take down only itself.
+
+Limits: requests of at most REQUEST_LIMIT bytes, read within READ_SECONDS,
+served within WORK_SECONDS; per user, at most --max-programs programs and
+--max-map-memory bytes of maps alive (the sockets of the user's tree, and the
+unpinned programs handed out whose sockets still exist); only socket filters,
+only the map types of the built-in filters; a developer's C may include only
+alfwrapper's headers (program.checked_source), and is compiled where the
+loader cannot write outside the user's own tree (Landlock) and cannot use a
+map that existed before (fresh ids only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import re
+import select
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alfwrapper import state, syscalls
+from alfwrapper.errors import (
+    EX_DATAERR,
+    EX_NOPERM,
+    EX_SOFTWARE,
+    EX_UNAVAILABLE,
+    EX_USAGE,
+    AlfError,
+)
+from alfwrapper.rules import (
+    CustomFilter,
+    KnockRules,
+    MapSetting,
+    SocketRules,
+    SubnetRules,
+    parse_prefix,
+)
+
+SOCKET_PATH = "/run/alfwrapper/loader.sock"
+REQUEST_LIMIT = 16 << 20  # a million IPv4 rules written out fit, with room
+READ_SECONDS = 10.0
+WORK_SECONDS = 120.0
+WORKERS = 8  # connections served at once
+WORKERS_PER_USER = 2
+PENDING = 256  # connections waiting for a worker, at most
+DEFAULT_PROGRAMS = 64
+DEFAULT_MAP_MEMORY = 256 << 20
+_LENGTH = struct.Struct("!I")
+# What a user may open of a socket's pinned state (never the dispatcher).
+OPENABLE = frozenset(
+    {"slot", "meta", "counters", "runtime", "runtime_count", "events", "log_bucket"}
+)
+# The map types the built-in filters use (BPF_MAP_TYPE_*): hash, array,
+# prog array, percpu array, LRU hash, LPM trie, ring buffer.
+MAP_TYPES = frozenset({1, 2, 3, 6, 9, 11, 27})
+PROG_TYPE_SOCKET_FILTER = 1
+_LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,9}$")  # program.label()
+
+
+def socket_path() -> str:
+    return os.environ.get("ALFWRAPPER_LOADER", SOCKET_PATH)
+
+
+# -- framing ------------------------------------------------------------------------
+
+
+def send(conn: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    frame = _LENGTH.pack(len(data)) + data
+    sent = socket.send_fds(conn, [frame[:65536]], list(fds))
+    conn.sendall(frame[sent:])
+
+
+def receive(
+    conn: socket.socket, limit: int, seconds: float, max_fds: int
+) -> tuple[dict[str, Any], list[int]]:
+    """One message and the fds beside it, within ``limit`` bytes and ``seconds``."""
+    deadline = time.monotonic() + seconds
+    fds: list[int] = []
+    data = b""
+    try:
+        conn.settimeout(max(0.01, deadline - time.monotonic()))
+        data, fds, flags, _ = socket.recv_fds(conn, 65536, max_fds)
+        if flags & socket.MSG_CTRUNC:
+            raise _bad("too many file descriptors")
+        if len(data) < _LENGTH.size:
+            raise _bad("a message must start with its length")
+        (length,) = _LENGTH.unpack(data[: _LENGTH.size])
+        if length > limit:
+            raise _bad(f"{length} bytes is more than the limit of {limit}")
+        body = bytearray(data[_LENGTH.size :])
+        while len(body) < length:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _bad(f"not all of it arrived within {seconds:.0f} s")
+            conn.settimeout(left)
+            chunk = conn.recv(min(1 << 20, length - len(body)))
+            if not chunk:
+                raise _bad("the connection closed in the middle of it")
+            body += chunk
+        if len(body) > length:
+            raise _bad("more bytes than its length says")
+        message = json.loads(bytes(body))
+        if not isinstance(message, dict):
+            raise _bad("it is not a JSON object")
+        return message, fds
+    except TimeoutError:
+        for fd in fds:
+            os.close(fd)
+        raise _bad(f"nothing complete arrived within {seconds:.0f} s") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        for fd in fds:
+            os.close(fd)
+        raise _bad(f"it is not JSON ({err})") from None
+    except AlfError:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _bad(why: str) -> AlfError:
+    return AlfError("loader request", why, "", EX_DATAERR)
+
+
+# -- rules, both ways -------------------------------------------------------------------
+
+
+def encode_rules(rules: SocketRules) -> dict[str, Any]:
+    """Rules as the loader takes them: everything already read (a filter's text, a
+    knock secret), nothing for the loader to open."""
+    out: dict[str, Any] = {
+        "allow": [str(p) for p in rules.subnets.allow],
+        "deny": [str(p) for p in rules.subnets.deny],
+        "log_rate": rules.log_rate,
+    }
+    if rules.interfaces:
+        out["interfaces"] = list(rules.interfaces)
+    if rules.knock:
+        k = rules.knock
+        out["knock"] = {
+            "ports": list(k.ports),
+            "secret": k.secret.hex(),
+            "steps": k.steps,
+            "timeout": k.timeout,
+            "open_for": k.open_for,
+            "window": k.window,
+            "sources": k.sources,
+        }
+    if rules.custom:
+        from alfwrapper.rules import FILTER_LIMIT, read_text_input  # noqa: PLC0415
+
+        source = rules.custom.source or read_text_input(
+            rules.custom.path, "--filter", "give a restricted-C file", FILTER_LIMIT
+        )
+        out["filter"] = {
+            "name": rules.custom.path,
+            "source": source,
+            "sets": [[m.map, m.key, m.value] for m in rules.custom.sets],
+        }
+    return out
+
+
+def _field(d: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    value = d.get(key, default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
+        raise _bad(f"{key!r} must be a {kind.__name__}")
+    return value
+
+
+def _number(d: dict[str, Any], key: str, kind: type, low: float, high: float) -> Any:
+    value = _field(d, key, kind)
+    if not low <= value <= high:
+        raise _bad(f"{key!r} must be from {low} to {high}")
+    return value
+
+
+def decode_rules(d: Any) -> SocketRules:
+    """The rules of a request, checked as strictly as the command line checks them."""
+    if not isinstance(d, dict):
+        raise _bad("'rules' must be an object")
+    allowed = {"allow", "deny", "log_rate", "interfaces", "knock", "filter"}
+    if set(d) - allowed:
+        raise _bad(f"unknown rule keys {sorted(set(d) - allowed)}")
+    prefixes = {}
+    for key in ("allow", "deny"):
+        items = _field(d, key, list, [])
+        if len(items) > 2_000_000 or not all(isinstance(t, str) for t in items):
+            raise _bad(f"'{key}' must be a list of CIDR strings")
+        try:
+            prefixes[key] = tuple(parse_prefix(t) for t in items)
+        except ValueError as err:
+            raise _bad(f"'{key}': {err}") from None
+    if d.get("interfaces"):
+        raise AlfError(
+            "--interface",
+            "the loader cannot follow interface renames for a user's service",
+            "use subnet rules, or run the service with CAP_BPF",
+            EX_USAGE,
+        )
+    log_rate = _number(d, "log_rate", int, 0, 100_000) if "log_rate" in d else 0
+    knock = None
+    if "knock" in d:
+        k = _field(d, "knock", dict)
+        ports = _field(k, "ports", list)
+        if len(ports) > 8 or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
+            raise _bad("'knock.ports' must be at most 8 ports")
+        try:
+            secret = bytes.fromhex(_field(k, "secret", str))
+        except ValueError:
+            raise _bad("'knock.secret' must be hex") from None
+        if len(secret) > 4096 or bool(secret) == bool(ports):
+            raise _bad("a knock needs ports or a secret of at most 4 KiB, not both")
+        knock = KnockRules(
+            ports=tuple(ports),
+            secret=secret,
+            steps=_number(k, "steps", int, 1, 8),
+            timeout=_number(k, "timeout", float, 0.2, 3600),
+            open_for=_number(k, "open_for", float, 1, 86400),
+            window=_number(k, "window", int, 5, 3600),
+            sources=_number(k, "sources", int, 1024, 1 << 24),
+        )
+    custom = None
+    if "filter" in d:
+        f = _field(d, "filter", dict)
+        name, source = _field(f, "name", str), _field(f, "source", str)
+        sets = _field(f, "sets", list, [])
+        if len(name) > 4096 or not source or len(source) > (1 << 20) or len(sets) > 100_000:
+            raise _bad("'filter' needs a name, and a source of at most 1 MiB")
+        if not all(isinstance(s, list) and len(s) == 3 and all(isinstance(x, str) and
+                   len(x) < 4096 for x in s) for s in sets):  # fmt: skip
+            raise _bad("'filter.sets' must be [map, key, value] strings")
+        custom = CustomFilter(name, tuple(MapSetting(*s) for s in sets), source)
+    return SocketRules(
+        SubnetRules(prefixes["allow"], prefixes["deny"]), (), knock, custom, log_rate
+    )
+
+
+# -- the client: a Store whose operations are requests -------------------------------
+
+
+class Broker(state.Store):
+    """The pinned state of this user's services, through the loader."""
+
+    def __init__(self, path: str = "") -> None:
+        super().__init__(state.user_base(os.getuid()))
+        self.path = path or socket_path()
+        self._pins: dict[state.SocketState, set[str]] = {}
+
+    def request(
+        self, message: dict[str, Any], fds: Sequence[int] = (), seconds: float = WORK_SECONDS
+    ) -> tuple[dict[str, Any], list[int]]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            try:
+                conn.settimeout(READ_SECONDS)
+                conn.connect(self.path)
+                send(conn, message, fds)
+                answer, got = receive(conn, REQUEST_LIMIT, seconds, 8)
+            except (FileNotFoundError, ConnectionRefusedError):
+                raise unavailable(self.path) from None
+            except OSError as err:
+                raise AlfError(
+                    f"the loader ({self.path})",
+                    err.strerror or str(err),
+                    "check `systemctl status alfwrapper-loader.service`",
+                    EX_UNAVAILABLE,
+                ) from None
+        error = answer.get("error")
+        if isinstance(error, dict):
+            for fd in got:
+                os.close(fd)
+            raise AlfError(
+                str(error.get("what", "loader")),
+                str(error.get("why", "failed")),
+                str(error.get("hint", "")),
+                int(error.get("code", EX_SOFTWARE)),
+            )
+        return answer, got
+
+    def root(self, create: bool = True) -> Path:
+        return self.base
+
+    def find(self, service: str, sock: socket.socket) -> state.SocketState | None:
+        answer, _ = self.request({"op": "find", "service": service}, [sock.fileno()])
+        return self.state(service, int(answer["cookie"])) if answer.get("found") else None
+
+    def create(
+        self, service: str, sock: socket.socket, label: str, pid: int = 0
+    ) -> tuple[state.SocketState, int]:
+        answer, fds = self.request(
+            {"op": "create", "service": service, "label": label}, [sock.fileno()]
+        )
+        return self.state(service, int(answer["cookie"])), fds[0]
+
+    def remove(self, where: state.SocketState) -> None:
+        self.request({"op": "remove", "service": where.service, "cookie": where.cookie})
+
+    def open_pin(self, where: state.SocketState, name: str) -> int:
+        _, fds = self.request(
+            {"op": "open", "service": where.service, "cookie": where.cookie, "name": name}
+        )
+        return fds[0]
+
+    def has_pin(self, where: state.SocketState, name: str) -> bool:
+        if where not in self._pins:
+            answer, _ = self.request(
+                {"op": "pins", "service": where.service, "cookie": where.cookie}
+            )
+            self._pins[where] = set(answer["pins"])
+        return name in self._pins[where]
+
+    def services(self) -> list[str]:
+        return list(self.request({"op": "services"})[0]["services"])
+
+    def sockets_of(self, service: str) -> list[state.SocketState]:
+        answer, _ = self.request({"op": "sockets", "service": service})
+        return [self.state(service, int(c)) for c in answer["cookies"]]
+
+    def gc(self) -> list[state.SocketState]:
+        return self.collect()[0]
+
+    def collect(self) -> tuple[list[state.SocketState], str]:
+        answer, _ = self.request({"op": "collect"})
+        removed = [self.state(s, int(c)) for s, c in answer["removed"]]
+        return removed, "your services' state, through the loader"
+
+    def load(
+        self,
+        rules: SocketRules,
+        where: state.SocketState | None,
+        label: str,
+        listener: bool,
+        sock: socket.socket | None = None,
+    ) -> tuple[int, int]:
+        """Compile and load a program for these rules (against the socket's pinned
+        maps, if ``where``); its fd and id."""
+        message: dict[str, Any] = {
+            "op": "load",
+            "rules": encode_rules(rules),
+            "label": label,
+            "listener": listener,
+        }
+        if where is not None:
+            message.update(service=where.service, cookie=where.cookie)
+        answer, fds = self.request(message, [sock.fileno()] if sock is not None else [])
+        self._pins.pop(where, None) if where is not None else None
+        return fds[0], int(answer["program"])
+
+
+def unavailable(path: str) -> AlfError:
+    return AlfError(
+        "loading the filter without CAP_BPF",
+        f"the loader does not answer on {path}",
+        "start it as root: systemctl enable --now alfwrapper-loader.socket "
+        "(or run alfwrapper with CAP_BPF)",
+        EX_UNAVAILABLE,
+    )
+
+
+def needed() -> bool:
+    """Must this process go through the loader?  Yes when it may not create maps and
+    load programs itself: without CAP_BPF (or CAP_SYS_ADMIN) where unprivileged BPF
+    is disabled.  Where it is allowed, the built-in filters load directly."""
+    from alfwrapper.privileges import CAP_BPF, CAP_SYS_ADMIN, effective  # noqa: PLC0415
+
+    if effective() & ((1 << CAP_BPF) | (1 << CAP_SYS_ADMIN)):
+        return False
+    return unprivileged_bpf_disabled() != 0
+
+
+def use_if_needed() -> bool:
+    """Use the loader's store for this process when it cannot do the work itself."""
+    if not needed():
+        return False
+    state.use_store(Broker())
+    return True
+
+
+def unprivileged_bpf_disabled() -> int:
+    try:
+        with open("/proc/sys/kernel/unprivileged_bpf_disabled", encoding="ascii") as f:  # noqa: PTH123
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 2  # unknown: assume the strict setting
+
+
+# -- the server ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    programs: int = DEFAULT_PROGRAMS
+    map_memory: int = DEFAULT_MAP_MEMORY
+    ledger: str = "/run/alfwrapper-loader"
+    pins: Path = state.ROOT  # where the loader sees the pinned tree
+
+
+@dataclass(frozen=True)
+class Caller:
+    pid: int
+    uid: int
+    gid: int
+    pins: Path = state.ROOT
+
+    @property
+    def store(self) -> state.Store:
+        return state.Store(state.user_base(self.uid, self.pins), self.pins)
+
+
+def peer(conn: socket.socket, pins: Path = state.ROOT) -> Caller:
+    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return Caller(pid, uid, gid, pins)
+
+
+def serve(listener: socket.socket, limits: Limits) -> None:
+    """Accept and serve, one child per connection, until SIGTERM."""
+    running: dict[int, int] = {}  # child pid -> caller uid
+    stop = False
+
+    def on_term(_signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    listener.setblocking(False)
+
+    def reap() -> None:
+        while running:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                running.clear()
+                return
+            if pid == 0:
+                return
+            running.pop(pid, None)
+
+    pending: list[tuple[socket.socket, Caller, float]] = []  # waiting for a worker
+    while not stop:
+        reap()
+        # One user's requests wait for each other (bounded), never for anyone else's.
+        waiting = []
+        for conn, who, since in pending:
+            mine = sum(1 for uid in running.values() if uid == who.uid)
+            if len(running) < WORKERS and mine < WORKERS_PER_USER:
+                running[_fork_worker(listener, conn, who, limits)] = who.uid
+                conn.close()
+            elif time.monotonic() - since > READ_SECONDS:
+                _refuse(conn, "loader", "busy with too many requests of yours", "try again")
+                conn.close()
+            else:
+                waiting.append((conn, who, since))
+        pending = waiting
+        try:
+            ready, _, _ = select.select([listener], [], [], 0.02 if pending else 0.5)
+        except InterruptedError:
+            continue
+        if not ready:
+            continue
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            continue
+        if len(pending) >= PENDING:
+            _refuse(conn, "loader", "busy", "try again")
+            conn.close()
+            continue
+        pending.append((conn, peer(conn, limits.pins), time.monotonic()))
+    for conn, _, _ in pending:
+        conn.close()
+
+
+def _fork_worker(listener: socket.socket, conn: socket.socket, who: Caller, limits: Limits) -> int:
+    child = os.fork()
+    if child == 0:
+        listener.close()
+        code = 0
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.alarm(int(WORK_SECONDS))
+            serve_one(conn, who, limits)
+        except BaseException:  # noqa: BLE001  (a child never returns to the loop)
+            code = 1
+        os._exit(code)
+    return child
+
+
+def _refuse(conn: socket.socket, what: str, why: str, hint: str, code: int = EX_DATAERR) -> None:
+    try:
+        conn.settimeout(1)
+        send(conn, {"error": {"what": what, "why": why, "hint": hint, "code": code}})
+    except OSError:
+        pass
+
+
+def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
+    """One connection: one request, one answer.  Every failure is an answer."""
+    fds: list[int] = []
+    try:
+        message, fds = receive(conn, REQUEST_LIMIT, READ_SECONDS, 1)
+        answer, out = handle(message, fds, who, limits)
+        try:
+            send(conn, answer, out)
+        except OSError:
+            pass  # the caller left; what was made for it goes with this process
+    except AlfError as err:
+        _refuse(conn, err.what, err.why, err.hint, err.exit_code)
+    except Exception as err:  # noqa: BLE001  (hostile input must not end the loader)
+        import traceback  # noqa: PLC0415
+
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        print(
+            f"alfwrapper loader: request of uid {who.uid}: internal error: "
+            f"{type(err).__name__}: {err} ({Path(where.filename).name}:{where.lineno})",
+            file=sys.stderr,
+            flush=True,
+        )
+        _refuse(conn, "loader", f"internal error: {type(err).__name__}", "report it", EX_SOFTWARE)
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _socket_of(fds: list[int]) -> socket.socket:
+    """The one socket a request carries: TCP or UDP, IPv4 or IPv6."""
+    if len(fds) != 1 or not stat.S_ISSOCK(os.fstat(fds[0]).st_mode):
+        raise _bad("this request carries one socket")
+    sock = socket.socket(fileno=os.dup(fds[0]))
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type not in (
+        socket.SOCK_STREAM,
+        socket.SOCK_DGRAM,
+    ):
+        sock.close()
+        raise _bad("the socket must be a TCP or UDP one")
+    return sock
+
+
+def _where(message: dict[str, Any], who: Caller) -> state.SocketState:
+    service = state.check_service(_field(message, "service", str))
+    cookie = _field(message, "cookie", int)
+    where = who.store.state(service, cookie)
+    if not (where.dir / "dispatch").exists():
+        raise AlfError(f"service {service}", f"has no socket {cookie} of yours", "", EX_USAGE)
+    return where
+
+
+def handle(
+    message: dict[str, Any], fds: list[int], who: Caller, limits: Limits
+) -> tuple[dict[str, Any], list[int]]:
+    op = message.get("op")
+    tree = who.store
+    if op == "services":
+        return {"services": _services(tree)}, []
+    if op == "collect":
+        removed = tree.gc()
+        return {"removed": [[w.service, w.cookie] for w in removed]}, []
+    if op == "sockets":
+        service = state.check_service(_field(message, "service", str))
+        if service not in _services(tree):
+            _no_service(service)
+        return {"cookies": [w.cookie for w in tree.sockets_of(service)]}, []
+    if op == "pins":
+        where = _where(message, who)
+        return {"pins": sorted(p.name for p in where.dir.iterdir())}, []
+    if op == "open":
+        where = _where(message, who)
+        name = _field(message, "name", str)
+        if name not in OPENABLE:
+            raise _bad(f"{name!r} cannot be opened (only {', '.join(sorted(OPENABLE))})")
+        return {}, [tree.open_pin(where, name)]
+    if op == "remove":
+        tree.remove(_where(message, who))
+        return {}, []
+    if op in ("find", "create"):
+        service = state.check_service(_field(message, "service", str))
+        with _socket_of(fds) as sock:
+            if op == "find":
+                tree.root(create=True)
+                found = tree.find(service, sock)
+                return {"found": found is not None, "cookie": state.socket_cookie(sock)}, []
+            tree.gc()
+            _check_quota(who, limits, extra_programs=1)
+            label = _label(message)
+            where, dispatch = tree.create(service, sock, label, who.pid)
+            return {"cookie": where.cookie}, [dispatch]
+    if op == "load":
+        return _load(message, fds, who, limits)
+    raise _bad(f"unknown op {op!r}")
+
+
+def _no_service(service: str) -> None:
+    raise AlfError(
+        f"service {service}",
+        "has no pinned state of yours",
+        "is it running behind alfwrapper? `alfwrapper status` lists services",
+        EX_USAGE,
+    )
+
+
+def _services(tree: state.Store) -> list[str]:
+    try:
+        return tree.services()
+    except AlfError:
+        return []
+
+
+def _label(message: dict[str, Any]) -> str:
+    label = _field(message, "label", str)
+    if not _LABEL.match(label):
+        raise _bad("'label' must be a C identifier of at most 10 characters")
+    return str(label)
+
+
+def _load(
+    message: dict[str, Any], fds: list[int], who: Caller, limits: Limits
+) -> tuple[dict[str, Any], list[int]]:
+    from alfwrapper import compiler, program  # noqa: PLC0415  (BCC in this child only)
+    from alfwrapper.parts import FillEnv  # noqa: PLC0415
+
+    rules = decode_rules(message.get("rules"))
+    label = _label(message)
+    listener = _field(message, "listener", bool, False)
+    where = _where(message, who) if "cookie" in message else None
+    cookies: list[int] = []
+    if where is None:  # an Accept=yes connection's own program: the socket comes along
+        with _socket_of(fds) as sock:
+            cookie = state.socket_cookie(sock)
+            listener = listener and sock.type == socket.SOCK_STREAM
+    else:
+        cookie = where.cookie
+    if listener:
+        cookies = [cookie]
+    tree = who.store
+    tree.gc()
+    _check_quota(who, limits, extra_programs=0 if where is not None else 1)
+    probe = _fresh_map_id()
+    ledger = _open_ledger(who, limits)  # before confine(): written after the load
+    if rules.custom:
+        confine(tree)
+    if where is not None:
+        from alfwrapper.wrapper import load_pinned_here  # noqa: PLC0415
+
+        loaded = load_pinned_here(rules, where, FillEnv(), label, cookies)
+    else:
+        loaded = compiler.load_program(program.plan_program(rules, label_=label), FillEnv())
+        if cookies and rules.knock:
+            compiler.set_knock_listeners(loaded.bpf, cookies)
+    maps = compiler.map_fds(loaded.bpf)
+    info = syscalls.prog_info(loaded.fd)
+    _check_objects(maps, loaded.fd, probe, set(_pinned_ids(where)) if where else set())
+    size = sum(syscalls.fd_memlock(fd) for fd in maps.values())
+    _record(who, limits, ledger, cookie, size)
+    return {"program": info.id, "map_bytes": size}, [loaded.fd]
+
+
+def _fresh_map_id() -> int:
+    """The id the kernel gives a map made now: every map made by this request is
+    newer, and any older one was opened, not made."""
+    fd = syscalls.map_create(2, "alf_probe", 4, 4, 1)
+    try:
+        return syscalls.map_info_id(fd)
+    finally:
+        os.close(fd)
+
+
+def _pinned_ids(where: state.SocketState) -> list[int]:
+    """The maps of the socket's own pinned state (the program shares them on purpose)."""
+    ids = []
+    folder = where.dir
+    for path in [*folder.iterdir(), *where.service_dir.glob("knock-*/*")]:
+        try:
+            fd = syscalls.obj_get(str(path))
+        except OSError:
+            continue
+        try:
+            ids.append(syscalls.map_info_id(fd))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return ids
+
+
+def _check_objects(maps: dict[str, int], prog: int, probe: int, own: set[int]) -> None:
+    if syscalls.prog_type(prog) != PROG_TYPE_SOCKET_FILTER:
+        raise AlfError("loader", "only socket filters are loaded", "", EX_NOPERM)
+    for name, fd in maps.items():
+        kind = syscalls.map_shape(fd)[0]
+        if kind not in MAP_TYPES:
+            raise AlfError(
+                f"map {name}", f"its type ({kind}) is not one the loader makes", "", EX_NOPERM
+            )
+        ident = syscalls.map_info_id(fd)
+        if ident <= probe and ident not in own:
+            raise AlfError(
+                f"map {name}",
+                "is one that existed before (a pinned or shared map), not made for you",
+                "declare maps with BPF_HASH, BPF_ARRAY, ... and no pin",
+                EX_NOPERM,
+            )
+
+
+def confine(tree: state.Store) -> None:
+    """From here on this process may make or remove files only in the user's own
+    tree (Landlock, Linux 5.13): a developer's filter cannot have BCC pin a map
+    anywhere else, such as another user's tree."""
+    import tempfile  # noqa: PLC0415
+
+    tree.root(create=True)
+    scratch = tempfile.mkdtemp(prefix="alfwrapper-loader-")  # the compiler's, this request's
+    tempfile.tempdir = scratch
+    os.environ["TMPDIR"] = scratch
+    try:
+        syscalls.landlock_write_only_beneath([str(tree.base), scratch])
+    except OSError as err:
+        raise AlfError(
+            "a developer's filter through the loader",
+            f"Landlock is not available ({err.strerror or err})",
+            "boot with Landlock enabled (lsm=landlock,...; Linux 5.13), or use the "
+            "built-in filters",
+            EX_UNAVAILABLE,
+        ) from None
+
+
+# Per-user accounting: the programs and map memory handed out whose sockets exist.
+
+
+def _ledger_path(who: Caller, limits: Limits) -> str:
+    return os.path.join(limits.ledger, f"{who.uid}.json")
+
+
+def _ledger(who: Caller, limits: Limits) -> dict[str, int]:
+    try:
+        with open(_ledger_path(who, limits), encoding="utf-8") as f:  # noqa: PTH123
+            fcntl.flock(f, fcntl.LOCK_SH)
+            ledger = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return ledger if isinstance(ledger, dict) else {}
+
+
+def _usage(who: Caller, ledger: dict[str, int]) -> dict[str, int]:
+    """cookie -> map bytes, for the user's programs whose sockets still exist (in the
+    loader's network namespace, or with pinned state in the user's tree)."""
+    tree = who.store
+    pinned = set()
+    for service in _services(tree):
+        try:
+            pinned |= {str(w.cookie) for w in tree.sockets_of(service)}
+        except AlfError:
+            continue
+    live = {str(c) for c in state.live_cookies()} | pinned
+    usage = {c: int(n) for c, n in ledger.items() if c in live}
+    return usage | {c: usage.get(c, 0) for c in pinned}
+
+
+def _over_quota(usage: dict[str, int], limits: Limits, programs: int, size: int) -> AlfError | None:
+    if len(usage) + programs > limits.programs:
+        return AlfError(
+            "loader quota",
+            f"you have {len(usage)} filtered socket(s), and at most {limits.programs} are allowed",
+            "stop a service, or ask the administrator to raise --max-programs",
+            EX_NOPERM,
+        )
+    used = sum(usage.values()) + size
+    if used > limits.map_memory:
+        return AlfError(
+            "loader quota",
+            f"your filters' maps would take {used / 2**20:.1f} MiB, and at most "
+            f"{limits.map_memory >> 20} MiB are allowed",
+            "use fewer rules, or ask the administrator to raise --max-map-memory",
+            EX_NOPERM,
+        )
+    return None
+
+
+def _check_quota(who: Caller, limits: Limits, extra_programs: int) -> None:
+    """Before the work: is there room for one more socket at all?"""
+    error = _over_quota(_usage(who, _ledger(who, limits)), limits, extra_programs, 0)
+    if error is not None:
+        raise error
+
+
+def _open_ledger(who: Caller, limits: Limits) -> Any:
+    os.makedirs(limits.ledger, mode=0o700, exist_ok=True)
+    fd = os.open(_ledger_path(who, limits), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    return os.fdopen(fd, "r+", encoding="utf-8")
+
+
+def _record(who: Caller, limits: Limits, f: Any, cookie: int, size: int) -> None:
+    """Count this socket's program against the user's quota, or refuse it (before the
+    fd is handed out: the program then goes away with this process)."""
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            ledger = json.loads(f.read() or "{}")
+        except ValueError:
+            ledger = {}
+        usage = _usage(who, ledger if isinstance(ledger, dict) else {})
+        usage.pop(str(cookie), None)  # a reload replaces the socket's program
+        error = _over_quota(usage, limits, 1, size)
+        if error is not None:
+            raise error
+        usage[str(cookie)] = size
+        f.seek(0)
+        f.truncate()
+        json.dump(usage, f)
+
+
+# -- the command ----------------------------------------------------------------------
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="alfwrapper loader",
+        description="Load filters for users without CAP_BPF (run by alfwrapper-loader.service).",
+        epilog="examples: alfwrapper loader (socket-activated); "
+        "alfwrapper loader --listen /run/alfwrapper/loader.sock --max-programs 16",
+    )
+    p.add_argument("--listen", metavar="PATH", default="",
+                   help="listen here instead of on the socket systemd passes")  # fmt: skip
+    p.add_argument("--max-programs", type=int, default=DEFAULT_PROGRAMS, metavar="N",
+                   help=f"per user (default {DEFAULT_PROGRAMS})")  # fmt: skip
+    p.add_argument("--max-map-memory", type=int, default=DEFAULT_MAP_MEMORY >> 20, metavar="MIB",
+                   help=f"per user, in MiB (default {DEFAULT_MAP_MEMORY >> 20})")  # fmt: skip
+    p.add_argument("--pins", metavar="DIR", default=str(state.ROOT),
+                   help=f"where {state.ROOT} is seen (the unit binds it there)")  # fmt: skip
+    p.add_argument("--prepare", action="store_true",
+                   help=f"as root, before the loader starts: make {state.ROOT}")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.prepare:
+        state.Store().root(create=True)
+        return 0
+    if os.geteuid() == 0:
+        raise AlfError(
+            "alfwrapper loader",
+            "refuses to run as root",
+            "run it as the user alfwrapper with CAP_BPF only, as alfwrapper-loader.service does",
+            EX_USAGE,
+        )
+    limits = Limits(
+        args.max_programs,
+        args.max_map_memory << 20,
+        os.environ.get("RUNTIME_DIRECTORY", "/run/alfwrapper-loader").split(":")[0],
+        Path(args.pins),
+    )
+    if args.listen:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            os.unlink(args.listen)
+        except FileNotFoundError:
+            pass
+        listener.bind(args.listen)
+        os.chmod(args.listen, 0o666)
+        listener.listen(64)
+    else:
+        from alfwrapper import activation  # noqa: PLC0415
+
+        inherited = activation.inherit_unix_listener(os.environ, os.getpid())
+        if inherited is None:
+            raise AlfError(
+                "alfwrapper loader",
+                "no socket: not started by alfwrapper-loader.socket, and no --listen",
+                "systemctl start alfwrapper-loader.socket",
+                EX_USAGE,
+            )
+        listener = inherited
+    try:
+        state.Store(Path(args.pins), Path(args.pins)).root(create=False)  # reachable?
+    except AlfError as err:
+        raise AlfError(
+            f"alfwrapper loader: its pinned tree {args.pins}",
+            err.why,
+            f"run it from alfwrapper-loader.service, which binds {state.ROOT} to "
+            "/run/alfwrapper-loader/pins (--pins) after `alfwrapper loader --prepare`",
+            err.exit_code,
+        ) from None
+    print(
+        f"alfwrapper loader: serving (at most {limits.programs} programs and "
+        f"{limits.map_memory >> 20} MiB of maps per user)",
+        file=sys.stderr,
+        flush=True,
+    )
+    serve(listener, limits)
+    return 0

@@ -1,0 +1,57 @@
+"""A raw loader client, run as some user: send one request, print what came back.
+
+    loader_client.py REQUEST_JSON [--socket tcp|udp] [--raw BYTES_HEX]
+
+Prints one JSON line: the answer, and for each fd handed back its kind
+(prog:TYPE or map:TYPE).  With --raw, sends those bytes as they are instead
+(for malformed requests) and prints the answer, or {"closed": true}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+from alfwrapper import loader, syscalls
+
+
+def kind(fd: int) -> str:
+    link = os.readlink(f"/proc/self/fd/{fd}")
+    if link == "anon_inode:bpf-prog":
+        return f"prog:{syscalls.prog_type(fd)}"
+    if link == "anon_inode:bpf-map":
+        return f"map:{syscalls.map_shape(fd)[0]}"
+    return link
+
+
+def main(argv: list[str]) -> int:
+    path = loader.socket_path()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(60)
+        conn.connect(path)
+        if argv[0] == "--raw":
+            conn.sendall(bytes.fromhex(argv[1]))
+            conn.shutdown(socket.SHUT_WR)
+        else:
+            request = json.loads(argv[0])
+            fds = []
+            if "--socket" in argv:
+                kind_ = socket.SOCK_STREAM if argv[argv.index("--socket") + 1] == "tcp" else (
+                    socket.SOCK_DGRAM)  # fmt: skip
+                sock = socket.socket(socket.AF_INET6, kind_)
+                sock.bind(("::1", 0))
+                fds = [sock.fileno()]
+            loader.send(conn, request, fds)
+        try:
+            answer, got = loader.receive(conn, loader.REQUEST_LIMIT, 60, 8)
+        except Exception as err:  # noqa: BLE001  (the answer is the test's business)
+            print(json.dumps({"closed": True, "why": str(err)}))
+            return 0
+    print(json.dumps({"answer": answer, "fds": [kind(fd) for fd in got]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

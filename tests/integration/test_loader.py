@@ -1,0 +1,402 @@
+"""Without root: the loader, run from the shipped units by a systemd manager, and
+ordinary users (made here) running their own services from their own `systemd
+--user`, with no privilege at all.  And what a hostile user tries against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hosts import Network, Probe, all_probes, check_policy
+from managers import OwnManager, UnitLog, UserManager, ordinary_user, start_loader
+from support import ROOT
+
+from alfwrapper import loader as loader_mod
+
+USER_A, USER_B = "alfuser1", "alfuser2"
+PYTHON = "/usr/bin/python3"  # the system's, with BCC; alfwrapper from the readable copy
+CLIENT = ROOT / "tests/integration/loader_client.py"
+PINS = Path("/sys/fs/bpf/alfwrapper/%users")
+ECHO_RULES = "--allow 192.0.2.0/24 --allow 2001:db8:a::/48"
+DEV_RULES = (
+    "--filter {copy}/allowlist.c --set allowed4 192.0.2.2 1 --set allowed6 2001:db8:a::2 1 "
+    "--set port_limits 0 8082,1"
+)
+
+
+@pytest.fixture
+def loader(manager: UserManager) -> Path:
+    return start_loader(manager)
+
+
+@pytest.fixture
+def users(network: Network, loader: Path) -> Iterator[Callable[[str], OwnManager]]:
+    """Start an ordinary user's own systemd --user (on first use); all stop afterwards."""
+    started: dict[str, OwnManager] = {}
+
+    def get(name: str) -> OwnManager:
+        if name not in started:
+            ordinary_user(name)
+            started[name] = OwnManager(name, network.server)
+        return started[name]
+
+    try:
+        yield get
+    finally:
+        for mgr in started.values():
+            mgr.stop()
+
+
+def service_units(own: OwnManager, copy: Path, name: str, listen: str, rules: str) -> UnitLog:
+    """A socket unit and its service, ExecStart= alfwrapper with these rules."""
+    own.install(f"{name}.socket", f"[Socket]\n{listen}FileDescriptorName={name}\n")
+    own.install(
+        f"{name}.service",
+        f"[Service]\nEnvironment=PYTHONPATH={copy}\n"
+        f"ExecStart={PYTHON} -m alfwrapper {rules.format(copy=copy)} -- "
+        f"{PYTHON} {copy}/echo_server.py\n",
+    )
+    log = UnitLog(own.log_to_file(f"{name}.service"))
+    own.run("daemon-reload")
+    own.run("start", f"{name}.socket")
+    return log
+
+
+def as_user(own: OwnManager, copy: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        own.command([f"PYTHONPATH={copy}", PYTHON, "-m", "alfwrapper", *argv]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def raw(own: OwnManager, copy: Path, request: dict[str, Any] | None, *extra: str) -> Any:
+    """One request through the raw client, as the user; its printed result."""
+    argv = [f"PYTHONPATH={copy}", PYTHON, str(CLIENT)]
+    argv += [json.dumps(request), *extra] if request is not None else list(extra)
+    out = subprocess.run(own.command(argv), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def status(own: OwnManager, copy: Path, service: str) -> dict[str, Any]:
+    out = as_user(own, copy, "status", service, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["services"][0]
+
+
+def load_filter(source: str) -> dict[str, Any]:
+    return {"op": "load", "label": "x_u1", "rules": {"filter": {"name": "x.c", "source": source}}}
+
+
+def capabilities(pid: int) -> dict[str, int]:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return {k: int(v, 16) for k, v in re.findall(r"^(Cap\w+):\s+(\w+)$", text, re.M)}
+
+
+def test_ordinary_users_service_behind_their_own_policy(
+    network: Network, manager: UserManager, users: Callable[[str], OwnManager],
+    readable_copy: Path,
+) -> None:  # fmt: skip
+    a, b = network.allowed, network.denied
+    own = users(USER_A)
+    app = service_units(own, readable_copy, "app", "ListenStream=8080\nListenDatagram=8081\n",
+                        ECHO_RULES)  # fmt: skip
+    dev = service_units(own, readable_copy, "dev", "ListenDatagram=8082\n", DEV_RULES)
+    # The first connection starts the service through the loader; it is served.
+    assert a.probe("tcp", 4, 8080, "first", timeout=30) == "echo", app.output()
+    check_policy(app, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
+    check_policy(dev, served=[Probe(a, "udp", 4, 8082), Probe(a, "udp", 6, 8082)],
+                 dropped=[Probe(b, "udp", 4, 8082), Probe(b, "udp", 6, 8082)])  # fmt: skip
+    # The application has nothing; the loader has CAP_BPF and nothing else.
+    app_pid = int(own.run("show", "-p", "MainPID", "--value", "app.service").stdout)
+    held = capabilities(app_pid)
+    assert not any(held[k] for k in ("CapInh", "CapPrm", "CapEff", "CapAmb")), held
+    loader_pid = int(manager.run("show", "-p", "MainPID", "--value",
+                                 "alfwrapper-loader.service").stdout)  # fmt: skip
+    caps = capabilities(loader_pid)
+    assert caps["CapEff"] == caps["CapPrm"] == caps["CapBnd"] == 1 << 39, caps
+    assert Path(f"/proc/{loader_pid}").stat().st_uid == int(
+        subprocess.run(["id", "-u", "alfwrapper"], capture_output=True, text=True).stdout
+    )
+    # The user runs their service's firewall: status, a live deny, a reload.
+    report = status(own, readable_copy, "app")
+    assert {s["protocol"] for s in report["sockets"]} == {"tcp", "udp"}
+    assert all(s["pid"] == app_pid for s in report["sockets"])
+    assert sum(s["counters"]["dropped"]["subnets"] for s in report["sockets"]) >= 4
+    out = as_user(own, readable_copy, "deny", "app", a.v4)
+    assert out.returncode == 0, out.stderr
+    check_policy(app, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
+    out = as_user(own, readable_copy, "reload", "app")
+    assert out.returncode == 0, out.stderr
+    check_policy(app, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+    assert int(own.run("show", "-p", "MainPID", "--value", "app.service").stdout) == app_pid
+    # doctor tells the user which way their filters are loaded, and that it works.
+    out = as_user(own, readable_copy, "doctor")
+    assert out.returncode == 0, out.stdout
+    assert "loads filters through the loader" in out.stdout, out.stdout
+    assert "compiles and loads through the loader" in out.stdout, out.stdout
+    # Its state is in the user's own tree, which belongs to the loader's user.
+    tree = PINS / str(own.uid) / "app"
+    assert len(list(tree.glob("sock-*"))) == 2
+    assert tree.stat().st_uid != own.uid and tree.stat().st_mode & 0o077 == 0
+
+
+def test_one_user_cannot_touch_anothers_service(
+    network: Network, users: Callable[[str], OwnManager], readable_copy: Path
+) -> None:
+    a, b = network.allowed, network.denied
+    own_a, own_b = users(USER_A), users(USER_B)
+    app = service_units(own_a, readable_copy, "app", "ListenStream=8080\n", ECHO_RULES)
+    assert a.probe("tcp", 4, 8080, "first", timeout=30) == "echo", app.output()
+    cookie = status(own_a, readable_copy, "app")["sockets"][0]["cookie"]
+    before = sorted(p.name for p in (PINS / str(own_a.uid) / "app").rglob("*"))
+    # The commands: B sees no such service, and can neither open it up nor reload it.
+    for argv in (["status", "app"], ["allow", "app", b.v4], ["reload", "app"], ["log", "app"]):
+        out = as_user(own_b, readable_copy, *argv)
+        assert out.returncode == 64, (argv, out.stdout, out.stderr)
+        assert "has no pinned state of yours" in out.stderr, out.stderr
+    check_policy(app, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+    # The protocol, by A's cookie, claiming to be A: nothing of A's opens, loads or
+    # goes away (the loader knows its callers by SO_PEERCRED alone).
+    claims = {"uid": own_a.uid, "user": USER_A, "pid": 1}
+    for request in (
+        {"op": "open", "service": "app", "cookie": cookie, "name": "runtime"},
+        {"op": "open", "service": "app", "cookie": cookie, "name": "slot"},
+        {"op": "pins", "service": "app", "cookie": cookie},
+        {"op": "remove", "service": "app", "cookie": cookie},
+        {"op": "load", "service": "app", "cookie": cookie, "label": "app_t8080",
+         "rules": {"allow": ["198.51.100.0/24"]}},
+    ):  # fmt: skip
+        got = raw(own_b, readable_copy, {**request, **claims})
+        assert got["answer"]["error"]["why"].startswith("has no socket"), (request, got)
+        assert got["fds"] == []
+    assert sorted(p.name for p in (PINS / str(own_a.uid) / "app").rglob("*")) == before
+    # Nor through the file system: the BPF file system is root's, the tree the loader's.
+    probe = subprocess.run(own_b.command(["ls", str(PINS / str(own_a.uid))]),
+                           capture_output=True, text=True)  # fmt: skip
+    assert probe.returncode != 0 and "Permission denied" in probe.stderr
+
+
+def test_only_socket_filters_and_only_new_maps(
+    network: Network, users: Callable[[str], OwnManager], readable_copy: Path, tmp_path: Path
+) -> None:
+    own_a, own_b = users(USER_A), users(USER_B)
+    # Whatever B asks for, a program comes back as a socket filter (type 1).
+    sneaky = (
+        '#include "common.h"\n__attribute__((section("xdp"), used))\n'
+        "int filter(struct __sk_buff *skb) { return ALF_PASS; }\n"
+    )
+    got = raw(own_b, readable_copy, load_filter(sneaky), "--socket", "udp")
+    assert got["fds"] == ["prog:1"], got
+    # A map pinned where B chooses (say, into A's tree, where A's knock state will
+    # be), or one that exists already: refused, and nothing is made.
+    service_units(own_a, readable_copy, "app", "ListenStream=8080\n", ECHO_RULES)
+    assert network.allowed.probe("tcp", 4, 8080, "first", timeout=30) == "echo"
+    tree = PINS / str(own_a.uid)
+    before = sorted(str(p) for p in tree.rglob("*"))
+    seen_as = f"/run/alfwrapper-loader/pins/%users/{own_a.uid}/app"
+    cookie = status(own_a, readable_copy, "app")["sockets"][0]["cookie"]
+    for target in (
+        f"{seen_as}/knock-0",  # would be made there
+        f"{seen_as}/knock-0/state",
+        f"{seen_as}/sock-{cookie}/counters",  # exists: A's counters
+        f"{seen_as}/sock-{cookie}/runtime",  # exists: A's runtime rules
+        "/run/alfwrapper-loader/pins/stolen",
+    ):
+        stealing = (
+            f'#include "common.h"\nBPF_TABLE_PINNED("hash", u32, u32, stolen, 16, "{target}");\n'
+            "int filter(struct __sk_buff *skb) { u32 k = 0; return stolen.lookup(&k) ? 1 : 0; }\n"
+        )
+        got = raw(own_b, readable_copy, load_filter(stealing), "--socket", "udp")
+        assert got["fds"] == [] and "error" in got["answer"], got
+    assert sorted(str(p) for p in tree.rglob("*")) == before
+    assert not Path("/sys/fs/bpf/alfwrapper/stolen").exists()
+
+
+INCLUDES = [
+    '#include "/etc/alfwrapper-test-secret"',
+    "#include </etc/alfwrapper-test-secret>",
+    '#define F "/proc/self/environ"\n#include F',
+    '%:include "/proc/self/environ"',
+    '#inc\\\nlude "/etc/alfwrapper-test-secret"',
+    'char *s = "/*";\n#include "/etc/alfwrapper-test-secret"\n/* */',
+    '#if __has_include("/etc/alfwrapper-test-secret")\n#endif',
+    '#pragma GCC dependency "/etc/alfwrapper-test-secret"',
+    '#line 1 "/etc/alfwrapper-test-secret"',
+    '#include "../../../etc/alfwrapper-test-secret"',
+]
+
+
+def test_includes_leak_nothing(users: Callable[[str], OwnManager], readable_copy: Path) -> None:
+    own = users(USER_B)
+    secret = Path("/etc/alfwrapper-test-secret")
+    secret.write_text("ALF-SECRET-4711 must never be shown\n")
+    uid = int(subprocess.run(["id", "-u", "alfwrapper"], capture_output=True, text=True).stdout)
+    os.chown(secret, uid, -1)  # readable by the loader's user, on purpose
+    secret.chmod(0o600)
+    try:
+        for text in INCLUDES:
+            source = (
+                f'#include "common.h"\n{text}\nint filter(struct __sk_buff *skb) {{ return 1; }}\n'
+            )
+            path = own.config / "f.c"
+            path.write_text(source)
+            os.chown(path, own.uid, -1)
+            out = as_user(own, readable_copy, "-v", "--listen-datagram", "[::1]:9301", "--filter",
+                          str(path), "--", "true")  # fmt: skip
+            assert out.returncode == 65, (text, out.stderr)
+            assert "ALF-SECRET" not in out.stderr and "RUNTIME_DIRECTORY" not in out.stderr
+            assert out.stderr.startswith(f"alfwrapper: {path}:"), out.stderr
+    finally:
+        secret.unlink()
+
+
+def test_quota_is_enforced_and_said(
+    manager: UserManager, users: Callable[[str], OwnManager], readable_copy: Path
+) -> None:
+    start_loader(manager, "--max-programs 2 --max-map-memory 4")
+    own = users(USER_B)
+    three = [a for port in (9302, 9303, 9304) for a in ("--listen-datagram", f"[::1]:{port}")]
+    out = as_user(own, readable_copy, "--service", "many", *three, "--allow", "::1",
+                  "--", "echo", "STARTED")  # fmt: skip
+    assert out.returncode == 77 and "STARTED" not in out.stdout, out.stderr
+    assert "loader quota" in out.stderr and "at most 2 are allowed" in out.stderr, out.stderr
+    rules = own.config / "rules"  # the user's own file
+    rules.write_text("".join(f"2001:db8:{i >> 8:x}:{i & 255:x}::/64\n" for i in range(50_000)))
+    os.chown(rules, own.uid, -1)
+    out = as_user(own, readable_copy, "--service", "big", "--listen-datagram", "[::1]:9305",
+                  "--allow-file", str(rules), "--", "echo", "STARTED")  # fmt: skip
+    assert out.returncode == 77 and "STARTED" not in out.stdout, out.stderr
+    assert "loader quota" in out.stderr and "at most 4 MiB" in out.stderr, out.stderr
+    # Within the quota, it works.
+    out = as_user(own, readable_copy, "--service", "small", "--listen-datagram", "[::1]:9306",
+                  "--allow", "::1", "--", "echo", "STARTED")  # fmt: skip
+    assert out.returncode == 0 and "STARTED" in out.stdout, out.stderr
+
+
+def hostile_requests() -> Iterator[tuple[bytes, list[int]]]:
+    """Malformed, oversized, wrong and truncated requests, and a few with fds."""
+    frame = loader_mod._LENGTH.pack  # noqa: SLF001
+
+    def framed(obj: object) -> bytes:
+        data = json.dumps(obj).encode()
+        return frame(len(data)) + data
+
+    yield b"", []
+    yield os.urandom(64), []
+    yield frame(0xFFFFFFFF), []
+    yield frame(100) + b"{", []
+    yield frame(5) + b"nope!", []
+    yield framed([1, 2, 3]), []
+    yield framed({"op": "format the disk"}), []
+    yield framed({"op": "open", "service": "../../x", "cookie": 1, "name": "slot"}), []
+    yield framed({"op": "open", "service": "x", "cookie": "1", "name": "slot"}), []
+    yield framed({"op": "open", "service": "x", "cookie": 1, "name": "dispatch"}), []
+    yield framed({"op": "load", "label": "../x", "rules": {}}), []
+    yield framed({"op": "load", "label": "a_t1", "rules": {"allow": [1]}}), []
+    yield framed({"op": "load", "label": "a_t1", "rules": {"allow": ["192.0.2.1/24"]}}), []
+    yield framed({"op": "load", "label": "a_t1", "rules": {"knock": {"ports": "x"}}}), []
+    yield framed({"op": "load", "label": "a_t1", "rules": {"log_rate": 10**9}}), []
+    yield framed({"op": "load", "label": "a_t1", "rules": {"interfaces": ["lo"]}}), []
+    yield framed({"op": "load", "label": "a_t1", "rules": {}}), []  # no socket
+    r, w = os.pipe()
+    yield framed({"op": "find", "service": "x"}), [r]  # not a socket
+    os.close(r)
+    os.close(w)
+    pair = socket.socketpair()
+    yield framed({"op": "create", "service": "x", "label": "a_t1"}), [pair[0].fileno()]
+    pair[0].close()
+    pair[1].close()
+
+
+def test_hostile_requests_leave_the_loader_serving(
+    manager: UserManager, loader: Path, users: Callable[[str], OwnManager], readable_copy: Path
+) -> None:
+    own = users(USER_A)
+    pid = manager.run("show", "-p", "MainPID", "--value", "alfwrapper-loader.service").stdout
+    assert raw(own, readable_copy, {"op": "services"})["answer"] == {"services": []}
+    pid = manager.run("show", "-p", "MainPID", "--value", "alfwrapper-loader.service").stdout
+    # Two that never finish, from another user (a slow client holds a worker until
+    # READ_SECONDS) ...
+    hold = (
+        "import socket, time; c = socket.socket(socket.AF_UNIX); "
+        f"c.connect({loader_mod.SOCKET_PATH!r}); c.sendall(b'\\0\\0\\3\\350{{\"op\":'); "
+        "print('held', flush=True); time.sleep(30)"
+    )
+    own_b = users(USER_B)
+    slow = [subprocess.Popen(own_b.command([PYTHON, "-c", hold]), stdout=subprocess.PIPE,
+                             text=True) for _ in range(2)]  # fmt: skip
+    for proc in slow:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    # ... and a thousand malformed ones, as fast as they go.
+    cases = list(hostile_requests())
+    answers: dict[str, int] = {}
+    begin = time.monotonic()
+    for i in range(1000):
+        data, fds = cases[i % len(cases)]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(30)
+            conn.connect(loader_mod.SOCKET_PATH)
+            if data or fds:
+                socket.send_fds(conn, [data or b" "], fds)
+            conn.shutdown(socket.SHUT_WR)
+            try:
+                answer, _ = loader_mod.receive(conn, 1 << 20, 30, 8)
+                answers["error" if "error" in answer else "ok"] = answers.get(
+                    "error" if "error" in answer else "ok", 0) + 1  # fmt: skip
+            except Exception:  # noqa: BLE001  (closed without an answer: counted)
+                answers["closed"] = answers.get("closed", 0) + 1
+        assert time.monotonic() - begin < 240, "the loader stopped answering"
+    assert answers.get("ok", 0) == 0, answers  # none of them got anything
+    # Meanwhile and after, another user is served at once, by the same loader.
+    begin = time.monotonic()
+    assert raw(own, readable_copy, {"op": "services"})["answer"] == {"services": []}
+    assert time.monotonic() - begin < 5
+    assert manager.run("show", "-p", "MainPID", "--value",
+                       "alfwrapper-loader.service").stdout == pid  # fmt: skip
+    for proc in slow:
+        proc.kill()
+        proc.wait()
+
+
+def test_loader_unit_is_sandboxed_and_verifies(tmp_path: Path) -> None:
+    from managers import installed_unit
+
+    for name in ("alfwrapper-loader.service", "alfwrapper-loader.socket"):
+        (tmp_path / name).write_text(installed_unit((ROOT / "units" / name).read_text()))
+    out = subprocess.run(["systemd-analyze", "verify", "--man=no", *map(str, tmp_path.iterdir())],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr
+    out = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager",
+                          str(tmp_path / "alfwrapper-loader.service")],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    level = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out.stdout)
+    assert level and float(level.group(1)) <= 2.0, out.stdout[-500:]
+    text = (ROOT / "units/alfwrapper-loader.service").read_text()
+    assert re.search(r"^CapabilityBoundingSet=CAP_BPF$", text, re.M)
+    assert re.search(r"^AmbientCapabilities=CAP_BPF$", text, re.M)
+
+
+def test_loader_refuses_root_and_a_wrong_socket(readable_copy: Path) -> None:
+    argv = [PYTHON, "-m", "alfwrapper", "loader"]
+    env = {**os.environ, "PYTHONPATH": str(readable_copy)}
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 64 and "refuses to run as root" in out.stderr, out.stderr
+    # As another user, handed a file that is no Unix socket as its socket (fd 3).
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+         f"exec 3</dev/null; LISTEN_FDS=1 LISTEN_PID=$$ exec {' '.join(argv)}"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert out.returncode == 78 and "expected one Unix socket" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,98 @@
+"""The loader's request format, both ways: rules survive the trip, and whatever a
+hostile client writes instead is refused with an AlfError, never anything else."""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+import pytest
+
+from alfwrapper import loader
+from alfwrapper.cli import parse_policy
+from alfwrapper.errors import AlfError
+from alfwrapper.rules import CustomFilter, MapSetting, SocketRules
+
+
+def test_rules_survive_the_trip(tmp_path: Any) -> None:
+    source = tmp_path / "f.c"
+    source.write_text('#include "common.h"\nint filter(struct __sk_buff *skb) { return 1; }\n')
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"0123456789abcdef0123456789abcdef")
+    policy = parse_policy(
+        ["--allow", "192.0.2.0/24", "--deny", "192.0.2.7", "--allow", "2001:db8::/32",
+         "--knock-secret", str(secret), "--knock-timeout", "2", "--log-drops", "9",
+         "--filter", str(source), "--set", "m", "1", "2", "--", "true"]
+    )  # fmt: skip
+    rules = policy.rules_for("x")
+    wire = json.loads(json.dumps(loader.encode_rules(rules)))
+    back = loader.decode_rules(wire)
+    assert back.custom is not None and rules.custom is not None
+    assert back.custom.source == source.read_text()  # the text travels, not the path
+    assert back == SocketRules(
+        rules.subnets, (), rules.knock,
+        CustomFilter(str(source), (MapSetting("m", "1", "2"),), source.read_text()),
+        rules.log_rate,
+    )  # fmt: skip
+
+
+HOSTILE: list[Any] = [
+    None,
+    [],
+    "rules",
+    {"allow": "192.0.2.0/24"},
+    {"allow": [1]},
+    {"allow": ["192.0.2.5/24"]},
+    {"deny": ["not an address"]},
+    {"allow": ["::ffff:0:0/200"]},
+    {"unknown": 1},
+    {"log_rate": True},
+    {"log_rate": 10**9},
+    {"log_rate": "5"},
+    {"interfaces": ["lo"]},
+    {"knock": []},
+    {"knock": {"ports": [70000]}},
+    {"knock": {"ports": [1, 2], "secret": "zz"}},
+    {"knock": {"ports": [1, 2], "secret": "00"}},
+    {
+        "knock": {
+            "ports": [1, 2],
+            "secret": "",
+            "steps": 3,
+            "timeout": 0.01,
+            "open_for": 30,
+            "window": 30,
+            "sources": 131072,
+        }
+    },  # fmt: skip
+    {"knock": {"ports": [1] * 9, "secret": ""}},
+    {"filter": {"name": "x.c"}},
+    {"filter": {"name": "x.c", "source": ""}},
+    {"filter": {"name": "x.c", "source": "x" * (2 << 20)}},
+    {"filter": {"name": 7, "source": "int filter;"}},
+    {"filter": {"name": "x.c", "source": "int filter;", "sets": [["m", "1"]]}},
+    {"filter": {"name": "x.c", "source": "int filter;", "sets": [[1, 2, 3]]}},
+]
+
+
+@pytest.mark.parametrize("rules", HOSTILE, ids=[json.dumps(h)[:40] for h in HOSTILE])
+def test_hostile_rules_are_refused_cleanly(rules: Any) -> None:
+    with pytest.raises(AlfError):
+        loader.decode_rules(rules)
+
+
+def test_framing_refuses_oversized_and_truncated() -> None:
+    for data in (loader._LENGTH.pack(loader.REQUEST_LIMIT + 1), loader._LENGTH.pack(50) + b"{}",
+                 b"\x00", loader._LENGTH.pack(2) + b"[]"):  # fmt: skip
+        a, b = socket.socketpair()
+        with a, b:
+            a.sendall(data)
+            a.shutdown(socket.SHUT_WR)
+            with pytest.raises(AlfError):
+                loader.receive(b, loader.REQUEST_LIMIT, 2, 1)
+    a, b = socket.socketpair()
+    with a, b:
+        loader.send(a, {"op": "services", "x": "y" * 200_000})
+        message, fds = loader.receive(b, loader.REQUEST_LIMIT, 2, 1)
+        assert message["op"] == "services" and len(message["x"]) == 200_000 and fds == []
