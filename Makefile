@@ -5,12 +5,18 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 PREFIX ?= /usr/local
-UNITDIR ?= /etc/systemd/system
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+DEB := dist/alfwrapper_$(VERSION)_all.deb
 
-.PHONY: setup run test lint unit integration clean install bench mutate
+.PHONY: setup venv run test lint unit integration clean install uninstall deb bench mutate
 
 setup:
 	@./scripts/setup-host.sh
+
+# The virtualenv alone: nothing else on this host changes (what make install needs).
+venv:
+	@./scripts/setup-host.sh --venv-only
 
 run: setup
 	@./scripts/demo.sh
@@ -39,24 +45,63 @@ unit: setup
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-# Installs a launcher for this checkout's virtualenv (keep the checkout where the
-# service's user can read it), the example service, the man page and the units.
-install: setup
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/alfwrapper \
+# The Debian package, from this tree as it is (tracked and new files), built
+# with debhelper and dh-python in build/deb, checked by lintian.
+deb: setup
+	rm -rf build/deb && mkdir -p build/deb/alfwrapper-$(VERSION) dist
+	git ls-files -co --exclude-standard | while read -r f; do [ -e "$$f" ] && echo "$$f"; done \
+		| tar -cf - -T - | tar -xf - -C build/deb/alfwrapper-$(VERSION)
+	cd build/deb/alfwrapper-$(VERSION) && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b >../build.log 2>&1 \
+		|| { tail -n 30 ../build.log >&2; exit 1; }
+	mv build/deb/alfwrapper_$(VERSION)_all.deb $(DEB)
+	lintian --fail-on error $(DEB)
+	@echo "built $(DEB); install it with: apt-get install ./$(DEB)"
+
+# From the wheel, away from the checkout: the Python package in
+# $(PREFIX)/lib/alfwrapper/python, run by /usr/bin/python3 (Debian's BCC
+# bindings are built for it), a launcher in $(PREFIX)/bin, the units in
+# $(UNITDIR) with $(PREFIX)'s paths, policies, man pages.  Under DESTDIR
+# nothing on this host is changed beyond the files.
+LIBDIR := $(PREFIX)/lib/alfwrapper
+SHAREDIR := $(PREFIX)/share/alfwrapper
+UNITS := $(wildcard units/*.service units/*.socket units/*.timer)
+install: venv
+	rm -rf build/wheel
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel .
+	rm -rf $(DESTDIR)$(LIBDIR)/python
+	$(PY) -m pip install -q --no-deps --no-index --no-compile --target $(DESTDIR)$(LIBDIR)/python \
+		build/wheel/alfwrapper-$(VERSION)-*.whl
+	# pip's scripts are replaced by the launcher below; direct_url.json names this checkout.
+	rm -rf $(DESTDIR)$(LIBDIR)/python/bin $(DESTDIR)$(LIBDIR)/python/alfwrapper-*.dist-info/direct_url.json
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SHAREDIR) $(DESTDIR)$(LIBDIR)/policy \
 		$(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5 \
-		$(DESTDIR)$(PREFIX)/share/man/man8 \
-		$(DESTDIR)$(PREFIX)/lib/alfwrapper/policy $(DESTDIR)$(UNITDIR)
-	printf '#!/bin/sh\nexec %s/.venv/bin/alfwrapper "$$@"\n' "$(CURDIR)" \
-		> $(DESTDIR)$(PREFIX)/bin/alfwrapper
+		$(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(UNITDIR)
+	printf '#!/usr/bin/python3 -I\nimport sys\nsys.path.insert(0, "%s/python")\nfrom alfwrapper.cli import main\nsys.exit(main())\n' \
+		"$(LIBDIR)" > $(DESTDIR)$(PREFIX)/bin/alfwrapper
 	chmod 755 $(DESTDIR)$(PREFIX)/bin/alfwrapper
-	install -m 644 examples/echo_server.py $(DESTDIR)$(PREFIX)/share/alfwrapper/
+	install -m 755 scripts/link-kernel-headers $(DESTDIR)$(LIBDIR)/
+	install -m 644 policies/*.toml $(DESTDIR)$(LIBDIR)/policy/
+	install -m 644 examples/echo_server.py $(DESTDIR)$(SHAREDIR)/
 	install -m 644 man/alfwrapper.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/alfwrapper.policy.5 $(DESTDIR)$(PREFIX)/share/man/man5/
 	install -m 644 man/alfwrapper-loader.8 $(DESTDIR)$(PREFIX)/share/man/man8/
-	install -m 644 policies/*.toml $(DESTDIR)$(PREFIX)/lib/alfwrapper/policy/
-	install -d $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/www
-	install -m 644 examples/lighttpd/lighttpd.conf $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/
-	install -m 644 examples/lighttpd/www/index.html $(DESTDIR)$(PREFIX)/share/alfwrapper/lighttpd/www/
-	install -m 644 units/*.socket units/*.service units/*.timer examples/lighttpd/*.socket \
-		examples/lighttpd/*.service $(DESTDIR)$(UNITDIR)/
-	@echo "installed; now: systemctl daemon-reload && systemctl start alfwrapper-echo.socket"
+	for u in $(UNITS); do \
+		sed -e 's|/usr/bin/alfwrapper|$(PREFIX)/bin/alfwrapper|g' \
+		    -e 's|/usr/share/alfwrapper/|$(SHAREDIR)/|g' "$$u" \
+			> $(DESTDIR)$(UNITDIR)/$$(basename "$$u"); \
+	done
+	@if [ -z "$(DESTDIR)" ]; then \
+		getent passwd alfwrapper >/dev/null || \
+			adduser --system --group --no-create-home --home /nonexistent alfwrapper >/dev/null; \
+		echo "installed in $(PREFIX); now: systemctl daemon-reload && systemctl start alfwrapper-echo.socket"; \
+	else \
+		echo "installed under $(DESTDIR)$(PREFIX)"; \
+	fi
+
+uninstall:
+	rm -rf $(DESTDIR)$(LIBDIR) $(DESTDIR)$(SHAREDIR)
+	rm -f $(DESTDIR)$(PREFIX)/bin/alfwrapper $(DESTDIR)$(PREFIX)/share/man/man1/alfwrapper.1 \
+		$(DESTDIR)$(PREFIX)/share/man/man5/alfwrapper.policy.5 \
+		$(DESTDIR)$(PREFIX)/share/man/man8/alfwrapper-loader.8
+	for u in $(UNITS); do rm -f $(DESTDIR)$(UNITDIR)/$$(basename "$$u"); done
+	@echo "removed alfwrapper from $(DESTDIR)$(PREFIX) (the system user alfwrapper stays)"

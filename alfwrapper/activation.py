@@ -13,14 +13,14 @@ import os
 import resource
 import signal
 import socket
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_OSERR, AlfError, excerpt
 
-SD_LISTEN_FDS_START = 3
+SD_LISTEN_FDS_START = 3  # sd-daemon.h
+SOCK_STREAM, SOCK_DGRAM = socket.SOCK_STREAM, socket.SOCK_DGRAM
 LISTEN_VARS = ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
 DEFAULT_NAME = "unknown"  # what sd_listen_fds_with_names(3) reports for unnamed fds
 
@@ -36,8 +36,10 @@ class ListenEnv:
 def parse_listen_env(environ: Mapping[str, str], pid: int) -> ListenEnv:
     """Read LISTEN_* as sd_listen_fds(3) does, but refuse instead of ignoring.
 
-    sd_listen_fds() quietly returns 0 when LISTEN_PID names another process.
-    A firewall must not: those fds would reach the application unfiltered.
+    Not python-systemd's listen_fds_with_names(): like sd_listen_fds() it quietly
+    returns no fds when LISTEN_PID names another process, or LISTEN_FDS is not a
+    number.  A firewall must not: those fds would reach the application unfiltered.
+    The fds themselves are checked with python-systemd (sd_is_socket(3)).
     """
     fds_text = environ.get("LISTEN_FDS")
     if fds_text is None:
@@ -102,13 +104,15 @@ def child_environment(environ: Mapping[str, str], names: Sequence[str], pid: int
 
 def inherit_sockets(environ: Mapping[str, str], pid: int) -> list[tuple[socket.socket, str]]:
     """The inherited sockets, each with its name, in fd order."""
+    from systemd import daemon  # noqa: PLC0415  (python3-systemd: sd_is_socket(3))
+
     listen = parse_listen_env(environ, pid)
     sockets = []
     for i in range(listen.count):
         fd = SD_LISTEN_FDS_START + i
         where = f"inherited fd {fd} ({listen.names[i]})"
         try:
-            mode = os.fstat(fd).st_mode
+            is_socket = daemon.is_socket(fd)
         except OSError as err:
             raise AlfError(
                 where,
@@ -116,24 +120,21 @@ def inherit_sockets(environ: Mapping[str, str], pid: int) -> list[tuple[socket.s
                 "LISTEN_FDS counts more fds than were passed",
                 EX_CONFIG,
             ) from None
-        if not stat.S_ISSOCK(mode):
+        if not is_socket:
             raise AlfError(
                 where,
                 "is not a socket",
                 "alfwrapper filters sockets only; pass only sockets",
                 EX_CONFIG,
             )
-        sock = socket.socket(fileno=fd)
-        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type not in (
-            socket.SOCK_STREAM,
-            socket.SOCK_DGRAM,
-        ):
+        if not any(daemon.is_socket_inet(fd, 0, kind) for kind in (SOCK_STREAM, SOCK_DGRAM)):
             raise AlfError(
                 where,
                 "is not a TCP or UDP socket",
                 "alfwrapper filters IP sockets only (ListenStream=/ListenDatagram=)",
                 EX_CONFIG,
             )
+        sock = socket.socket(fileno=fd)
         if sock.type == socket.SOCK_STREAM and is_connected_stream(sock):
             try:
                 sock.getpeername()
@@ -152,17 +153,22 @@ def inherit_sockets(environ: Mapping[str, str], pid: int) -> list[tuple[socket.s
 def inherit_unix_listener(environ: Mapping[str, str], pid: int) -> socket.socket | None:
     """The one listening Unix stream socket a service like the loader is passed (fd 3),
     or None when nothing was passed."""
+    from systemd import daemon  # noqa: PLC0415
+
     listen = parse_listen_env(environ, pid)
     if listen.count == 0:
         return None
     fd = SD_LISTEN_FDS_START
-    if listen.count != 1 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
+    if listen.count != 1 or not daemon.is_socket(fd):
         raise AlfError("inherited sockets (LISTEN_FDS)", "expected one Unix socket", "", EX_CONFIG)
-    sock = socket.socket(fileno=fd)
-    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+    if not daemon.is_socket_unix(fd, SOCK_STREAM, 1):
         raise AlfError(
-            f"inherited fd {fd}", "is not a Unix stream socket", "use ListenStream=PATH", EX_CONFIG
+            f"inherited fd {fd}",
+            "is not a listening Unix stream socket",
+            "use ListenStream=PATH",
+            EX_CONFIG,
         )
+    sock = socket.socket(fileno=fd)
     for name in LISTEN_VARS:
         os.environ.pop(name, None)
     return sock

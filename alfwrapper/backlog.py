@@ -36,6 +36,7 @@ datagram is unjudgeable, so it is removed (fail closed).
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 import struct
 from collections.abc import Callable
@@ -101,12 +102,10 @@ class Report:
 
 
 def endpoint(sockaddr: tuple[str, int] | tuple[str, int, int, int]) -> Endpoint:
-    host, port = sockaddr[0], sockaddr[1]
-    if host.startswith("::ffff:") and "." in host:
-        host = host[7:]  # an IPv4 client of a dual-stack socket
-    if ":" in host:
-        return Endpoint(6, int.from_bytes(socket.inet_pton(socket.AF_INET6, host), "big"), port)
-    return Endpoint(4, int.from_bytes(socket.inet_pton(socket.AF_INET, host), "big"), port)
+    address = ipaddress.ip_address(sockaddr[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped  # an IPv4 client of a dual-stack socket
+    return Endpoint(address.version, int(address), sockaddr[1])
 
 
 def program_judge(prog_fd: int, interfaces: bool) -> Judge:
@@ -254,8 +253,7 @@ def purge_datagrams(sock: socket.socket, judge: Judge) -> Report:
             if six and _ipv6_packet(ancillary):
                 # An IPv6 packet, whatever its source looks like (an IPv4-mapped
                 # one is judged as the IPv6 packet it is: dropped).
-                raw = socket.inet_pton(socket.AF_INET6, address[0])
-                peer = Endpoint(6, int.from_bytes(raw, "big"), address[1])
+                peer = Endpoint(6, int(ipaddress.IPv6Address(address[0])), address[1])
             verdicts.append(judge(peer, local, data))
     finally:
         sock.setsockopt(socket.SOL_SOCKET, SO_PEEK_OFF, -1)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from alfwrapper import __version__, activation, doctor, knocking, state, wrapper
-from alfwrapper.errors import EX_SOFTWARE, EX_USAGE, AlfError, excerpt
+from alfwrapper.errors import EX_SOFTWARE, EX_USAGE, AlfError, excerpt, missing_library
 from alfwrapper.policy import KEYS, Entry, Policy, build_policy, cli_entry, read_policy, split_scope
 from alfwrapper.rules import ListenSpec, parse_listen, parse_ports
 
@@ -527,6 +527,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+    except ImportError as err:
+        missing = missing_library(err)
+        if missing is None:
+            raise
+        print(missing.line(), file=sys.stderr)
+        return missing.exit_code
     except Exception as err:  # never a traceback unless asked for
         print(
             f"alfwrapper: internal error: {type(err).__name__}: {err} "

@@ -24,6 +24,7 @@ from alfwrapper.errors import (
     EX_SOFTWARE,
     EX_USAGE,
     AlfError,
+    missing_library,
 )
 from alfwrapper.parts import REASONS, FillEnv
 from alfwrapper.program import ProgramPlan, object_name, plan_program
@@ -98,13 +99,8 @@ def _permission_error(what: str, details: str, plan: ProgramPlan | None = None) 
 def _import_bcc() -> Any:
     try:
         import bcc  # noqa: PLC0415  (slow import, only when loading)
-    except ImportError:
-        raise AlfError(
-            "BCC",
-            "its Python bindings are not importable",
-            "install python3-bpfcc and run alfwrapper with /usr/bin/python3 or `make run`",
-            EX_SOFTWARE,
-        ) from None
+    except ImportError as err:
+        raise missing_library(err) or err from None
     return bcc
 
 
@@ -157,10 +153,12 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
     except Exception as err:  # BCC raises bare Exception
         text = "".join(log).replace("/virtual/main.c", "alfwrapper-composed.c")
         if "Unable to find kernel headers" in text or "kernel headers" in text.lower():
+            from alfwrapper import doctor  # noqa: PLC0415
+
             raise AlfError(
                 f"compiling {what}",
                 "BCC found no kernel headers",
-                "run `alfwrapper doctor`, or `make setup` to lay out Debian's headers",
+                doctor.headers_hint(),
                 EX_SOFTWARE,
                 details=text,
             ) from None

@@ -7,6 +7,7 @@ through the same code path as the wrapper.
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 import re
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from alfwrapper.errors import EX_UNAVAILABLE, EX_USAGE, AlfError
+from alfwrapper.errors import EX_UNAVAILABLE, EX_USAGE, LIBRARIES, AlfError
 from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
 
 CAP_NET_ADMIN = 12
@@ -149,28 +150,53 @@ def headers_dir(release: str) -> Path | None:
     return None
 
 
+def headers_hint() -> str:
+    """How to give BCC headers: link-kernel-headers, where it is installed."""
+    for path in (
+        Path("/usr/lib/alfwrapper/link-kernel-headers"),  # the Debian package
+        Path("/usr/local/lib/alfwrapper/link-kernel-headers"),  # make install
+        Path(__file__).resolve().parent.parent / "scripts/link-kernel-headers",  # a checkout
+    ):
+        if os.access(path, os.X_OK):
+            return f"as root, run {path} (links Debian's split headers there)"
+    return "apt-get install linux-headers-amd64, and link them there"
+
+
 def check_headers() -> Check:
     release = platform.release()
     found = headers_dir(release)
     if found is None:
         return Check(
             False,
-            f"no kernel headers for {release} at /lib/modules/{release}/build: "
-            "run `make setup` (links Debian's linux-headers-amd64 there)",
+            f"no kernel headers for {release} at /lib/modules/{release}/build: {headers_hint()}",
         )
     return Check(True, f"kernel headers at {found}")
 
 
-def check_bcc() -> Check:
-    try:
-        import bcc  # noqa: F401, PLC0415
-    except ImportError:
+# What each library is imported for; errors.LIBRARIES says which package has it.
+IMPORTS = (
+    ("bcc", "compiling and loading filters"),
+    ("pyroute2", "the queue check, gc and interfaces (netlink)"),
+    ("systemd.daemon", "inherited sockets"),
+    ("systemd.journal", "the drop log"),
+)
+
+
+def check_imports(imports: Sequence[tuple[str, str]] = IMPORTS) -> Check:
+    missing = []
+    for module, purpose in imports:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            package = LIBRARIES[module.split(".")[0]]
+            missing.append(f"{module} ({purpose}: apt-get install {package})")
+    if missing:
         return Check(
             False,
-            "BCC's Python bindings are missing: apt-get install python3-bpfcc, "
-            "and run under /usr/bin/python3 or a venv made with --system-site-packages",
+            f"missing Python modules: {'; '.join(missing)}; run alfwrapper with "
+            "/usr/bin/python3 or a venv made from it with --system-site-packages",
         )
-    return Check(True, "BCC importable")
+    return Check(True, f"Python modules {', '.join(m for m, _ in imports)} importable")
 
 
 def check_state() -> Check:
@@ -222,7 +248,7 @@ CHECKS: tuple[Callable[[], Check], ...] = (
     check_jit,
     check_privilege,
     check_headers,
-    check_bcc,
+    check_imports,
     check_state,
 )
 # Through the loader, compiling and pinned state are the loader's business.
@@ -231,6 +257,7 @@ LOADER_CHECKS: tuple[Callable[[], Check], ...] = (
     check_bpf_syscall,
     check_jit,
     check_privilege,
+    lambda: check_imports(IMPORTS[1:]),  # BCC runs in the loader, not here
 )
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from alfwrapper import parts, syscalls
+from alfwrapper.rules import address_text
 
 EVENT_FIELDS = (
     ("ts_ns", "u64"),
@@ -100,9 +101,9 @@ def decode(
         raw[: EVENT.size]
     )
     if family == 4:
-        source = socket.inet_ntop(socket.AF_INET, addr[:4])
+        source = address_text(4, int.from_bytes(addr[:4], "big"))
     elif family == 6:
-        source = socket.inet_ntop(socket.AF_INET6, addr)
+        source = address_text(6, int.from_bytes(addr, "big"))
     else:
         source = "?"
     names = parts.REASONS

@@ -57,3 +57,23 @@ class AlfError(Exception):
             text += f" ({self.hint})"
         # One line, always: multi-line causes (compiler output) go to details.
         return " ".join(text.split("\n"))
+
+
+# The libraries alfwrapper imports (none at start-up: each where it is used), and the
+# Debian package that has each.  BCC's bindings are not on PyPI: Debian's are built
+# for /usr/bin/python3.
+LIBRARIES = {"bcc": "python3-bpfcc", "pyroute2": "python3-pyroute2", "systemd": "python3-systemd"}
+
+
+def missing_library(err: ImportError) -> AlfError | None:
+    """The one line for an import of one of LIBRARIES that failed, or None."""
+    name = (err.name or "").split(".")[0]
+    if name not in LIBRARIES:
+        return None
+    return AlfError(
+        f"Python module {name}",
+        "is not installed",
+        f"apt-get install {LIBRARIES[name]}, and run alfwrapper with /usr/bin/python3 "
+        "(or a venv made from it with --system-site-packages); `alfwrapper doctor` checks",
+        EX_UNAVAILABLE,
+    )

@@ -16,7 +16,7 @@ kernel.  Accepted, per field type:
 from __future__ import annotations
 
 import ctypes
-import socket
+import ipaddress
 from collections.abc import Callable
 from typing import Any
 
@@ -77,11 +77,11 @@ def _is_lpm_key(ctype: Any) -> bool:
 
 
 def _address(text: str, size: int) -> bytes | None:
-    af = socket.AF_INET if size == 4 else socket.AF_INET6
     try:
-        return socket.inet_pton(af, text)
-    except OSError:
+        address = ipaddress.IPv4Address(text) if size == 4 else ipaddress.IPv6Address(text)
+    except ValueError:
         return None
+    return None if "%" in text else address.packed
 
 
 def _integer(ctype: Any, text: str, ifindex_of: IfindexOf) -> bytes:

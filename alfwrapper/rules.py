@@ -6,8 +6,8 @@ with a message fit for a user; callers add where the input came from.
 
 from __future__ import annotations
 
+import ipaddress
 import os
-import socket
 import stat
 import time
 from dataclasses import dataclass, field
@@ -16,6 +16,14 @@ from typing import Any, NamedTuple
 from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, EX_USAGE, AlfError, excerpt
 
 FAMILY_BITS = {4: 32, 6: 128}
+# Addresses and networks are parsed and printed by the standard library's ipaddress.
+_ADDRESS: dict[int, Any] = {4: ipaddress.IPv4Address, 6: ipaddress.IPv6Address}
+_NETWORK: dict[int, Any] = {4: ipaddress.IPv4Network, 6: ipaddress.IPv6Network}
+
+
+def address_text(family: int, value: int) -> str:
+    """An address (4 or 6, as an integer) as text."""
+    return str(_ADDRESS[family](value))
 
 
 class Prefix(NamedTuple):
@@ -30,10 +38,7 @@ class Prefix(NamedTuple):
     length: int
 
     def __str__(self) -> str:
-        width = FAMILY_BITS[self.family]
-        af = socket.AF_INET if self.family == 4 else socket.AF_INET6
-        raw = self.value.to_bytes(width // 8, "big")
-        return f"{socket.inet_ntop(af, raw)}/{self.length}"
+        return f"{address_text(self.family, self.value)}/{self.length}"
 
 
 @dataclass(frozen=True)
@@ -143,28 +148,25 @@ def parse_prefix(text: str) -> Prefix:
     if not text:
         raise ValueError("empty address")
     addr, sep, length_text = text.partition("/")
-    if ":" in addr:
-        family, af = 6, socket.AF_INET6
-    else:
-        family, af = 4, socket.AF_INET
-    try:
-        raw = socket.inet_pton(af, addr)
-    except OSError:
-        raise ValueError(f"{excerpt(text)} is not an IPv4 or IPv6 address or CIDR") from None
+    family = 6 if ":" in addr else 4
     width = FAMILY_BITS[family]
-    if sep:
-        if not length_text.isdigit() or not length_text.isascii():
-            raise ValueError(f"{excerpt(text)} has a bad prefix length {excerpt(length_text)}")
+    # ipaddress also takes a netmask after the slash, and IPv6 scope ids (fe80::1%eth0),
+    # which no packet carries: both are refused here.
+    if sep and not (length_text.isdigit() and length_text.isascii()):
+        raise ValueError(f"{excerpt(text)} has a bad prefix length {excerpt(length_text)}")
+    if sep and int(length_text) > width:
         length = int(length_text)
-        if length > width:
-            raise ValueError(f"{excerpt(text)}: prefix length {length} is longer than {width}")
-    else:
-        length = width
-    value = int.from_bytes(raw, "big")
-    host_bits = width - length
-    if value & ((1 << host_bits) - 1):
-        network = Prefix(family, value >> host_bits << host_bits, length)
-        raise ValueError(f"{excerpt(text)} has host bits set (did you mean {network}?)")
+        raise ValueError(f"{excerpt(text)}: prefix length {length} is longer than {width}")
+    if "%" in addr:
+        raise ValueError(f"{excerpt(text)} is not an IPv4 or IPv6 address or CIDR")
+    try:
+        network = _NETWORK[family](text)
+    except ValueError as err:
+        if "has host bits set" in str(err):
+            wide = _NETWORK[family](text, strict=False)
+            raise ValueError(f"{excerpt(text)} has host bits set (did you mean {wide}?)") from None
+        raise ValueError(f"{excerpt(text)} is not an IPv4 or IPv6 address or CIDR") from None
+    value, length = int(network.network_address), network.prefixlen
     if family == 6 and length >= 96 and (value >> 32) == 0xFFFF:
         return Prefix(4, value & 0xFFFFFFFF, length - 96)
     return Prefix(family, value, length)
@@ -321,10 +323,11 @@ def parse_listen(kind: str, text: str) -> ListenSpec:
         raise AlfError(
             option, f"{excerpt(text)} has no valid port", "ports are 1 to 65535", EX_USAGE
         )
-    af = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        socket.inet_pton(af, host)
-    except OSError:
+        if "%" in host:  # an IPv6 scope id: bind to an interface with --interface instead
+            raise ValueError(host)
+        ipaddress.ip_address(host)
+    except ValueError:
         raise AlfError(
             option,
             f"{excerpt(host)} is not an IP address",

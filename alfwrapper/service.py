@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import struct
 import sys
 import time
@@ -23,7 +22,7 @@ from alfwrapper import interfaces, program, state, syscalls
 from alfwrapper.errors import EX_CANTCREAT, EX_NOPERM, EX_USAGE, AlfError, excerpt
 from alfwrapper.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_key
 from alfwrapper.policy import Policy
-from alfwrapper.rules import Prefix, SocketRules, parse_prefix
+from alfwrapper.rules import Prefix, SocketRules, address_text, parse_prefix
 from alfwrapper.state import alive
 
 if TYPE_CHECKING:
@@ -252,10 +251,8 @@ def show(service: str) -> list[str]:
         rules = state.runtime_rules(m.state) if state.store().has_pin(m.state, "runtime") else []
         lines.append(f"{service} {m.label()}: {len(rules)} runtime rule(s)")
         for family, value, length, verdict in sorted(rules):
-            af = socket.AF_INET if family == 4 else socket.AF_INET6
-            raw = value.to_bytes(4 if family == 4 else 16, "big")
             kind = "allow" if verdict == RUNTIME_ALLOW else "deny"
-            lines.append(f"  {kind} {socket.inet_ntop(af, raw)}/{length}")
+            lines.append(f"  {kind} {Prefix(family, value, length)}")
     return lines
 
 
@@ -354,8 +351,7 @@ def socket_status(m: Member) -> dict[str, object]:
 
 
 def _address(family: int, value: int) -> str:
-    af = socket.AF_INET if family == 4 else socket.AF_INET6
-    return socket.inet_ntop(af, value.to_bytes(4 if family == 4 else 16, "big"))
+    return address_text(family, value)
 
 
 def status(service: str) -> dict[str, object]:

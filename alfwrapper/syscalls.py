@@ -1,10 +1,13 @@
-"""What Python lacks for the kernel: libbpf's test runs and map calls, capset(2), prctl(2).
+"""What Python lacks for the kernel: libbpf's test runs and map calls, capset(2), prctl(2),
+Landlock.
 
 The only module with ctypes.  BPF goes through libbpf (libbpf.so.1, Debian's
 libbpf1), never a hand-made bpf(2) call: bpf_prog_test_run_opts and the map
 element calls, which the wrapper needs without BCC (the interface watcher
-is a small process that never loads BCC).  capset(2) and the prctl(2)
-options have no library in Debian's Python, so they are written here.
+is a small process that never loads BCC).  capset(2) and prctl(2) go through
+glibc's own wrappers.  The one place with syscall numbers written by hand is
+Landlock's three calls: glibc 2.36 has no wrappers for them and Debian 12 has
+no library that does.
 
 BPF_PROG_TEST_RUN (Linux 4.12; socket filters take an Ethernet frame and see
 the network header after it) runs a loaded program on a packet we make up:
@@ -17,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import platform
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -508,10 +510,9 @@ def tcp_syn_frame(family: int, source: int, sport: int, destination: int, dport:
     return ip_frame(family, source, destination, 6, tcp)
 
 
-# -- capabilities (capset(2), prctl(2)) ---------------------------------------
+# -- capabilities (glibc's capset(2) and prctl(2)) -----------------------------
 
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-_SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -547,16 +548,13 @@ def prctl(option: int, arg2: int = 0, arg3: int = 0) -> None:
 
 def capset(effective: int, permitted: int, inheritable: int) -> None:
     """Set this thread's capability sets (bit masks over all 64 capabilities)."""
-    number = _SYS_CAPSET.get(platform.machine())
-    if number is None:
-        raise OSError(0, f"capset(2) syscall number unknown for {platform.machine()}")
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     for i in range(2):
         data[i].effective = effective >> (32 * i) & 0xFFFFFFFF
         data[i].permitted = permitted >> (32 * i) & 0xFFFFFFFF
         data[i].inheritable = inheritable >> (32 * i) & 0xFFFFFFFF
-    _check(_libc.syscall(number, ctypes.byref(header), ctypes.byref(data)), "capset")
+    _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
 
 
 # Landlock (Linux 5.13): no library in Debian's Python; its three syscalls and

@@ -1,10 +1,25 @@
 #!/bin/sh
 # Install what alfwrapper needs on Debian 12, idempotently: Debian packages,
 # a kernel headers tree BCC can use, and the virtualenv.  Run as root.
+# With --venv-only: the virtualenv alone, nothing else on the host (for make install).
 set -eu
 cd "$(dirname "$0")/.."
 
-PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser fail2ban python3-systemd python3-pyroute2 bpftool"
+venv() {
+    if [ ! -x .venv/bin/python ]; then
+        /usr/bin/python3 -m venv --system-site-packages .venv
+    fi
+    if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
+        .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+        touch .venv/.installed
+    fi
+}
+if [ "${1:-}" = --venv-only ]; then
+    venv
+    exit 0
+fi
+
+PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser fail2ban python3-systemd python3-pyroute2 bpftool debhelper dh-python pybuild-plugin-pyproject python3-setuptools lintian"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -25,27 +40,9 @@ if [ -n "$missing" ]; then
     esac
 fi
 
-# BCC wants /lib/modules/$(uname -r)/build.  Kernels without a headers package
-# of their own (ours: 6.18) can use Debian's split 6.1 headers: a socket filter
-# needs only the UAPI and the basic types.  Leave a real tree alone.
-release=$(uname -r)
-build=/lib/modules/$release/build
-if [ ! -e "$build/include" ] && [ ! -e /sys/kernel/kheaders.tar.xz ]; then
-    arch=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)
-    common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1)
-    if [ -z "$arch" ] || [ -z "$common" ]; then
-        echo "setup: no Debian kernel headers under /usr/src (apt-get install linux-headers-amd64)" >&2
-        exit 69
-    fi
-    if [ "$(id -u)" != 0 ]; then
-        echo "setup: $build is missing (run as root to link $arch there)" >&2
-        exit 77
-    fi
-    mkdir -p "/lib/modules/$release"
-    ln -sfn "$arch" "$build"
-    ln -sfn "$common" "/lib/modules/$release/source"
-    echo "setup: linked $build -> $arch"
-fi
+# BCC wants /lib/modules/$(uname -r)/build: link Debian's split headers there for
+# a kernel without its own (ours: 6.18).  The Debian package runs the same script.
+./scripts/link-kernel-headers
 
 # Pinned state lives in a BPF file system at /sys/fs/bpf (systemd mounts it at
 # boot; where PID 1 is not systemd, nobody does).
@@ -68,12 +65,4 @@ if ! getent passwd alfwrapper >/dev/null; then
     fi
 fi
 
-VENV=.venv
-stamp=$VENV/.installed
-if [ ! -x $VENV/bin/python ]; then
-    /usr/bin/python3 -m venv --system-site-packages $VENV
-fi
-if [ ! -f $stamp ] || [ pyproject.toml -nt $stamp ]; then
-    $VENV/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-    touch $stamp
-fi
+venv

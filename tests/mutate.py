@@ -372,6 +372,56 @@ MUTATIONS += [
         "WORKERS = 2  # connections served at once",
         ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
     ),
+    Mutation(
+        "package-keeps-header-links",
+        "debian/alfwrapper.prerm",
+        "    /usr/lib/alfwrapper/link-kernel-headers --remove || true",
+        "    true",
+        ("tests/integration/test_package.py",),
+    ),
+    Mutation(
+        "package-no-header-links",
+        "debian/alfwrapper.postinst",
+        "    /usr/lib/alfwrapper/link-kernel-headers --record || true",
+        "    true",
+        ("tests/integration/test_package.py",),
+    ),
+    Mutation(
+        "units-unsandboxed",
+        "units/alfwrapper-echo.service",
+        "SystemCallFilter=@system-service bpf\n",
+        "",
+        ("tests/integration/test_systemd.py::test_units_verify",),
+        also=(
+            ("MemoryDenyWriteExecute=yes\n", ""),
+            ("RestrictNamespaces=yes\n", ""),
+            ("PrivateDevices=yes\n", ""),
+            ("ProtectClock=yes\n", ""),
+        ),  # fmt: skip
+    ),
+    Mutation(
+        "launcher-takes-pythonpath",
+        "Makefile",
+        "printf '#!/usr/bin/python3 -I",
+        "printf '#!/usr/bin/python3",
+        ("tests/integration/test_install.py",),
+    ),
+    Mutation(
+        "missing-library-traceback",
+        "alfwrapper/cli.py",
+        "        missing = missing_library(err)\n",
+        "        missing = None\n",
+        (
+            "tests/integration/test_errors.py::test_a_missing_library_is_one_line_and_names_its_package",
+        ),
+    ),
+    Mutation(
+        "prefix-takes-netmask",
+        "alfwrapper/rules.py",
+        "    if sep and not (length_text.isdigit() and length_text.isascii()):",
+        "    if False:",
+        ("tests/unit/test_rules.py",),
+    ),
 ]
 
 

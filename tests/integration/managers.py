@@ -20,14 +20,20 @@ UNITS = ROOT / "units"
 ALFWRAPPER = str(Path(sys.executable).parent / "alfwrapper")
 
 
+# Settings root's `systemd --user` cannot apply on this machine (a unit with them fails
+# with 226/NAMESPACE; they work under a system manager), and DynamicUser=, which only a
+# system manager supports (PID 1 here is not systemd).  Everything else is as shipped.
+NOT_HERE = ("DynamicUser", "ProtectHome", "ProtectKernelTunables", "ProtectKernelModules",
+            "ProtectKernelLogs")  # fmt: skip
+
+
 def installed_unit(text: str) -> str:
-    """A shipped unit as installed here: our paths, and no DynamicUser= (which only a
-    system manager supports; PID 1 here is not systemd)."""
-    text = text.replace("/usr/local/bin/alfwrapper", ALFWRAPPER)
-    text = text.replace("/usr/local/share/alfwrapper/", f"{ROOT}/examples/")
+    """A shipped unit as installed here: our paths, without what cannot apply here."""
+    text = text.replace("/usr/bin/alfwrapper", ALFWRAPPER)
+    text = text.replace("/usr/share/alfwrapper/", f"{ROOT}/examples/")
     text = text.replace("/var/lib/alfwrapper-lighttpd", f"{ROOT}/examples/lighttpd")
     text = text.replace("/usr/bin/python3", sys.executable)
-    return re.sub(r"(?m)^DynamicUser=.*\n", "", text)
+    return re.sub(rf"(?m)^({'|'.join(NOT_HERE)})=.*\n", "", text)
 
 
 class Manager:
@@ -69,6 +75,10 @@ class UserManager(Manager):
 
     def __init__(self, server: Host) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="alf-systemd-"))
+        # What the services must see, as they would see /etc and /var/lib: not in /tmp
+        # (the shipped units have PrivateTmp=).
+        self.shared = Path(tempfile.mkdtemp(prefix="alf-systemd-", dir="/var/lib"))
+        self.shared.chmod(0o755)
         self.runtime = self.root / "runtime"
         self.runtime.mkdir(mode=0o700)
         self.config = self.root / "config"
@@ -76,7 +86,7 @@ class UserManager(Manager):
         self.units.mkdir(parents=True)
         self.logs = self.root / "logs"
         self.logs.mkdir()
-        self.textfile = self.root / "textfile"  # node_exporter's folder, for the metrics unit
+        self.textfile = self.shared / "textfile"  # node_exporter's folder, for the metrics unit
         self.textfile.mkdir()
         for unit in UNITS.iterdir():
             text = installed_unit(unit.read_text())
@@ -103,7 +113,7 @@ class UserManager(Manager):
             assert time.monotonic() < deadline, "systemd --user did not come up"
             time.sleep(0.1)
         # The policies as installed: the administrator's folder first, then the shipped ones.
-        self.policies = self.config / "alfwrapper" / "policy"
+        self.policies = self.shared / "policy"
         self.policies.mkdir(parents=True)
         self.run("set-environment", f"ALFWRAPPER_POLICY_PATH={self.policies}:{ROOT}/policies")
 
@@ -120,17 +130,7 @@ class UserManager(Manager):
     def stop(self) -> None:
         self.exit()
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-# The loader's sandboxing, as shipped, but for four settings root's `systemd --user`
-# cannot apply on this machine (the unit fails with 226/NAMESPACE; they work under
-# a system manager): here they are off, everything else is as shipped.
-LOADER_HERE = """[Service]
-ProtectHome=no
-ProtectKernelTunables=no
-ProtectKernelModules=no
-ProtectKernelLogs=no
-"""
+        shutil.rmtree(self.shared, ignore_errors=True)
 
 
 def start_loader(manager: UserManager, options: str = "") -> Path:
@@ -139,7 +139,7 @@ def start_loader(manager: UserManager, options: str = "") -> Path:
     dropin = manager.units / "alfwrapper-loader.service.d"
     dropin.mkdir(exist_ok=True)
     log = manager.logs / "alfwrapper-loader.log"
-    text = LOADER_HERE + f"StandardError=append:{log}\n"
+    text = f"[Service]\nStandardError=append:{log}\n"
     if options:
         pins = "/run/alfwrapper-loader/pins"
         text += f"ExecStart=\nExecStart={ALFWRAPPER} loader --pins {pins} {options}\n"

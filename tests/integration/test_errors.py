@@ -351,3 +351,47 @@ def test_command_that_cannot_be_executed(bpf_root: None, tmp_path: Path) -> None
     )
     assert out.returncode == 66, out.stderr
     assert_one_line(out.stderr, f"starting {bogus}", "Exec format error")
+
+
+# Runs alfwrapper's CLI with one library made unimportable, as on a --no-deps install.
+WITHOUT = """import sys
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == sys.argv[1]:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Missing())
+from alfwrapper.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("library", "package", "argv", "env"),
+    [
+        ("pyroute2", "python3-pyroute2", ["gc"], {}),
+        ("bcc", "python3-bpfcc", ["--listen", "127.0.0.1:8098", "--allow", "192.0.2.0/24"], {}),
+        ("systemd", "python3-systemd", ["--allow", "192.0.2.0/24"], {"LISTEN_FDS": "1"}),
+    ],
+)
+def test_a_missing_library_is_one_line_and_names_its_package(
+    bpf_root: None, tmp_path: Path, library: str, package: str, argv: list[str],
+    env: dict[str, str],
+) -> None:  # fmt: skip
+    mark = tmp_path / "command-ran"
+    if argv != ["gc"]:
+        argv = [*argv, "--", "/bin/sh", "-c", f"touch {mark}"]
+    script = 'exec "$@"'
+    if env:  # the sockets are this shell's, which becomes the wrapper (LISTEN_PID)
+        script = 'LISTEN_PID=$$ exec "$@" 3</dev/null'
+    out = subprocess.run(
+        ["sh", "-c", script, "sh", sys.executable, "-c", WITHOUT, library, *argv],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, **env},
+    )  # fmt: skip
+    assert out.returncode == 69 and not mark.exists(), out.stderr
+    assert_one_line(out.stderr, f"Python module {library}", f"apt-get install {package}")
+    # doctor says the same, for every library it needs.
+    out = subprocess.run([sys.executable, "-c", WITHOUT, library, "doctor"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 69, out.stdout + out.stderr
+    problems = [line for line in out.stdout.splitlines() if line.startswith("problem:")]
+    assert len(problems) == 1 and f"apt-get install {package}" in problems[0], out.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,74 @@ def test_installed_wheel_finds_its_filters(bpf_root: None, tmp_path: Path) -> No
     filters = venv / "lib/python3.11/site-packages/alfwrapper/filters"
     assert f'#line 1 "{filters}/subnets.c"' in out.stdout
     assert str(ROOT) not in out.stdout
+
+
+def make(*args: str, stubs: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if stubs is not None:
+        env["PATH"] = f"{stubs}:{env['PATH']}"
+    return subprocess.run(["make", "-s", "-C", str(ROOT), *args], capture_output=True, text=True,
+                          timeout=600, env=env)  # fmt: skip
+
+
+def user_stubs(tmp_path: Path) -> tuple[Path, Path]:
+    """getent that knows no user, and adduser that only notes how it was called."""
+    stubs, calls = tmp_path / "stubs", tmp_path / "adduser-calls"
+    stubs.mkdir()
+    (stubs / "getent").write_text("#!/bin/sh\nexit 2\n")
+    (stubs / "adduser").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    return stubs, calls
+
+
+def test_make_install_runs_away_from_the_checkout_and_uninstalls(
+    bpf_root: None, tmp_path: Path
+) -> None:
+    prefix = tmp_path / "prefix"
+    stubs, adduser = user_stubs(tmp_path)
+    out = make("install", f"PREFIX={prefix}", stubs=stubs)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "systemctl daemon-reload" in out.stdout  # a real install says what to do next
+    assert adduser.read_text().split() == ["--system", "--group", "--no-create-home", "--home",
+                                           "/nonexistent", "alfwrapper"]  # fmt: skip
+    adduser.unlink()
+    installed = [p for p in prefix.rglob("*") if p.is_file()]
+    for path in installed:
+        assert str(ROOT) not in path.read_text(errors="replace"), path
+    units = prefix / "lib/systemd/system"
+    echo = (units / "alfwrapper-echo.service").read_text()
+    assert f"ExecStart={prefix}/bin/alfwrapper --policy" in echo
+    assert f"{prefix}/share/alfwrapper/echo_server.py" in echo and "/usr/bin/alfwrapper" not in echo
+    env = {"PATH": "/usr/bin:/bin"}
+    launcher = str(prefix / "bin/alfwrapper")
+    version = subprocess.run([launcher, "--version"], capture_output=True, text=True, cwd="/",
+                             env=env, timeout=60)  # fmt: skip
+    assert version.stdout.strip() == "alfwrapper 0.1.0", version.stderr
+    # PYTHONPATH cannot slip code into what a root service runs (the launcher runs
+    # python3 -I): a sitecustomize.py there would run first.
+    hijack = tmp_path / "hijack"
+    hijack.mkdir()
+    (hijack / "sitecustomize.py").write_text(f"open({str(tmp_path / 'hijacked')!r}, 'w')\n")
+    check = subprocess.run(
+        [launcher, "check", "--allow", "192.0.2.0/24", "--print-filter"], capture_output=True,
+        text=True, cwd="/", env={**env, "PYTHONPATH": str(hijack)}, timeout=120,
+    )  # fmt: skip
+    filters = prefix / "lib/alfwrapper/python/alfwrapper/filters"
+    assert check.returncode == 0 and f'#line 1 "{filters}/subnets.c"' in check.stdout, check.stderr
+    assert not (tmp_path / "hijacked").exists()
+    out = make("uninstall", f"PREFIX={prefix}")
+    assert out.returncode == 0, out.stderr
+    assert [p for p in prefix.rglob("*") if not p.is_dir()] == []
+
+    # Under DESTDIR: the files only, nothing done to this host, no advice meant for it.
+    dest = tmp_path / "dest"
+    out = make("install", f"DESTDIR={dest}", "PREFIX=/usr/local", stubs=stubs)
+    assert out.returncode == 0, out.stderr
+    assert not adduser.exists()  # no user made
+    assert "daemon-reload" not in out.stdout and f"installed under {dest}/usr/local" in out.stdout
+    assert (dest / "usr/local/bin/alfwrapper").is_file()
+    assert (
+        "/usr/local/bin/alfwrapper --policy"
+        in (dest / "usr/local/lib/systemd/system/alfwrapper-echo.service").read_text()
+    )

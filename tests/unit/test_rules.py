@@ -50,6 +50,10 @@ def test_parse_prefix(text: str, expected: Prefix) -> None:
         ("192.0.2.5/24", "did you mean 192.0.2.0/24"),
         ("2001:db8::1/32", "did you mean 2001:db8::/32"),
         ("fe80::1%eth0", "not an IPv4 or IPv6"),
+        ("fe80::%1/64", "not an IPv4 or IPv6"),  # ipaddress alone would take the scope id
+        ("192.0.2.0/255.255.255.0", "bad prefix length"),  # ... and a netmask
+        ("192.0.2.0/0.0.0.255", "bad prefix length"),  # ... and a host mask
+        ("192.0.2.010", "not an IPv4 or IPv6"),  # octal or decimal? refused
     ],
 )
 def test_parse_prefix_rejects(text: str, message: str) -> None:

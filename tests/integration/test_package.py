@@ -1,0 +1,129 @@
+"""The Debian package, built by `make deb`, installed on this machine with apt-get, used
+from /usr/bin/alfwrapper away from the checkout, and removed again without a trace.
+
+It changes the host for its duration (the package is installed, and the kernel header
+links are briefly the package's): everything it changes is put back in `finally`."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hosts import Network, Probe, Service, check_policy, wait_listening
+from support import ROOT, require
+
+RELEASE = platform.release()
+MODULES = Path("/lib/modules") / RELEASE
+CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+
+def sh(*argv: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, cwd="/",
+        env={**CLEAN_ENV, "DEBIAN_FRONTEND": "noninteractive"},
+    )  # fmt: skip
+    assert not check or out.returncode == 0, f"{argv}: {out.stdout}{out.stderr}"
+    return out
+
+
+def installed() -> bool:
+    out = sh("dpkg-query", "-W", "-f=${Status}", "alfwrapper", check=False)
+    return out.stdout.endswith("installed") and "not-installed" not in out.stdout
+
+
+@pytest.fixture(scope="module")
+def deb() -> Path:
+    require(os.geteuid() == 0, "installs a Debian package: needs root")
+    build = subprocess.run(
+        ["make", "-C", str(ROOT), "deb"], capture_output=True, text=True, timeout=600
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    # lintian ran inside `make deb` with --fail-on error; its warnings are printed.
+    debs = sorted((ROOT / "dist").glob("alfwrapper_*_all.deb"))
+    assert debs, build.stdout
+    return debs[-1]
+
+
+@pytest.fixture
+def package(deb: Path) -> Iterator[list[str]]:
+    """The package installed, with this kernel's header links taken away first, so that
+    the package alone must provide them; yields the files it installed."""
+    assert not installed(), "alfwrapper is installed already: remove it before the tests"
+    saved = {name: os.readlink(MODULES / name) for name in ("build", "source")
+             if (MODULES / name).is_symlink()}  # fmt: skip
+    for name in saved:
+        (MODULES / name).unlink()
+    try:
+        sh("apt-get", "install", "-y", "--no-install-recommends", str(deb))
+        files = sh("dpkg-query", "-L", "alfwrapper").stdout.split("\n")
+        yield [f for f in files if f and not Path(f).is_dir()]
+    finally:
+        if installed():
+            sh("dpkg", "--purge", "alfwrapper", check=False)
+        for name, target in saved.items():
+            if not (MODULES / name).is_symlink():
+                MODULES.mkdir(parents=True, exist_ok=True)
+                (MODULES / name).symlink_to(target)
+
+
+def test_package_installs_works_and_leaves_nothing(package: list[str], network: Network) -> None:
+    # Where everything is, and the headers the package linked by itself.
+    for path in ("/usr/bin/alfwrapper", "/usr/lib/alfwrapper/policy/alfwrapper-echo.toml",
+                 "/usr/lib/systemd/system/alfwrapper-loader.service",
+                 "/usr/share/man/man1/alfwrapper.1.gz",
+                 "/usr/share/man/man8/alfwrapper-loader.8.gz",
+                 "/usr/lib/python3/dist-packages/alfwrapper/filters/subnets.c"):  # fmt: skip
+        assert path in package, path
+    assert not [f for f in package if f.startswith(("/etc", "/usr/local", str(ROOT)))]
+    # No unit is enabled (no links under /etc/systemd/system) or started.
+    assert not list(Path("/etc/systemd/system").rglob("alfwrapper*"))
+    assert (MODULES / "build").is_symlink() and (MODULES / "build/include").is_dir()
+    version = sh("/usr/bin/alfwrapper", "--version").stdout
+    assert version.strip() == "alfwrapper 0.1.0", version
+    where = sh("/usr/bin/python3", "-c", "import alfwrapper; print(alfwrapper.__file__)").stdout
+    assert where.startswith("/usr/lib/python3/dist-packages/"), where
+    doctor = sh("/usr/bin/alfwrapper", "doctor", check=False)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert sh("man", "-w", "alfwrapper-loader").stdout.strip().endswith("alfwrapper-loader.8.gz")
+
+    # Every unit as installed: verify passes, and every service's exposure is at most 3.0.
+    units = sorted(f for f in package if f.startswith("/usr/lib/systemd/system/"))
+    assert len(units) >= 10
+    verify = sh("systemd-analyze", "verify", *units, check=False)
+    assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
+    for unit in units:
+        if unit.endswith(".service"):
+            security = sh("systemd-analyze", "security", "--offline=true", "--threshold=30",
+                          unit, check=False)  # fmt: skip
+            assert security.returncode == 0, security.stdout.splitlines()[-1:]
+
+    # A filtered service, from /usr/bin/alfwrapper and the packaged example.
+    svc = Service(
+        network.server,
+        ["/usr/bin/alfwrapper", "--listen", ":8080", "--allow", "192.0.2.0/24",
+         "--allow", "2001:db8:a::/48", "--", "/usr/bin/python3",
+         "/usr/share/alfwrapper/echo_server.py"],
+    )  # fmt: skip
+    try:
+        wait_listening(network.server, 8080)
+        check_policy(
+            svc,
+            served=[Probe(network.allowed, "tcp", 4, 8080), Probe(network.allowed, "tcp", 6, 8080)],
+            dropped=[Probe(network.denied, "tcp", 4, 8080), Probe(network.denied, "tcp", 6, 8080)],
+        )
+    finally:
+        svc.stop()
+
+    # Removed: none of its files is left, nor the header links it made.
+    sh("apt-get", "remove", "-y", "alfwrapper")
+    assert [f for f in package if os.path.lexists(f)] == []
+    for folder in ("/usr/lib/alfwrapper", "/usr/share/alfwrapper", "/var/lib/alfwrapper",
+                   "/usr/lib/python3/dist-packages/alfwrapper"):  # fmt: skip
+        assert not os.path.lexists(folder), folder
+    assert not (MODULES / "build").is_symlink()
+    sh("dpkg", "--purge", "alfwrapper")  # nothing left to purge: it has no conffiles
+    assert not installed()
