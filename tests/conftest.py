@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hosts import Network, Service, make_network
 from managers import UserManager
-from support import WRAPPER, bpf_problem, require
+from support import ROOT, WRAPPER, bpf_problem, require
 
 
 @pytest.fixture
@@ -58,6 +58,9 @@ def manager(network: Network) -> Iterator[UserManager]:
     """root's `systemd --user` in the server's namespace, with the shipped units."""
     if shutil.which("systemd") is None and not Path("/lib/systemd/systemd").exists():
         pytest.fail("systemd is missing: `make setup` installs it")
+    if str(ROOT).startswith(("/tmp/", "/var/tmp/")):  # the units run files of the checkout
+        pytest.fail(f"the shipped units have PrivateTmp=, so they cannot see {ROOT}: "
+                    "run the tests from a checkout outside /tmp and /var/tmp")  # fmt: skip
     mgr = UserManager(network.server)
     try:
         yield mgr
@@ -74,7 +77,6 @@ def readable_copy() -> Iterator[Path]:
     import tempfile
 
     import pyroute2
-    from support import ROOT
 
     root = Path(tempfile.mkdtemp(prefix="alf-readable-"))
     root.chmod(0o755)

@@ -426,7 +426,8 @@ MUTATIONS += [
 
 
 def scratch_clone() -> Path:
-    where = Path(tempfile.mkdtemp(prefix="alf-mutate-"))
+    # Not in /tmp: the shipped units under test have PrivateTmp=, and run files of the clone.
+    where = Path(tempfile.mkdtemp(prefix="alf-mutate-", dir="/var/lib"))
     where.chmod(0o755)  # the privilege tests run parts of it as nobody
     subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
     return where

@@ -26,11 +26,14 @@ def test_installed_wheel_finds_its_filters(bpf_root: None, tmp_path: Path) -> No
     )
     python = venv / "bin/python"
     wheel = next(wheels.glob("alfwrapper-*.whl"))
+    # Without PYTHONPATH: a checkout on it (make mutate's) would look installed already.
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     install = subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
         capture_output=True,
         text=True,
         timeout=300,
+        env=clean,
     )
     assert install.returncode == 0, install.stderr
     # From elsewhere, with nothing of the checkout on the path.
