@@ -342,14 +342,20 @@ MUTATIONS += [
         "alfwrapper/loader.py",
         "    if rules.custom:\n        confine(tree)\n",
         "    if False:\n        confine(tree)\n",
-        ("tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",),
+        (
+            "tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",
+            "tests/integration/test_loader.py::test_maps_older_than_the_request_are_refused",
+        ),
     ),
     Mutation(
         "loader-old-maps-allowed",
         "alfwrapper/loader.py",
         "        if ident <= probe and ident not in own:",
         "        if False:",
-        ("tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",),
+        (
+            "tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",
+            "tests/integration/test_loader.py::test_maps_older_than_the_request_are_refused",
+        ),
     ),
     Mutation(
         "loader-any-include",

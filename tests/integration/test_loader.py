@@ -19,7 +19,10 @@ from hosts import Network, Probe, all_probes, check_policy
 from managers import OwnManager, UnitLog, UserManager, ordinary_user, start_loader
 from support import ROOT
 
+from alfwrapper import compiler, syscalls
 from alfwrapper import loader as loader_mod
+from alfwrapper.errors import AlfError
+from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
 
 USER_A, USER_B = "alfuser1", "alfuser2"
 PYTHON = "/usr/bin/python3"  # the system's, with BCC; alfwrapper from the readable copy
@@ -221,6 +224,38 @@ def test_only_socket_filters_and_only_new_maps(
         assert got["fds"] == [] and "error" in got["answer"], got
     assert sorted(str(p) for p in tree.rglob("*")) == before
     assert not Path("/sys/fs/bpf/alfwrapper/stolen").exists()
+    # A's own counters, declared by A with their exact shape: refused (BCC 0.26 cannot
+    # even open a pinned map with CAP_BPF alone; should a BCC adopt it, the loader's
+    # own check refuses any map older than the request: the test below).
+    fd = syscalls.obj_get(str(tree / "app" / f"sock-{cookie}" / "counters"))
+    kind, key, value, entries, _ = syscalls.map_shape(fd)
+    os.close(fd)
+    assert (kind, key, value) == (6, 4, 8)  # BPF_MAP_TYPE_PERCPU_ARRAY, u32 -> u64
+    same_shape = (
+        f'#include "common.h"\nBPF_TABLE_PINNED("percpu_array", u32, u64, stolen, {entries}, '
+        f'"{seen_as}/sock-{cookie}/counters");\n'
+        "int filter(struct __sk_buff *skb) { u32 k = 0; return stolen.lookup(&k) ? 1 : 0; }\n"
+    )
+    got = raw(own_a, readable_copy, load_filter(same_shape), "--socket", "udp")
+    assert got["fds"] == [] and "error" in got["answer"], got
+
+
+def test_maps_older_than_the_request_are_refused(bpf_root: None) -> None:
+    """The loader's last check on what it hands back, on real kernel objects: a map that
+    existed before the request (opened, not made) is refused; one made after is not."""
+    check = loader_mod._check_objects  # noqa: SLF001
+    old = syscalls.map_create(2, "alf_old", 4, 4, 1)
+    probe = loader_mod._fresh_map_id()  # noqa: SLF001
+    new = syscalls.map_create(2, "alf_new", 4, 4, 1)
+    loaded = compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("::1"),))))
+    try:
+        check({"new": new}, loaded.fd, probe, set())
+        with pytest.raises(AlfError, match="existed before"):
+            check({"new": new, "old": old}, loaded.fd, probe, set())
+        check({"old": old}, loaded.fd, probe, {syscalls.map_info_id(old)})  # its own pins
+    finally:
+        os.close(old)
+        os.close(new)
 
 
 INCLUDES = [
