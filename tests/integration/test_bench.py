@@ -25,6 +25,9 @@ def test_bench_smoke(bpf_root: None, tmp_path: Path) -> None:
         "Interface",
         "Port knocking",
         "composed",
+        "## Varied sources, in the kernel",
+        "Varied sources (in-kernel walk), IPv4",
+        "Varied sources (in-kernel walk), IPv6",
         "## Start-up",
         "Machine:",
     ):
