@@ -509,8 +509,12 @@ class Store:
                 else:
                     kept_knock.add(str(meta.get("knock", "")))
             for knock in service_dir.glob("knock-*"):
-                if knock.name not in kept_knock:
+                if knock.name in kept_knock:
+                    continue
+                if knock.is_dir():
                     shutil.rmtree(knock, ignore_errors=True)
+                else:  # a pin where a knock folder would be: nothing of ours
+                    knock.unlink(missing_ok=True)
             if not any(service_dir.iterdir()):
                 service_dir.rmdir()
         return removed

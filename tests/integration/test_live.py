@@ -79,6 +79,13 @@ def test_state_of_closed_sockets_is_collected(network: Network, services: list[S
         svc = start(network, services, "churn", "--allow", "192.0.2.0/24")
         assert len(pins_of("churn")) == 2  # this start's two sockets, none before
         svc.stop()
+    # A map pinned where a knock folder would be (as a hostile filter once could): gc
+    # takes it too, or the service would be listed for ever.
+    from alfwrapper import syscalls  # noqa: PLC0415
+
+    stray = syscalls.map_create(2, "alf_stray", 4, 4, 1)
+    syscalls.obj_pin(stray, str(STATE / "churn" / "knock-0"))
+    os.close(stray)
     out = cli("gc")
     assert out.returncode == 0 and "removed churn" in out.stdout, out.stdout
     assert not (STATE / "churn").exists()
