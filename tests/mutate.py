@@ -422,6 +422,13 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "gc-keeps-stray-knock-pin",
+        "alfwrapper/state.py",
+        "                    knock.unlink(missing_ok=True)",
+        "                    pass",
+        ("tests/integration/test_live.py::test_state_of_closed_sockets_is_collected",),
+    ),
+    Mutation(
         "prefix-takes-netmask",
         "alfwrapper/rules.py",
         "    if sep and not (length_text.isdigit() and length_text.isascii()):",
