@@ -35,6 +35,7 @@ sys.path.insert(0, str(HERE))
 
 import throughput  # noqa: E402
 import varied  # noqa: E402
+from varied import load_text, map_memory  # noqa: E402
 
 from alfwrapper import compiler, program  # noqa: E402
 from alfwrapper.parts import FillEnv  # noqa: E402
@@ -48,17 +49,6 @@ from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame  # noqa:
 
 NOOP = '#include "common.h"\nint filter(struct __sk_buff *skb)\n{\n    return ALF_PASS;\n}\n'
 SERVER4 = 0xC0000201
-
-
-def load_text(text: str, defines: tuple[tuple[str, str], ...] = ()) -> compiler.LoadedFilter:
-    plan = program.ProgramPlan(
-        rules=SocketRules(),
-        text=text,
-        defines=defines,
-        include_dirs=(str(program.filter_dir()),),
-        parts=(),
-    )
-    return compiler.compile_and_load(plan)
 
 
 def cost(fd: int, frame: bytes, repeat: int, rounds: int = 5) -> float:
@@ -161,17 +151,6 @@ def open_knock(loaded: compiler.LoadedFilter, source: int) -> None:
     leaf = table.Leaf()
     leaf.open_until_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + 3600 * 10**9
     table[key] = leaf
-
-
-def map_memory(loaded: compiler.LoadedFilter, names: list[str]) -> int:
-    """Kernel memory charged to the program's maps (memlock in /proc/self/fdinfo)."""
-    total = 0
-    for name in names:
-        fd = loaded.bpf[name.encode()].map_fd
-        for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
-            if line.startswith("memlock:"):
-                total += int(line.split()[1])
-    return total
 
 
 def startup_seconds(rules_file: Path | None, rounds: int) -> float:

@@ -25,7 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from alfwrapper import compiler, program  # noqa: E402
+from alfwrapper import compiler, program, syscalls  # noqa: E402
 from alfwrapper.rules import Prefix, SocketRules, SubnetRules  # noqa: E402
 from alfwrapper.syscalls import prog_test_run, udp_frame  # noqa: E402
 
@@ -171,26 +171,24 @@ def fill_sources(bpf: Any, walk: list[tuple[int, int]]) -> None:
         table.items_update_batch(keys, leaves)
 
 
-def load(text: str, defines: tuple[tuple[str, str], ...]) -> compiler.LoadedFilter:
+def load_text(
+    text: str, defines: tuple[tuple[str, str], ...] = (), entry: str = program.ENTRY
+) -> compiler.LoadedFilter:
+    """Compile and load C of our own (no rules), with the filters' headers at hand."""
     plan = program.ProgramPlan(
         rules=SocketRules(),
         text=text,
         defines=defines,
         include_dirs=(str(program.filter_dir()),),
         parts=(),
-        entry="bench_lookup",
+        entry=entry,
     )
     return compiler.compile_and_load(plan)
 
 
-def memory(loaded: compiler.LoadedFilter, names: list[str]) -> int:
-    total = 0
-    for name in names:
-        fd = loaded.bpf[name.encode()].map_fd
-        for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
-            if line.startswith("memlock:"):
-                total += int(line.split()[1])
-    return total
+def map_memory(loaded: compiler.LoadedFilter, names: list[str]) -> int:
+    """Kernel memory charged to the program's maps (memlock in /proc/self/fdinfo)."""
+    return sum(syscalls.fd_memlock(loaded.bpf[name.encode()].map_fd) for name in names)
 
 
 def run_cost(fd: int, repeat: int, rounds: int) -> float:
@@ -216,9 +214,9 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
     floor = ours.bpf.load_func(b"bench_floor", BPF.SOCKET_FILTER)
     # Every source is inside a rule: every run must pass, the last included.
     assert prog_test_run(lookup.fd, udp_frame(4, 0), walk_size).retval == 1
-    ours_memory = memory(ours, ["subnet_roots", "subnet_nodes"])
+    ours_memory = map_memory(ours, ["subnet_roots", "subnet_nodes"])
 
-    lpm = load(WALK + LPM, (("LPM_SIZE", str(count)), *walk_define))
+    lpm = load_text(WALK + LPM, (("LPM_SIZE", str(count)), *walk_define), "bench_lookup")
     fill_sources(lpm.bpf, walk)
     table = lpm.bpf[b"lpm4" if family == 4 else b"lpm6"]
     keys = (table.Key * count)()
@@ -229,10 +227,10 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
     leaves = (table.Leaf * count)(*([1] * count))
     table.items_update_batch(keys, leaves)
     assert prog_test_run(lpm.fd, udp_frame(4, 0), walk_size).retval == 1
-    lpm_memory = memory(lpm, ["lpm4" if family == 4 else "lpm6"])
+    lpm_memory = map_memory(lpm, ["lpm4" if family == 4 else "lpm6"])
 
     lines = 1 << max(10, (ours_memory // 64 - 1).bit_length())  # a power of two at least
-    chase = load(CHASE, (("CHASE_LINES", str(lines)),))
+    chase = load_text(CHASE, (("CHASE_LINES", str(lines)),), "bench_lookup")
     order = list(range(lines))
     for i in range(lines - 1, 0, -1):  # Sattolo: one cycle through every line
         j = rng.randrange(i)
