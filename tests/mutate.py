@@ -155,9 +155,17 @@ MUTATIONS = [
     Mutation(
         "knock-listeners-filled",
         "alfwrapper/wrapper.py",
-        "            compiler.set_knock_listeners(lf.bpf, cookies)\n",
-        "            pass\n",
+        "    if cookies:\n        compiler.set_knock_listeners(loaded.bpf, cookies)\n"
+        "    state.own(",
+        "    state.own(",
         ("tests/adversarial/test_queued.py",),
+        also=(
+            (
+                "    if cookies:\n        compiler.set_knock_listeners(loaded.bpf, cookies)\n"
+                "    return loaded\n",
+                "    return loaded\n",
+            ),
+        ),
     ),
     Mutation(
         "set-ipv4-byte-order",
@@ -176,11 +184,14 @@ MUTATIONS = [
     Mutation(
         "bind-after-attach",
         "alfwrapper/wrapper.py",
-        "    loaded = load_programs(records)\n",
-        "    for record in records:\n        if record.spec is not None:\n"
-        "            bind_socket(record.sock, record.spec)\n    loaded = load_programs(records)\n",
+        "        loaded = load_programs(records, service)\n",
+        "        for record in records:\n            if record.spec is not None:\n"
+        "                bind_socket(record.sock, record.spec)\n"
+        "        loaded = load_programs(records, service)\n",
         ("tests/adversarial/test_startup.py",),
-        also=(("            bind_socket(record.sock, record.spec)\n", "            pass\n"),),
+        also=(
+            ("                bind_socket(record.sock, record.spec)\n", "                pass\n"),
+        ),
     ),
     Mutation(
         "comment-stripping",
@@ -260,8 +271,8 @@ MUTATIONS += [
     Mutation(
         "gc-collects",
         "alfwrapper/state.py",
-        "            if known and where.cookie not in alive and not owner_alive:",
-        "            if False:",
+        "                if known and where.cookie not in live and not owner_alive:",
+        "                if False:",
         ("tests/integration/test_live.py::test_a_thousand_starts_leave_no_stale_pins",),
     ),
     Mutation(

@@ -373,6 +373,10 @@ def test_hostile_requests_leave_the_loader_serving(
                              text=True) for _ in range(2)]  # fmt: skip
     for proc in slow:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    # While B holds them (READ_SECONDS), A is served at once.
+    begin = time.monotonic()
+    assert raw(own, readable_copy, {"op": "services"})["answer"] == {"services": []}
+    assert time.monotonic() - begin < 5, "one user's slow clients held up another user"
     # ... and a thousand malformed ones, as fast as they go.
     cases = list(hostile_requests())
     answers: dict[str, int] = {}
