@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from alfwrapper import syscalls
 from alfwrapper.errors import EX_UNAVAILABLE, EX_USAGE, LIBRARIES, AlfError
 from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
 
@@ -22,7 +23,6 @@ CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
 CAP_BPF = 39
 MIN_KERNEL = (5, 6)  # BPF_MAP_UPDATE_BATCH; bpf_skb_load_bytes_relative is 4.18
-LOADER_KERNEL = (6, 5)  # map and program fds usable without CAP_BPF
 
 
 @dataclass(frozen=True)
@@ -119,12 +119,14 @@ def check_loader(unpriv: str | None, held_text: str) -> Check:
     from alfwrapper import loader  # noqa: PLC0415
 
     why = f"kernel.unprivileged_bpf_disabled={unpriv} and this process holds {held_text}"
-    if kernel_version(platform.release()) < LOADER_KERNEL:
-        return Check(
-            False,
-            f"{why}, so filters come from the loader, and its fds need Linux "
-            f"{LOADER_KERNEL[0]}.{LOADER_KERNEL[1]} to be used without CAP_BPF: upgrade the "
-            "kernel, or run as root or with AmbientCapabilities=CAP_BPF",
+    try:
+        refused = syscalls.fd_calls_refused()
+    except OSError:
+        refused = False  # no libbpf: check_imports says so
+    if refused:
+        why += (
+            "; this kernel refuses even calls on fds one holds without CAP_BPF (as before "
+            "Linux 6.5), so the loader makes those too"
         )
     try:
         loader.Broker().request({"op": "services"}, seconds=10)
@@ -226,9 +228,10 @@ def check_build() -> Check:
 def check_build_through_loader() -> Check:
     import socket  # noqa: PLC0415
 
-    from alfwrapper import loader, syscalls  # noqa: PLC0415
+    from alfwrapper import loader  # noqa: PLC0415
 
     rules = SocketRules(SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)))
+    loader.use_if_needed()  # the test run, too, where the kernel refuses it to us
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
             fd, _ = loader.Broker().load(rules, None, "doctor_u0", False, sock)

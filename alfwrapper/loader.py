@@ -3,7 +3,9 @@
 Since 2021 distributions set kernel.unprivileged_bpf_disabled: creating a map
 or loading a program needs CAP_BPF.  Attaching a loaded program to one's own
 socket needs nothing (SO_ATTACH_BPF), and since Linux 6.5 neither does using
-a map or program one holds an fd of.  So a small service, `alfwrapper loader`
+a map or program one holds an fd of; before 6.5 the loader makes those calls
+too ("fd" requests: syscalls.use_fd_proxy), on the fds the user sends, which
+the kernel checks as it would check the user's own on 6.5.  So a small service, `alfwrapper loader`
 (units alfwrapper-loader.socket and alfwrapper-loader.service), holding
 CAP_BPF alone and running as the user alfwrapper, compiles and loads filters
 for anyone who asks over /run/alfwrapper/loader.sock, keeps the pinned state
@@ -13,10 +15,11 @@ CAP_BPF uses it by itself: Broker is a state.Store whose every operation is a
 request here.
 
 The protocol: a request is a 4-byte big-endian length and a JSON object, with
-at most one fd (a socket) beside it; the answer is the same, with the fds it
-hands back.  The caller is who SO_PEERCRED says; only the tree of that uid is
-ever touched.  Each connection is served by a fresh child process, bounded in
-time, so a hostile request can take down only itself.
+at most two fds (a socket, or the maps and programs of an "fd" call) beside
+it; the answer is the same, with the fds it hands back.  The caller is who
+SO_PEERCRED says; only the tree of that uid is ever touched.  Each connection
+is served by a fresh child process, bounded in time, so a hostile request can
+take down only itself.
 
 Limits: requests of at most REQUEST_LIMIT bytes, read within READ_SECONDS,
 served within WORK_SECONDS; per user, at most --max-programs programs and
@@ -31,7 +34,9 @@ map that existed before (fresh ids only).
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
+import inspect
 import json
 import os
 import re
@@ -82,7 +87,12 @@ OPENABLE = frozenset(
 # The map types the built-in filters use (BPF_MAP_TYPE_*): hash, array,
 # prog array, percpu array, LRU hash, LPM trie, ring buffer.
 MAP_TYPES = frozenset({1, 2, 3, 6, 9, 11, 27})
+# Those whose values are data (not fds: a program array's value, written, names an
+# fd of whoever makes the call): the ones an "fd" request may write.
+DATA_MAP_TYPES = frozenset({1, 2, 6, 9, 11})
+PROG_ARRAY = 3
 PROG_TYPE_SOCKET_FILTER = 1
+FD_VALUE_LIMIT = 1 << 16  # bytes of a key or value, and most ints, in an "fd" request
 _LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,9}$")  # program.label()
 
 
@@ -354,6 +364,15 @@ class Broker(state.Store):
         removed = [self.state(s, int(c)) for s, c in answer["removed"]]
         return removed, "your services' state, through the loader"
 
+    def fd_call(self, name: str, fds: list[int], args: dict[str, Any]) -> Any:
+        """A syscalls call the kernel refused us (before Linux 6.5), made by the loader."""
+        answer, _ = self.request(
+            {"op": "fd", "call": name, "args": {k: to_wire(v) for k, v in args.items()}}, fds
+        )
+        if "errno" in answer:  # what the kernel said to the loader, as if to us
+            raise OSError(int(answer["errno"]), str(answer.get("why", "")))
+        return from_wire(answer.get("result"))
+
     def load(
         self,
         rules: SocketRules,
@@ -402,7 +421,9 @@ def use_if_needed() -> bool:
     """Use the loader's store for this process when it cannot do the work itself."""
     if not needed():
         return False
-    state.use_store(Broker())
+    broker = Broker()
+    state.use_store(broker)
+    syscalls.use_fd_proxy(broker.fd_call)
     return True
 
 
@@ -528,7 +549,7 @@ def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
     """One connection: one request, one answer.  Every failure is an answer."""
     fds: list[int] = []
     try:
-        message, fds = receive(conn, REQUEST_LIMIT, READ_SECONDS, 1)
+        message, fds = receive(conn, REQUEST_LIMIT, READ_SECONDS, 2)
         answer, out = handle(message, fds, who, limits)
         try:
             send(conn, answer, out)
@@ -619,7 +640,99 @@ def handle(
             return {"cookie": where.cookie}, [dispatch]
     if op == "load":
         return _load(message, fds, who, limits)
+    if op == "fd":
+        return fd_call(message, fds), []
     raise _bad(f"unknown op {op!r}")
+
+
+# -- calls on fds the user holds, for kernels before 6.5 --------------------------------
+
+
+def to_wire(value: Any) -> Any:
+    """An argument or answer of an "fd" call as JSON."""
+    if isinstance(value, bytes):
+        return {"bytes": value.hex()}
+    if isinstance(value, list):
+        return [to_wire(v) for v in value]
+    if isinstance(value, syscalls.TestRun):
+        return {"run": [value.retval, value.duration_ns]}
+    return value
+
+
+def from_wire(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"bytes"} and isinstance(value["bytes"], str):
+        return bytes.fromhex(value["bytes"])
+    if isinstance(value, dict) and set(value) == {"run"}:
+        return syscalls.TestRun(*(int(x) for x in value["run"]))
+    if isinstance(value, list):
+        return [from_wire(v) for v in value]
+    if isinstance(value, dict):
+        raise _bad("an unknown value")
+    return value
+
+
+def _bpf_kind(fd: int) -> str:
+    """ "map" or "prog" for a BPF object's fd, "" for anything else."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+    return {"anon_inode:bpf-map": "map", "anon_inode:bpf-prog": "prog"}.get(target, "")
+
+
+def fd_call(message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    """Make one of syscalls.FD_CALLS on the caller's fds.  Its answer is what the
+    kernel says to us, which, for these calls and these object types, is what
+    Linux 6.5 says to any holder of the fds: the kernel checks each fd's own read
+    and write modes.  Never on a map whose values are fds (they would name ours)."""
+    name = _field(message, "call", str)
+    if name not in syscalls.FD_CALLS:
+        raise _bad(f"{name!r} is not a call the loader makes on your fds")
+    call, fd_params = syscalls.FD_CALLS[name]
+    if len(fds) != len(fd_params):
+        raise _bad(f"{name} takes {len(fd_params)} fd(s)")
+    raw = message.get("args")
+    if not isinstance(raw, dict):
+        raise _bad("'args' must be an object")
+    params = inspect.signature(call).parameters
+    args: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in params or key in fd_params:
+            raise _bad(f"{name} has no argument {key!r}")
+        args[key] = _fd_argument(key, params[key].annotation, from_wire(value))
+    kinds = {param: _bpf_kind(fd) for param, fd in zip(fd_params, fds, strict=True)}
+    for param, fd in zip(fd_params, fds, strict=True):
+        wanted = args.get("what") if param == "fd" else param.split("_")[0]
+        if kinds[param] != wanted:
+            raise _bad(f"{param} must be the fd of a BPF {wanted}")
+        if wanted == "map" and name != "_info":
+            kind = syscalls.map_shape(fd)[0]
+            allowed = {
+                "prog_array_set": {PROG_ARRAY},
+                "map_lookup": DATA_MAP_TYPES | {PROG_ARRAY},  # a slot's program id
+                "map_keys": DATA_MAP_TYPES | {PROG_ARRAY},
+            }.get(name, DATA_MAP_TYPES)
+            if kind not in allowed:
+                raise AlfError(f"{name}", f"not on a map of type {kind}", "", EX_NOPERM)
+        if wanted == "prog" and syscalls.prog_type(fd) != PROG_TYPE_SOCKET_FILTER:
+            raise AlfError(f"{name}", "only on socket filters", "", EX_NOPERM)
+    try:
+        return {"result": to_wire(call(**dict(zip(fd_params, fds, strict=True)), **args))}
+    except OSError as err:  # the kernel's answer, given back as it is
+        return {"errno": err.errno or errno.EIO, "why": str(err)}
+
+
+def _fd_argument(key: str, annotation: str, value: Any) -> Any:
+    """An argument of an "fd" call, of its declared type and bounded."""
+    if annotation == "bytes" and isinstance(value, bytes) and len(value) <= FD_VALUE_LIMIT:
+        return value
+    if annotation == "int" and type(value) is int:
+        high = {"ingress_ifindex": 2**31 - 1, "repeat": 1000}.get(key, FD_VALUE_LIMIT)
+        if 0 <= value <= high:
+            return value
+    if annotation == "str" and key == "what" and value in ("map", "prog"):
+        return value
+    raise _bad(f"argument {key!r} is not a bounded {annotation}")
 
 
 def _no_service(service: str) -> None:

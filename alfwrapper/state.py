@@ -258,7 +258,7 @@ def install(state: SocketState, prog_fd: int) -> None:
     """Put a program in the socket's slot: one atomic update, no unfiltered moment."""
     slot = open_pin(state, "slot")
     try:
-        syscalls.map_update(slot, _U32.pack(0), _U32.pack(prog_fd))
+        syscalls.prog_array_set(slot, 0, prog_fd)
     except OSError as err:
         raise _fail(f"installing the new program for {state.dir}", err) from None
     finally:

@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+import inspect
+import mmap
 import os
+import select
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libbpf: ctypes.CDLL | None = None
@@ -68,6 +73,47 @@ def libbpf() -> ctypes.CDLL:
     return _libbpf
 
 
+# -- calls on fds one holds, and who makes them when the kernel says EPERM --------------
+
+FdProxy = Callable[[str, list[int], dict[str, Any]], Any]
+_fd_proxy: FdProxy | None = None
+# name -> (the call itself, the names of its fd parameters): what a proxy may make
+FD_CALLS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {}
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def use_fd_proxy(proxy: FdProxy | None) -> None:
+    """From now on, a call on fds that the kernel refuses with EPERM goes to
+    ``proxy(name, fds, other_arguments)``, whose answer is the call's."""
+    global _fd_proxy
+    _fd_proxy = proxy
+
+
+def _fd_call(*fd_params: str) -> Callable[[_F], _F]:
+    """A call that needs nothing but the fds named: made here, else by the proxy."""
+
+    def wrap(fn: _F) -> _F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except PermissionError:
+                if _fd_proxy is None:
+                    raise
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            fds = [bound.arguments[p] for p in fd_params]
+            rest = {k: v for k, v in bound.arguments.items() if k not in fd_params}
+            return _fd_proxy(fn.__name__, fds, rest)
+
+        FD_CALLS[fn.__name__] = (fn, fd_params)
+        return call  # type: ignore[return-value]
+
+    return wrap
+
+
 def _bpf_check(result: int, what: str, obj: str = "") -> None:
     # libbpf returns -errno (and sets errno) on failure.
     if result < 0:
@@ -109,6 +155,16 @@ class TestRun:
     duration_ns: int  # the kernel's mean time per run
 
 
+def fd_calls_refused() -> bool:
+    """Does the kernel refuse this process every bpf(2) call, even on an fd it holds
+    (before Linux 6.5, without CAP_BPF, while unprivileged BPF is disabled)?  Asked
+    with a lookup on no fd: EPERM comes before EBADF only then."""
+    key = ctypes.create_string_buffer(4)
+    result = libbpf().bpf_map_lookup_elem(-1, key, key)
+    return result < 0 and (ctypes.get_errno() or -result) == 1  # EPERM
+
+
+@_fd_call("prog_fd")
 def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1, ingress_ifindex: int = 0) -> TestRun:
     """Run the program on an Ethernet frame ``repeat`` times in the kernel.
 
@@ -140,6 +196,11 @@ class ProgInfo:
     jited_bytes: int
 
 
+# struct bpf_map_info and bpf_prog_info up to the last field read here
+INFO_SIZE = 96
+
+
+@_fd_call("fd")
 def _info(fd: int, what: str) -> bytes:
     info = ctypes.create_string_buffer(256)  # larger than the kernel's struct: zeros are fine
     size = ctypes.c_uint32(len(info))
@@ -148,7 +209,7 @@ def _info(fd: int, what: str) -> bytes:
         "BPF_OBJ_GET_INFO_BY_FD",
         f"{what} fd {fd}",
     )
-    return info.raw
+    return info.raw[:INFO_SIZE]
 
 
 def prog_info(prog_fd: int) -> ProgInfo:
@@ -261,6 +322,7 @@ def map_renamed(map_fd: int, name: str) -> int:
     return int(fd)
 
 
+@_fd_call("map_fd")
 def map_lookup(map_fd: int, key: bytes, value_size: int) -> bytes | None:
     value = ctypes.create_string_buffer(value_size)
     result = libbpf().bpf_map_lookup_elem(map_fd, key, value)
@@ -302,7 +364,8 @@ _SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ct
 
 
 class RingReader:
-    """Reads BPF ring buffers (Linux 5.8) through libbpf's ring_buffer API.
+    """Reads BPF ring buffers (Linux 5.8) through libbpf's ring_buffer API, or through
+    their mmap(2) where libbpf cannot (see the module's text).
 
     ``on_record(index, data)`` gets each record with the index of its buffer in
     ``map_fds``.  Reading a record consumes it, for every reader of that buffer.
@@ -324,26 +387,43 @@ class RingReader:
 
         self._callback = _SAMPLE_FN(sample)  # kept alive as long as the reader
         self._ring = None
-        for index, fd in enumerate(map_fds):
-            if self._ring is None:
-                self._ring = lib.ring_buffer__new(fd, self._callback, index, None)
-                if not self._ring:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"ring_buffer__new: {os.strerror(err)}")
-            else:
-                _bpf_check(lib.ring_buffer__add(self._ring, fd, self._callback, index),
-                           "ring_buffer__add")  # fmt: skip
+        self._mapped: _MappedRings | None = None
+        lib.libbpf_set_print.restype = ctypes.c_void_p
+        lib.libbpf_set_print.argtypes = [ctypes.c_void_p]
+        said = lib.libbpf_set_print(None)  # its warning when it cannot is ours to give
+        try:
+            for index, fd in enumerate(map_fds):
+                if self._ring is None:
+                    self._ring = lib.ring_buffer__new(fd, self._callback, index, None)
+                    if not self._ring:
+                        err = ctypes.get_errno()
+                        raise OSError(err, f"ring_buffer__new: {os.strerror(err)}")
+                else:
+                    _bpf_check(lib.ring_buffer__add(self._ring, fd, self._callback, index),
+                               "ring_buffer__add")  # fmt: skip
+        except PermissionError:
+            self.close()
+            self._mapped = _MappedRings(map_fds, on_record)
+        finally:
+            lib.libbpf_set_print(said)
 
     def fileno(self) -> int:
+        if self._mapped is not None:
+            return self._mapped.epoll.fileno()
         return int(libbpf().ring_buffer__epoll_fd(self._ring))
 
     def consume(self) -> int:
         """Read every record there is now; returns how many."""
+        if self._mapped is not None:
+            return self._mapped.consume()
         count = libbpf().ring_buffer__consume(self._ring)
         _bpf_check(min(count, 0), "ring_buffer__consume")
         return int(count)
 
     def poll(self, timeout_ms: int) -> int:
+        if self._mapped is not None:
+            self._mapped.epoll.poll(timeout_ms / 1000 if timeout_ms >= 0 else None)
+            return self._mapped.consume()
         count = libbpf().ring_buffer__poll(self._ring, timeout_ms)
         if count < 0 and (ctypes.get_errno() or -count) == 4:  # EINTR
             return 0
@@ -354,6 +434,74 @@ class RingReader:
         if self._ring:
             libbpf().ring_buffer__free(self._ring)
             self._ring = None
+        if self._mapped is not None:
+            self._mapped.close()
+            self._mapped = None
+
+
+# The kernel's ring buffer layout (kernel/bpf/ringbuf.c, uapi/linux/bpf.h): at offset
+# 0 a page whose first u64 is the consumer's position (ours to write); at one page
+# the producer's page (its position first), then the data area mapped twice, so a
+# record that wraps reads in one piece.  Each record has an 8-byte header (u32
+# length with the BUSY and DISCARD bits, u32 page offset) and is 8-byte aligned.
+_RINGBUF_BUSY = 1 << 31
+_RINGBUF_DISCARD = 1 << 30
+
+
+def _fdinfo(fd: int, field: str) -> int:
+    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+        for line in info:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(0, f"no {field} in the fdinfo of fd {fd}")
+
+
+class _MappedRings:
+    """Ring buffers read through their mmap, with no bpf(2) call: the size comes from
+    the fd's fdinfo, readiness from epoll on the map fds."""
+
+    def __init__(self, map_fds: list[int], on_record: Callable[[int, bytes], None]) -> None:
+        self.on_record = on_record
+        self.rings: list[tuple[mmap.mmap, mmap.mmap, int]] = []
+        self.epoll = select.epoll()
+        page = mmap.PAGESIZE
+        try:
+            for fd in map_fds:
+                size = _fdinfo(fd, "max_entries")
+                consumer = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                producer = mmap.mmap(fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ,
+                                     offset=page)  # fmt: skip
+                self.rings.append((consumer, producer, size))
+                self.epoll.register(fd, select.EPOLLIN)
+        except BaseException:
+            self.close()
+            raise
+
+    def consume(self) -> int:
+        count = 0
+        page = mmap.PAGESIZE
+        for index, (consumer, producer, size) in enumerate(self.rings):
+            (position,) = struct.unpack_from("=Q", consumer, 0)
+            (end,) = struct.unpack_from("=Q", producer, 0)
+            while position < end:
+                start = page + (position & (size - 1))
+                (header,) = struct.unpack_from("=I", producer, start)
+                if header & _RINGBUF_BUSY:
+                    break  # still being written
+                length = header & ~(_RINGBUF_BUSY | _RINGBUF_DISCARD)
+                if not header & _RINGBUF_DISCARD:
+                    self.on_record(index, producer[start + 8 : start + 8 + length])
+                    count += 1
+                position += (length + 8 + 7) & ~7
+                struct.pack_into("=Q", consumer, 0, position)
+        return count
+
+    def close(self) -> None:
+        self.epoll.close()
+        for consumer, producer, _ in self.rings:
+            consumer.close()
+            producer.close()
+        self.rings = []
 
 
 CLONE_NEWNET = 0x40000000
@@ -413,6 +561,7 @@ def each_netns() -> Iterator[int]:
         os.close(home)
 
 
+@_fd_call("map_fd")
 def map_update(map_fd: int, key: bytes, value: bytes) -> None:
     """Put key -> value in a map (BPF_ANY)."""
     _bpf_check(
@@ -420,6 +569,7 @@ def map_update(map_fd: int, key: bytes, value: bytes) -> None:
     )
 
 
+@_fd_call("map_fd")
 def map_delete(map_fd: int, key: bytes) -> bool:
     """Remove key from a map; False if it was not there."""
     result = libbpf().bpf_map_delete_elem(map_fd, key)
@@ -429,6 +579,7 @@ def map_delete(map_fd: int, key: bytes) -> bool:
     return True
 
 
+@_fd_call("map_fd")
 def map_keys(map_fd: int, key_size: int) -> list[bytes]:
     """Every key of a hash map."""
     keys: list[bytes] = []
@@ -442,6 +593,18 @@ def map_keys(map_fd: int, key_size: int) -> list[bytes]:
             _bpf_check(result, "map iteration", f"map fd {map_fd}")
         previous = current.raw
         keys.append(previous)
+
+
+@_fd_call("map_fd", "prog_fd")
+def prog_array_set(map_fd: int, index: int, prog_fd: int) -> None:
+    """Put a program in a program array's slot ``index``: one atomic update."""
+    _bpf_check(
+        libbpf().bpf_map_update_elem(
+            map_fd, index.to_bytes(4, "little"), prog_fd.to_bytes(4, "little"), 0
+        ),
+        "program array update",
+        f"map fd {map_fd}",
+    )
 
 
 def _checksum(header: bytes) -> int:

@@ -235,6 +235,34 @@ MUTATIONS = [
         "        least=0.0,",
         ("tests/integration/test_errors.py",),
     ),
+    Mutation(
+        "fd-calls-not-through-loader",
+        "alfwrapper/loader.py",
+        "    syscalls.use_fd_proxy(broker.fd_call)\n",
+        "    pass\n",
+        ("tests/integration/test_loader.py::test_ordinary_users_service_behind_their_own_policy",),
+    ),
+    Mutation(
+        "fd-call-writes-any-map",
+        "alfwrapper/loader.py",
+        "            if kind not in allowed:",
+        "            if False:",
+        ("tests/integration/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
+    ),
+    Mutation(
+        "fd-call-unbounded-bytes",
+        "alfwrapper/loader.py",
+        "isinstance(value, bytes) and len(value) <= FD_VALUE_LIMIT:",
+        "isinstance(value, bytes):",
+        ("tests/integration/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
+    ),
+    Mutation(
+        "ring-mmap-unaligned",
+        "alfwrapper/syscalls.py",
+        "                position += (length + 8 + 7) & ~7",
+        "                position += length + 8",
+        ("tests/integration/test_filter_kernel.py::test_ring_buffer_read_by_mmap_across_the_wrap",),  # noqa: E501
+    ),
 ]
 
 

@@ -1,10 +1,13 @@
 """A raw loader client, run as some user: send one request, print what came back.
 
-    loader_client.py REQUEST_JSON [--socket tcp|udp] [--raw BYTES_HEX]
+    loader_client.py REQUEST_JSON|@FILE [--socket tcp|udp] [--pins SERVICE:COOKIE:NAME,...]
+                     [--file PATH] [--raw BYTES_HEX]
 
 Prints one JSON line: the answer, and for each fd handed back its kind
-(prog:TYPE or map:TYPE).  With --raw, sends those bytes as they are instead
-(for malformed requests) and prints the answer, or {"closed": true}.
+(prog:TYPE or map:TYPE).  --pins sends fds of the user's own pinned maps
+(opened through the loader first), --file an open file's.  With --raw, sends
+those bytes as they are instead (for malformed requests) and prints the
+answer, or {"closed": true}.
 """
 
 from __future__ import annotations
@@ -35,7 +38,11 @@ def main(argv: list[str]) -> int:
             conn.sendall(bytes.fromhex(argv[1]))
             conn.shutdown(socket.SHUT_WR)
         else:
-            request = json.loads(argv[0])
+            text = argv[0]
+            if text.startswith("@"):  # a request too long for a command line
+                with open(text[1:], encoding="utf-8") as f:  # noqa: PTH123
+                    text = f.read()
+            request = json.loads(text)
             fds = []
             if "--socket" in argv:
                 kind_ = socket.SOCK_STREAM if argv[argv.index("--socket") + 1] == "tcp" else (
@@ -43,6 +50,13 @@ def main(argv: list[str]) -> int:
                 sock = socket.socket(socket.AF_INET6, kind_)
                 sock.bind(("::1", 0))
                 fds = [sock.fileno()]
+            if "--pins" in argv:
+                broker = loader.Broker(path)
+                for pin in argv[argv.index("--pins") + 1].split(","):
+                    service, cookie, name = pin.split(":")
+                    fds.append(broker.open_pin(broker.state(service, int(cookie)), name))
+            if "--file" in argv:
+                fds.append(os.open(argv[argv.index("--file") + 1], os.O_RDONLY))
             loader.send(conn, request, fds)
         try:
             answer, got = loader.receive(conn, loader.REQUEST_LIMIT, 60, 8)

@@ -108,3 +108,48 @@ def test_subnet_key_layout_is_handed_to_c_as_defined(bpf_root: None) -> None:
     }
     assert (3, 4, bytes([192, 0, 2]) + bytes(13)) in decoded
     assert (6, 6, bytes.fromhex("20010db80001") + bytes(10)) in decoded
+
+
+RING_WRITER = """
+struct record { u32 seq; u8 body[32]; };  /* 36 bytes: 48 in the ring, which 4096 does not divide */
+BPF_RINGBUF_OUTPUT(events, 1);
+BPF_ARRAY(next, u32, 1);
+int write(struct __sk_buff *skb) {
+    u32 zero = 0;
+    u32 *seq = next.lookup(&zero);
+    if (!seq)
+        return 0;
+    struct record r = {};
+    r.seq = *seq;
+    r.body[31] = (u8)*seq;
+    *seq += 1;
+    events.ringbuf_output(&r, sizeof(r), 0);
+    return 0;
+}
+"""
+
+
+def test_ring_buffer_read_by_mmap_across_the_wrap(bpf_root: None) -> None:
+    """The reader that needs no bpf(2) call (kernels before 6.5, for users) reads every
+    record once, in order, also those that wrap around the end of the ring."""
+    import bcc  # noqa: PLC0415
+
+    from alfwrapper import syscalls  # noqa: PLC0415
+
+    bpf = bcc.BPF(text=RING_WRITER.encode())
+    try:
+        prog = bpf.load_func(b"write", bcc.BPF.SOCKET_FILTER)
+        got: list[bytes] = []
+        rings = syscalls._MappedRings([bpf[b"events"].map_fd], lambda _, raw: got.append(raw))  # noqa: SLF001
+        try:
+            frame = udp_frame(4, 0xC0000202)
+            for _ in range(7):  # 7 x 80 records of 48 bytes: round the 4096-byte ring 6 times
+                prog_test_run(prog.fd, frame, repeat=80)
+                assert rings.consume() == 80
+            assert rings.consume() == 0
+        finally:
+            rings.close()
+    finally:
+        bpf.cleanup()
+    assert [int.from_bytes(r[:4], "little") for r in got] == list(range(560))
+    assert all(len(r) == 36 and r[35] == i % 256 for i, r in enumerate(got))

@@ -29,6 +29,11 @@ PYTHON = "/usr/bin/python3"  # the system's, with BCC; alfwrapper from the reada
 CLIENT = ROOT / "tests/integration/loader_client.py"
 PINS = Path("/sys/fs/bpf/alfwrapper/%users")
 ECHO_RULES = "--allow 192.0.2.0/24 --allow 2001:db8:a::/48"
+# Before Linux 6.5 (Debian 12's kernel is 6.1) every bpf(2) call needs CAP_BPF while
+# unprivileged BPF is disabled, even one on an fd the caller holds.  This kernel is
+# newer: a seccomp filter answering EPERM to every bpf(2) call shows a process what
+# 6.1 shows an ordinary user.
+OLD_KERNEL = ("SystemCallFilter=~bpf", "SystemCallErrorNumber=EPERM")
 DEV_RULES = (
     "--filter {copy}/allowlist.c --set allowed4 192.0.2.2 1 --set allowed6 2001:db8:a::2 1 "
     "--set port_limits 0 8082,1"
@@ -58,13 +63,16 @@ def users(network: Network, loader: Path) -> Iterator[Callable[[str], OwnManager
             mgr.stop()
 
 
-def service_units(own: OwnManager, copy: Path, name: str, listen: str, rules: str) -> UnitLog:
-    """A socket unit and its service, ExecStart= alfwrapper with these rules."""
+def service_units(own: OwnManager, copy: Path, name: str, listen: str, rules: str,
+                  old_kernel: bool = False) -> UnitLog:  # fmt: skip
+    """A socket unit and its service, ExecStart= alfwrapper with these rules (seeing
+    the bpf(2) of a kernel before 6.5, if ``old_kernel``)."""
     own.install(f"{name}.socket", f"[Socket]\n{listen}FileDescriptorName={name}\n")
     own.install(
         f"{name}.service",
         f"[Service]\nEnvironment=PYTHONPATH={copy}\n"
-        f"ExecStart={PYTHON} -m alfwrapper {rules.format(copy=copy)} -- "
+        + "".join(f"{line}\n" for line in OLD_KERNEL if old_kernel)
+        + f"ExecStart={PYTHON} -m alfwrapper {rules.format(copy=copy)} -- "
         f"{PYTHON} {copy}/echo_server.py\n",
     )
     log = UnitLog(own.log_to_file(f"{name}.service"))
@@ -73,26 +81,36 @@ def service_units(own: OwnManager, copy: Path, name: str, listen: str, rules: st
     return log
 
 
-def as_user(own: OwnManager, copy: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        own.command([f"PYTHONPATH={copy}", PYTHON, "-m", "alfwrapper", *argv]),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def as_user(
+    own: OwnManager, copy: Path, *argv: str, old_kernel: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """An alfwrapper command run as the user (by their manager, seeing the bpf(2) of a
+    kernel before 6.5, if ``old_kernel``)."""
+    command = [f"PYTHONPATH={copy}", PYTHON, "-m", "alfwrapper", *argv]
+    if old_kernel:
+        command = ["systemd-run", "--user", "--pipe", "--wait", "--quiet",
+                   f"--setenv=PYTHONPATH={copy}"]  # fmt: skip
+        command += [f"--property={p}" for p in OLD_KERNEL] + [PYTHON, "-m", "alfwrapper", *argv]
+    return subprocess.run(own.command(command), capture_output=True, text=True, timeout=120)
 
 
 def raw(own: OwnManager, copy: Path, request: dict[str, Any] | None, *extra: str) -> Any:
     """One request through the raw client, as the user; its printed result."""
     argv = [f"PYTHONPATH={copy}", PYTHON, str(CLIENT)]
-    argv += [json.dumps(request), *extra] if request is not None else list(extra)
+    text = json.dumps(request)
+    if len(text) > 100_000:  # more than a command line takes
+        path = own.config / "request.json"
+        path.write_text(text)
+        os.chown(path, own.uid, -1)
+        text = f"@{path}"
+    argv += [text, *extra] if request is not None else list(extra)
     out = subprocess.run(own.command(argv), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
-def status(own: OwnManager, copy: Path, service: str) -> dict[str, Any]:
-    out = as_user(own, copy, "status", service, "--json")
+def status(own: OwnManager, copy: Path, service: str, old_kernel: bool = False) -> dict[str, Any]:
+    out = as_user(own, copy, "status", service, "--json", old_kernel=old_kernel)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["services"][0]
 
@@ -110,10 +128,12 @@ def test_ordinary_users_service_behind_their_own_policy(
     network: Network, manager: UserManager, users: Callable[[str], OwnManager],
     readable_copy: Path,
 ) -> None:  # fmt: skip
+    """The subnet-filtered service, and every command on it, sees a kernel before 6.5
+    (Debian 12's); the one with the developer's filter sees this kernel."""
     a, b = network.allowed, network.denied
     own = users(USER_A)
     app = service_units(own, readable_copy, "app", "ListenStream=8080\nListenDatagram=8081\n",
-                        ECHO_RULES)  # fmt: skip
+                        f"{ECHO_RULES} --log-drops 100", old_kernel=True)  # fmt: skip
     dev = service_units(own, readable_copy, "dev", "ListenDatagram=8082\n", DEV_RULES)
     # The first connection starts the service through the loader; it is served.
     assert a.probe("tcp", 4, 8080, "first", timeout=30) == "echo", app.output()
@@ -124,6 +144,7 @@ def test_ordinary_users_service_behind_their_own_policy(
     app_pid = int(own.run("show", "-p", "MainPID", "--value", "app.service").stdout)
     held = capabilities(app_pid)
     assert not any(held[k] for k in ("CapInh", "CapPrm", "CapEff", "CapAmb")), held
+    assert re.search(r"^Seccomp:\s+2$", Path(f"/proc/{app_pid}/status").read_text(), re.M)
     loader_pid = int(manager.run("show", "-p", "MainPID", "--value",
                                  "alfwrapper-loader.service").stdout)  # fmt: skip
     caps = capabilities(loader_pid)
@@ -131,23 +152,34 @@ def test_ordinary_users_service_behind_their_own_policy(
     assert Path(f"/proc/{loader_pid}").stat().st_uid == int(
         subprocess.run(["id", "-u", "alfwrapper"], capture_output=True, text=True).stdout
     )
-    # The user runs their service's firewall: status, a live deny, a reload.
-    report = status(own, readable_copy, "app")
+    # The user runs their service's firewall: status, the drop log, a live deny, a
+    # reload; all with no bpf(2) of their own.
+    report = status(own, readable_copy, "app", old_kernel=True)
     assert {s["protocol"] for s in report["sockets"]} == {"tcp", "udp"}
     assert all(s["pid"] == app_pid for s in report["sockets"])
     assert sum(s["counters"]["dropped"]["subnets"] for s in report["sockets"]) >= 4
-    out = as_user(own, readable_copy, "deny", "app", a.v4)
+    out = as_user(own, readable_copy, "log", "app", old_kernel=True)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert f"dropped by subnets: {b.v4} tcp port 8080" in out.stdout, out.stdout
+    assert f"dropped by subnets: {b.v6} udp port 8081" in out.stdout, out.stdout
+    out = as_user(own, readable_copy, "deny", "app", a.v4, old_kernel=True)
     assert out.returncode == 0, out.stderr
     check_policy(app, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
-    out = as_user(own, readable_copy, "reload", "app")
+    out = as_user(own, readable_copy, "reload", "app", old_kernel=True)
     assert out.returncode == 0, out.stderr
     check_policy(app, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
     assert int(own.run("show", "-p", "MainPID", "--value", "app.service").stdout) == app_pid
-    # doctor tells the user which way their filters are loaded, and that it works.
-    out = as_user(own, readable_copy, "doctor")
-    assert out.returncode == 0, out.stdout
-    assert "loads filters through the loader" in out.stdout, out.stdout
-    assert "compiles and loads through the loader" in out.stdout, out.stdout
+    # A restart finds the socket's state and installs its new program in the slot.
+    own.run("restart", "app.service")
+    check_policy(app, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+    # doctor tells the user which way their filters are loaded, and that it works, on
+    # this kernel and on one before 6.5.
+    for old in (False, True):
+        out = as_user(own, readable_copy, "doctor", old_kernel=old)
+        assert out.returncode == 0, out.stdout
+        assert "loads filters through the loader" in out.stdout, out.stdout
+        assert "compiles and loads through the loader" in out.stdout, out.stdout
+        assert ("refuses even calls on fds one holds" in out.stdout) == old, out.stdout
     # Its state is in the user's own tree, which belongs to the loader's user.
     tree = PINS / str(own.uid) / "app"
     assert len(list(tree.glob("sock-*"))) == 2
@@ -238,6 +270,62 @@ def test_only_socket_filters_and_only_new_maps(
     )
     got = raw(own_a, readable_copy, load_filter(same_shape), "--socket", "udp")
     assert got["fds"] == [] and "error" in got["answer"], got
+
+
+def fd_request(call: str, **args: Any) -> dict[str, Any]:
+    return {"op": "fd", "call": call, "args": {k: loader_mod.to_wire(v) for k, v in args.items()}}
+
+
+def test_fd_calls_are_only_what_holding_the_fds_allows(
+    network: Network, users: Callable[[str], OwnManager], readable_copy: Path
+) -> None:
+    """What the loader makes for a user before Linux 6.5: calls on the user's own fds,
+    never one that writes a loader's fd into a program array, never on other files."""
+    a, b = network.allowed, network.denied
+    own = users(USER_A)
+    app = service_units(own, readable_copy, "app", "ListenStream=8080\n", ECHO_RULES)
+    assert a.probe("tcp", 4, 8080, "first", timeout=30) == "echo", app.output()
+    cookie = status(own, readable_copy, "app")["sockets"][0]["cookie"]
+
+    def pins(*names: str) -> list[str]:
+        return ["--pins", ",".join(f"app:{cookie}:{n}" for n in names)]
+
+    # A well-formed call on one's own map is made, and answered as the kernel answers.
+    got = raw(own, readable_copy, fd_request("map_lookup", key=bytes(4), value_size=4),
+              *pins("runtime_count"))  # fmt: skip
+    assert loader_mod.from_wire(got["answer"]["result"]) == bytes(4), got
+    got = raw(own, readable_copy, fd_request("map_delete", key=bytes(20)), *pins("runtime"))
+    assert got["answer"]["result"] is False, got  # ENOENT, as the kernel says it
+    got = raw(own, readable_copy, fd_request("_info", what="map"), *pins("counters"))
+    assert loader_mod.from_wire(got["answer"]["result"])[:4] == (6).to_bytes(4, "little"), got
+    refused = [
+        # The slot's value names a program by fd: in the loader, the loader's fd 3...
+        (fd_request("map_update", key=bytes(4), value=(3).to_bytes(4, "little")),
+         pins("slot"), "not on a map of type 3"),
+        (fd_request("prog_array_set", index=0), pins("slot", "counters"),
+         "prog_fd must be the fd of a BPF prog"),
+        # Calls that are not on fds, or a file that is not a BPF object.
+        (fd_request("map_create", kind=2, name="x", key_size=4, value_size=4, entries=1), [],
+         "is not a call the loader makes"),
+        (fd_request("obj_get", path="/sys/fs/bpf"), [], "is not a call the loader makes"),
+        (fd_request("map_lookup", key=bytes(4), value_size=4), ["--file", "/etc/passwd"],
+         "map_fd must be the fd of a BPF map"),
+        (fd_request("_info", what="map"), ["--file", "/etc/passwd"], "must be the fd of a BPF map"),
+        # Unbounded arguments, or ones the call does not have.
+        (fd_request("map_lookup", key=bytes(70000), value_size=4), pins("runtime"),
+         "not a bounded bytes"),
+        (fd_request("map_lookup", key=bytes(4), value_size=1 << 30), pins("runtime"),
+         "not a bounded int"),
+        (fd_request("map_lookup", key=bytes(4), value_size=4, map_fd=3), pins("runtime"),
+         "has no argument 'map_fd'"),
+        (fd_request("map_lookup", key=bytes(4), value_size=4), pins("runtime", "counters"),
+         "takes 1 fd(s)"),
+    ]  # fmt: skip
+    for request, extra, why in refused:
+        got = raw(own, readable_copy, request, *extra)
+        assert why in got["answer"]["error"]["why"] + got["answer"]["error"]["what"], got
+    # The service is as it was: served, filtered.
+    check_policy(app, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
 
 
 def test_maps_older_than_the_request_are_refused(bpf_root: None) -> None:
