@@ -178,6 +178,7 @@ def check_headers() -> Check:
 # What each library is imported for; errors.LIBRARIES says which package has it.
 IMPORTS = (
     ("bcc", "compiling and loading filters"),
+    ("numpy", "the IPv4 subnet table"),
     ("pyroute2", "the queue check, gc and interfaces (netlink)"),
     ("systemd.daemon", "inherited sockets"),
     ("systemd.journal", "the drop log"),

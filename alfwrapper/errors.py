@@ -62,7 +62,12 @@ class AlfError(Exception):
 # The libraries alfwrapper imports (none at start-up: each where it is used), and the
 # Debian package that has each.  BCC's bindings are not on PyPI: Debian's are built
 # for /usr/bin/python3.
-LIBRARIES = {"bcc": "python3-bpfcc", "pyroute2": "python3-pyroute2", "systemd": "python3-systemd"}
+LIBRARIES = {
+    "bcc": "python3-bpfcc",
+    "numpy": "python3-numpy",
+    "pyroute2": "python3-pyroute2",
+    "systemd": "python3-systemd",
+}
 
 
 def missing_library(err: ImportError) -> AlfError | None:

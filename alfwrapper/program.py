@@ -41,6 +41,8 @@ MAP_ROLES = {
     "knock_used": "kuse",
     "knock_state": "kst",
     "knock_listeners": "klst",
+    "subnet_v4": "sn4",
+    "subnet_leaves": "snl",
     "subnet_roots": "snr",
     "subnet_nodes": "snn",
 }

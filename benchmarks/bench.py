@@ -232,7 +232,7 @@ def main() -> int:
                 n,
                 *measure(ours, hit, miss),
                 varied_cost(ours.fd, frames),
-                map_memory(ours, ["subnet_roots", "subnet_nodes"]),
+                map_memory(ours, ["subnet_v4", "subnet_leaves", "subnet_roots", "subnet_nodes"]),
             )
         )
         results["lpm"].append(

@@ -214,7 +214,7 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
     floor = ours.bpf.load_func(b"bench_floor", BPF.SOCKET_FILTER)
     # Every source is inside a rule: every run must pass, the last included.
     assert prog_test_run(lookup.fd, udp_frame(4, 0), walk_size).retval == 1
-    ours_memory = map_memory(ours, ["subnet_roots", "subnet_nodes"])
+    ours_memory = map_memory(ours, ["subnet_v4", "subnet_leaves", "subnet_roots", "subnet_nodes"])
 
     lpm = load_text(WALK + LPM, (("LPM_SIZE", str(count)), *walk_define), "bench_lookup")
     fill_sources(lpm.bpf, walk)

@@ -4,23 +4,31 @@
  * every other packet, non-IP packets included.  Deny wins over allow; with
  * no allow rules, everything not denied passes.  The wrapper resolves that
  * into one verdict per address block before loading (subnet_table.py), so
- * this program only walks a multibit trie:
+ * this program only reads tables:
  *
- *   subnet_roots  ARRAY[131072] of u32, indexed by the first 16 address bits
- *                 (IPv6 at +65536).
- *   subnet_nodes  HASH of struct subnet_key -> u32, the deeper levels.
+ *   subnet_v4      lines of 64 IPv4 blocks (mmapable ARRAY of struct
+ *                  subnet_line), indexed by the first V4_ROOT_BITS bits of a
+ *                  source: per block a DESCEND and a PASS bit, and per line
+ *                  the index of its first leaf.
+ *   subnet_leaves  ARRAY[V4_LEAVES] of V4_LEAF_BYTES-byte bitmaps (mmapable):
+ *                  one bit per address of a block the rules split; a block's
+ *                  leaf is its line's first plus the DESCEND bits before it.
+ *   subnet_roots   ARRAY[SUBNET_ROOT_SLOTS] of u32, indexed by the first 16
+ *                  bits of an IPv6 source.
+ *   subnet_nodes   HASH of struct subnet_key -> u32, the deeper IPv6 levels.
  *
- * A node is SUBNET_PASS and/or SUBNET_DESCEND.  SUBNET_DESCEND means "look
- * one level deeper"; where the deeper level has no entry, the node's own
- * SUBNET_PASS bit decides.  Cost: one array lookup plus at most one hash
- * lookup per level, whatever the number of rules.
+ * IPv4 costs one line read and at most one leaf read.  For IPv6 a node is
+ * SUBNET_PASS and/or SUBNET_DESCEND; SUBNET_DESCEND means "look one level
+ * deeper", and where the deeper level has no entry, the node's own
+ * SUBNET_PASS bit decides: one array read plus at most one hash lookup per
+ * level.  Neither depends on the number of rules.
  *
  * Macros (sizes only; the rules themselves live in the maps):
+ *   V4_ROOT_BITS, V4_LEAVES, V4_LEAF_BYTES  the IPv4 table's shape
  *   SUBNET_NODES  max_entries of subnet_nodes (at least 1)
- *   V4_STEPS      SUBNET_STEP(n) for each IPv4 hash level, n = bytes of prefix
- *   V6_STEPS      the same for IPv6
- *   SUBNET_ROOT_SLOTS, SUBNET_PASS, SUBNET_DESCEND: constants shared with
- *                 subnet_table.py, handed over from there
+ *   V6_STEPS      SUBNET_STEP(n) for each IPv6 hash level, n = bytes of prefix
+ *   SUBNET_ROOT_SLOTS, SUBNET_PASS, SUBNET_DESCEND:
+ *                 constants shared with subnet_table.py, handed over from there
  *
  * alfwrapper composes it: subnets_pass() says whether the rules pass a source.
  */
@@ -29,15 +37,46 @@
 #include "common.h"
 
 /* Sizes and layouts come from alfwrapper (parts.py), defined there once:
- * SUBNET_NODES, SUBNET_ROOT_SLOTS, SUBNET_PASS, SUBNET_DESCEND, V4_STEPS,
- * V6_STEPS as -D settings, and struct subnet_key as generated C before this
- * file. */
-#if !defined(SUBNET_NODES) || !defined(SUBNET_ROOT_SLOTS) || !defined(SUBNET_PASS)
+ * the macros above as -D settings, and struct subnet_key as generated C
+ * before this file. */
+#if !defined(SUBNET_NODES) || !defined(SUBNET_ROOT_SLOTS) || !defined(V4_ROOT_BITS)
 #error "subnets.c is compiled by alfwrapper, which defines its settings"
 #endif
 
-BPF_ARRAY(subnet_roots, u32, 2 * SUBNET_ROOT_SLOTS);
+struct subnet_leaf {
+    u8 bits[V4_LEAF_BYTES];
+};
+
+struct subnet_line {
+    u64 descend;
+    u64 pass;
+    u64 first_leaf;
+    u64 pad; /* 32 bytes: a line never straddles two cache lines */
+};
+
+BPF_F_TABLE("array", u32, struct subnet_line, subnet_v4, 1 << (V4_ROOT_BITS - 6), BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, struct subnet_leaf, subnet_leaves, V4_LEAVES, BPF_F_MMAPABLE);
+BPF_ARRAY(subnet_roots, u32, SUBNET_ROOT_SLOTS);
 BPF_HASH(subnet_nodes, struct subnet_key, u32, SUBNET_NODES);
+
+static __always_inline int subnets_pass_v4(const u8 addr[16])
+{
+    u32 address = ((u32)addr[0] << 24) | ((u32)addr[1] << 16) | ((u32)addr[2] << 8) | addr[3];
+    u32 index = address >> (32 - V4_ROOT_BITS);
+    u32 line_index = index >> 6;
+    struct subnet_line *line = subnet_v4.lookup(&line_index);
+    if (!line)
+        return 0;
+    u64 block = 1ULL << (index & 63);
+    if (!(line->descend & block))
+        return (line->pass & block) != 0;
+    u32 leaf_index = line->first_leaf + __builtin_popcountll(line->descend & (block - 1));
+    struct subnet_leaf *leaf = subnet_leaves.lookup(&leaf_index);
+    if (!leaf)
+        return 0;
+    u32 bit = address & (V4_LEAF_BYTES * 8 - 1);
+    return (leaf->bits[bit >> 3] >> (bit & 7)) & 1;
+}
 
 static __always_inline u32 subnet_child(struct subnet_key *key, u32 node)
 {
@@ -55,20 +94,16 @@ static __always_inline u32 subnet_child(struct subnet_key *key, u32 node)
 /* Does the subnet rule set pass a packet from addr? */
 static __always_inline int subnets_pass(int family, const u8 addr[16])
 {
+    if (family == 4)
+        return subnets_pass_v4(addr);
     u32 index = ((u32)addr[0] << 8) | addr[1];
-    if (family == 6)
-        index += SUBNET_ROOT_SLOTS;
     u32 *root = subnet_roots.lookup(&index);
     if (!root)
         return 0;
     u32 node = *root;
     struct subnet_key key = {};
     key.family = family;
-    if (family == 4) {
-        V4_STEPS
-    } else {
-        V6_STEPS
-    }
+    V6_STEPS
     return node & SUBNET_PASS;
 }
 

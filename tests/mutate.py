@@ -263,6 +263,20 @@ MUTATIONS = [
         "                position += length + 8",
         ("tests/integration/test_filter_kernel.py::test_ring_buffer_read_by_mmap_across_the_wrap",),  # noqa: E501
     ),
+    Mutation(
+        "v4-leaf-rank",
+        "filters/subnets.c",
+        "__builtin_popcountll(line->descend & (block - 1))",
+        "__builtin_popcountll(line->descend & (block >> 1))",
+        ("tests/integration/test_filter_kernel.py::test_kernel_agrees_at_every_ipv4_table_size",),
+    ),
+    Mutation(
+        "v4-not-least-memory",
+        "alfwrapper/subnet_table.py",
+        "    _, bits = min(sizes)",
+        "    _, bits = max(sizes)",
+        ("tests/unit/test_subnet_table.py",),
+    ),
 ]
 
 

@@ -194,8 +194,9 @@ def test_check_print_filter_compiles_what_it_prints(bpf_root: None, tmp_path: Pa
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert "#define V4_STEPS SUBNET_STEP(3) SUBNET_STEP(4)" in out.stdout
-    assert "#define SUBNET_NODES 129" in out.stdout
+    # One block split by the /25: a 16-bit first level and one leaf of 8 KiB.
+    assert "#define V4_ROOT_BITS 16\n#define V4_LEAVES 1\n#define V4_LEAF_BYTES 8192" in out.stdout
+    assert "#define SUBNET_NODES 1\n" in out.stdout
     assert "if (!(alf_rt == ALF_RUNTIME_ALLOW || subnets_pass(pkt.family, pkt.addr)))" in (
         out.stdout
     )
@@ -369,6 +370,7 @@ sys.exit(main(sys.argv[2:]))
     ("library", "package", "argv", "env"),
     [
         ("pyroute2", "python3-pyroute2", ["gc"], {}),
+        ("numpy", "python3-numpy", ["--listen", "127.0.0.1:8098", "--allow", "192.0.2.0/24"], {}),
         ("bcc", "python3-bpfcc", ["--listen", "127.0.0.1:8098", "--allow", "192.0.2.0/24"], {}),
         ("systemd", "python3-systemd", ["--allow", "192.0.2.0/24"], {"LISTEN_FDS": "1"}),
     ],

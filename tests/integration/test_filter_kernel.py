@@ -34,6 +34,26 @@ def test_kernel_agrees_with_rules(bpf_root: None, seed: int) -> None:
     assert not wrong, f"{len(wrong)} wrong verdicts, e.g. {wrong[:5]}"
 
 
+@pytest.mark.parametrize("root_bits", [16, 19, 24])
+def test_kernel_agrees_at_every_ipv4_table_size(
+    bpf_root: None, root_bits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The IPv4 table's first level is sized per rule set (16 to 24 bits): the kernel
+    reads each size as written, leaves included (/32s and /25s split blocks at each)."""
+    from alfwrapper import subnet_table  # noqa: PLC0415
+
+    monkeypatch.setattr(subnet_table, "V4_ROOT_BITS", range(root_bits, root_bits + 1))
+    rng = random.Random(root_bits)
+    rules = random_rules(rng, 200)
+    extra = [parse_prefix(p) for p in ("192.0.2.77", "198.51.100.128/25", "203.0.113.0/24")]
+    rules = SubnetRules(allow=rules.allow + tuple(extra[:2]), deny=rules.deny + (extra[2],))
+    assert subnet_table.build_subnet_table(rules).v4.root_bits == root_bits
+    addresses = [(f, v) for f, v in probe_addresses(rng, rules, 800) if f == 4]
+    got = verdicts(rules, addresses)
+    wrong = [hex(v) for (f, v), g in zip(addresses, got, strict=True) if g != passes(rules, f, v)]
+    assert not wrong, f"{len(wrong)} wrong verdicts, e.g. {wrong[:5]}"
+
+
 def test_pass_keeps_the_whole_packet(bpf_root: None) -> None:
     # A socket filter's return value is a length; anything short of "all" would trim TCP.
     loaded = compiler.load_rules(SocketRules(SubnetRules(deny=(parse_prefix("198.51.100.0/24"),))))
@@ -94,7 +114,7 @@ def test_subnet_key_layout_is_handed_to_c_as_defined(bpf_root: None) -> None:
     from alfwrapper.parts import SUBNET_KEY
     from alfwrapper.subnet_table import build_subnet_table, encode_nodes
 
-    rules = SubnetRules(allow=(parse_prefix("192.0.2.0/24"), parse_prefix("2001:db8:1::/48")))
+    rules = SubnetRules(allow=(parse_prefix("2001:db8:ff00::/40"), parse_prefix("2001:db8:1::/48")))
     loaded = compiler.load_rules(SocketRules(rules))
     key_type = loaded.bpf[b"subnet_nodes"].Key
     assert ctypes.sizeof(key_type) == SUBNET_KEY.size
@@ -106,7 +126,7 @@ def test_subnet_key_layout_is_handed_to_c_as_defined(bpf_root: None) -> None:
             key_type.from_buffer_copy(keys, i * SUBNET_KEY.size) for i in range(len(table.nodes))
         )
     }
-    assert (3, 4, bytes([192, 0, 2]) + bytes(13)) in decoded
+    assert (5, 6, bytes.fromhex("20010db8ff") + bytes(11)) in decoded
     assert (6, 6, bytes.fromhex("20010db80001") + bytes(10)) in decoded
 
 

@@ -108,8 +108,11 @@ def test_rules_go_into_maps_not_into_code() -> None:
     assert (a.text, a.defines) == (b.text, b.defines)
     assert a.data("subnets") != b.data("subnets")
     assert "192.0.2" not in a.text and "c00002" not in a.text.lower()
-    # Another shape (no longer prefix below /24) changes the layout settings.
-    c = plan_program(rules_for(["--allow", "192.0.2.0/24"], "x"))
+    # Another shape (blocks split by longer prefixes in two places) changes the layout
+    # settings (the number of IPv4 leaves).
+    two = ["--allow", "192.0.2.0/24", "--deny", "192.0.2.7"]
+    two += ["--allow", "198.51.100.0/24", "--deny", "198.51.100.9"]
+    c = plan_program(rules_for(two, "x"))
     assert a.defines != c.defines
 
 

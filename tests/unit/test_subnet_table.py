@@ -14,7 +14,7 @@ from alfwrapper.subnet_table import (
     MAX_NODES,
     NODE_DESCEND,
     NODE_PASS,
-    ROOT_ENTRIES,
+    ROOT_SLOTS,
     build_subnet_table,
     lookup,
 )
@@ -32,9 +32,10 @@ def check(rules: SubnetRules, addresses: list[tuple[int, int]]) -> None:
 
 def test_no_rules_pass_everything() -> None:
     table = build_subnet_table(SubnetRules())
-    assert set(table.roots) == {NODE_PASS}
+    assert set(table.roots) == {NODE_PASS} and len(table.roots) == ROOT_SLOTS
+    assert set(table.v4.lines[:, 1].tolist()) == {2**64 - 1}  # every block's PASS bit
+    assert not table.v4.lines[:, 0].any() and len(table.v4.leaves) == 0  # no DESCEND
     assert table.nodes == ()
-    assert len(table.roots) == ROOT_ENTRIES
 
 
 def test_allow_in_one_family_drops_the_other() -> None:
@@ -54,7 +55,7 @@ def test_deny_wins_inside_allow() -> None:
     assert not lookup(table, 4, parse_prefix("192.0.2.7").value)
 
 
-def test_levels_are_the_byte_lengths_in_use() -> None:
+def test_ipv6_levels_are_the_byte_lengths_in_use() -> None:
     table = build_subnet_table(
         rules_of(
             allow=[
@@ -66,24 +67,47 @@ def test_levels_are_the_byte_lengths_in_use() -> None:
             ]
         )
     )
-    assert table.levels == {4: (3, 4), 6: (5, 6)}
+    assert table.levels == (5, 6)
 
 
 def test_covered_prefixes_add_no_entries() -> None:
-    table = build_subnet_table(rules_of(allow=["192.0.0.0/16", "192.0.2.0/24", "192.0.2.1"]))
-    assert table.nodes == ()
+    table = build_subnet_table(
+        rules_of(
+            allow=["192.0.0.0/16", "192.0.2.0/24", "192.0.2.1", "2001:db8::/32", "2001:db8:1::/48"]
+        )  # fmt: skip
+    )
+    assert table.nodes == ((6, 4, 0x20010DB8, NODE_PASS),)  # the /32's own; the /48 adds none
+    assert len(table.v4.leaves) == 0
 
 
 def test_expansion_to_the_next_byte() -> None:
-    table = build_subnet_table(rules_of(deny=["192.0.2.0/25"]))
+    table = build_subnet_table(rules_of(deny=["2001:db8::/41"]))
     assert len(table.nodes) == 128
     assert all(node == 0 for _, _, _, node in table.nodes)
-    root = table.roots[0xC000]
-    assert root == NODE_DESCEND | NODE_PASS
+    assert table.roots[0x2001] == NODE_DESCEND | NODE_PASS
+
+
+def test_ipv4_table_takes_the_least_memory() -> None:
+    """One /32 splits one block: 16 first-level bits (32 KiB of lines) and one 8 KiB leaf.
+    Many /32s spread over the space: a wider first level with small leaves."""
+    table = build_subnet_table(rules_of(deny=["192.0.2.7"]))
+    assert (table.v4.root_bits, len(table.v4.leaves), table.v4.leaf_bytes) == (16, 1, 8192)
+    line = table.v4.lines[0xC000 >> 6].tolist()  # 192.0/16 is bit 0 of its line
+    assert line[0] == 1 and line[1] == 2**64 - 2 and line[2] == 0  # descends, to leaf 0
+    bit = 2 * 256 + 7  # 192.0.2.7 in 192.0.0.0/16
+    leaf = table.v4.leaves[0].tolist()
+    assert leaf[bit >> 3] == 0xFF ^ (1 << (bit & 7)) and leaf.count(0xFF) == 8191
+    assert table.v4.size == (1 << 15) + 8192
+    rng = random.Random(7)
+    spread = [f"{rng.randrange(1, 224)}.{rng.randrange(256)}.{rng.randrange(256)}.1"
+              for _ in range(3000)]  # fmt: skip
+    table = build_subnet_table(rules_of(deny=spread))
+    assert table.v4.root_bits > 16
+    assert table.v4.size < (1 << 15) + len(table.v4.leaves) * 8192
 
 
 def test_too_many_entries_is_a_clear_error() -> None:
-    many = [f"{a}.{b}.{c}.0/25" for a in range(1, 256) for b in range(256) for c in range(0, 256)]
+    many = [f"2001:db8:{b:x}:{c:x}000::/49" for b in range(1 << 16) for c in (0, 8)]
     assert len(many) * 128 > MAX_NODES
     from alfwrapper.errors import AlfError  # noqa: PLC0415
 
