@@ -10,7 +10,7 @@ import pytest
 from oracle import passes, probe_addresses, random_rules
 
 from alfwrapper import compiler, knocking
-from alfwrapper.rules import KnockRules, SocketRules, SubnetRules, parse_prefix
+from alfwrapper.rules import KnockRules, Prefix, SocketRules, SubnetRules, parse_prefix
 from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame
 
 
@@ -44,10 +44,22 @@ def test_kernel_agrees_at_every_ipv4_table_size(
 
     monkeypatch.setattr(subnet_table, "V4_ROOT_BITS", range(root_bits, root_bits + 1))
     rng = random.Random(root_bits)
-    rules = random_rules(rng, 200)
-    extra = [parse_prefix(p) for p in ("192.0.2.77", "198.51.100.128/25", "203.0.113.0/24")]
-    rules = SubnetRules(allow=rules.allow + tuple(extra[:2]), deny=rules.deny + (extra[2],))
-    assert subnet_table.build_subnet_table(rules).v4.root_bits == root_bits
+    # Long prefixes all over two lines' worth of blocks (64 blocks a line), so that
+    # lines hold many split blocks, and a few elsewhere.
+    region = 1 << (32 - root_bits + 7)
+    base = 0xC0000000
+    allow, deny = [parse_prefix(f"192.0.0.0/{32 - (32 - root_bits + 7)}")], []
+    for _ in range(150):
+        length = rng.randint(root_bits + 1, 32)
+        value = (base + rng.randrange(region)) >> (32 - length) << (32 - length)
+        (allow if rng.random() < 0.3 else deny).append(Prefix(4, value, length))
+    allow += [parse_prefix(p) for p in ("198.51.100.77", "203.0.113.128/25", "10.0.0.0/8")]
+    deny += [parse_prefix(p) for p in ("203.0.113.130/31", "10.1.0.0/16")]
+    rules = SubnetRules(allow=tuple(allow), deny=tuple(deny))
+    table = subnet_table.build_subnet_table(rules)
+    assert table.v4.root_bits == root_bits
+    crowded = [bin(w).count("1") for w in table.v4.lines[:, 0].tolist()]
+    assert max(crowded) >= 20, crowded  # leaves found by rank within a line
     addresses = [(f, v) for f, v in probe_addresses(rng, rules, 800) if f == 4]
     got = verdicts(rules, addresses)
     wrong = [hex(v) for (f, v), g in zip(addresses, got, strict=True) if g != passes(rules, f, v)]
