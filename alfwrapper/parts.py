@@ -179,7 +179,18 @@ class Subnets(Part):
             ("SUBNET_ROOT_SLOTS", str(ROOT_SLOTS)),
             ("SUBNET_PASS", str(NODE_PASS)),
             ("SUBNET_DESCEND", str(NODE_DESCEND)),
-            ("V6_STEPS", " ".join(f"SUBNET_STEP({n})" for n in table.levels)),
+            ("V6_BUCKETS", str(max(1, len(table.buckets)))),
+            (
+                "V6_STEPS",
+                " ".join(
+                    [
+                        f"SUBNET_PROBE({b.nbytes}, {b.offset}, {b.bits}, {b.multipliers[0]:#x}ULL, "
+                        f"{b.multipliers[1]:#x}ULL)"
+                        for b in table.bucket_levels
+                    ]
+                    + [f"SUBNET_STEP({n})" for n in table.levels]
+                ),
+            ),
         )
         return PartPlan(self, defines, SUBNET_KEY_C, table)
 
@@ -188,6 +199,8 @@ class Subnets(Part):
         fill_mapped(bpf[b"subnet_v4"].map_fd, table.v4.lines.tobytes(), "subnet_v4")
         if len(table.v4.leaves):
             fill_mapped(bpf[b"subnet_leaves"].map_fd, table.v4.leaves.tobytes(), "subnet_leaves")
+        if len(table.buckets):
+            fill_mapped(bpf[b"subnet_v6"].map_fd, table.buckets.tobytes(), "subnet_v6")
         update_batch(
             bpf[b"subnet_roots"], u32s(range(ROOT_SLOTS)), u32s(table.roots), ROOT_SLOTS,
             "subnet_roots",

@@ -44,6 +44,7 @@ MAP_ROLES = {
     "subnet_v4": "sn4",
     "subnet_leaves": "snl",
     "subnet_roots": "snr",
+    "subnet_v6": "sn6",
     "subnet_nodes": "snn",
 }
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: a missing numpy is one clear line (cli)
@@ -44,6 +44,17 @@ NODE_PASS = 1
 NODE_DESCEND = 2
 LINE_WORDS = 4  # an IPv4 line: DESCEND bits, PASS bits, first leaf, padding (32 bytes)
 MAX_NODES = 8 << 20  # about 80 bytes of kernel memory each
+BUCKET_SLOTS = 7  # an IPv6 bucket, one cache line: 7 u64 keys, 7 value bytes, a count
+BUCKET_WORDS = 8
+BUCKET_MAX_BYTES = 8  # levels up to /64 go in buckets; deeper ones in the HASH
+KEYS_PER_BUCKET = 2  # at most, on average: few full buckets, so one line a lookup
+# Odd 64-bit multipliers (from splitmix64 and murmur3's finalisers), tried in pairs
+# until every key fits.
+MULTIPLIERS = (
+    (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9),
+    (0x94D049BB133111EB, 0xFF51AFD7ED558CCD),
+    (0xC4CEB9FE1A85EC53, 0xD6E8FEB86659FD93),
+)
 V4_ROOT_BITS = range(16, 27)  # the IPv4 first-level sizes to choose from (leaves >= 8 B)
 
 # Coverage of a block by one rule list.
@@ -76,18 +87,36 @@ class V4Table:
 
 
 @dataclass(frozen=True)
+class BucketLevel:
+    """One IPv6 level of at most 8 bytes in the bucket array: its entries are keyed by
+    the address's first ``nbytes`` bytes (a big-endian integer), in buckets
+    ``offset`` to ``offset + 2**bits - 1``.  A key is in the bucket its first
+    multiplier picks ((key * m) mod 2**64 >> (64 - bits)) or, only when that one is
+    full, in the one its second picks."""
+
+    nbytes: int
+    offset: int
+    bits: int
+    multipliers: tuple[int, int]
+
+
+@dataclass(frozen=True)
 class SubnetTable:
     """The filled-in maps and the level layout the filter is compiled for.
 
-    ``v4`` is the IPv4 table.  For IPv6, ``roots`` are the first level,
-    ``levels`` the byte lengths of the hash levels, in order, and ``nodes``
-    (family, byte length, block, node value) the hash entries.
+    ``v4`` is the IPv4 table.  For IPv6, ``roots`` are the first level;
+    ``buckets`` (uint64, BUCKET_WORDS a bucket) hold the levels of at most 8
+    bytes (``bucket_levels``); ``levels`` are the byte lengths of the deeper
+    hash levels, in order, and ``nodes`` (family, byte length, block, node
+    value) their entries.
     """
 
     v4: V4Table
     roots: tuple[int, ...]
     nodes: tuple[tuple[int, int, int, int], ...]
     levels: tuple[int, ...]
+    bucket_levels: tuple[BucketLevel, ...] = ()
+    buckets: Any = None  # np.ndarray
 
 
 def _node(deny: int, allow: int) -> int:
@@ -218,7 +247,18 @@ def build_subnet_table(rules: SubnetRules) -> SubnetTable:
     roots6, nodes6, levels6 = _family_table(6, rules, _FULL if allow_all else _NONE)
     if len(nodes6) > MAX_NODES:
         raise _too_big(f"more than {MAX_NODES} map entries")
-    return SubnetTable(v4=v4, roots=tuple(roots6), nodes=tuple(nodes6), levels=levels6)
+    bucket_levels, buckets = build_buckets(
+        [n for n in nodes6 if n[1] <= BUCKET_MAX_BYTES],
+        [n for n in levels6 if n <= BUCKET_MAX_BYTES],
+    )
+    return SubnetTable(
+        v4=v4,
+        roots=tuple(roots6),
+        nodes=tuple(n for n in nodes6 if n[1] > BUCKET_MAX_BYTES),
+        levels=tuple(n for n in levels6 if n > BUCKET_MAX_BYTES),
+        bucket_levels=bucket_levels,
+        buckets=buckets,
+    )
 
 
 def _too_big(what: str) -> AlfError:
@@ -354,6 +394,107 @@ def lookup_v4(table: V4Table, value: int) -> bool:
     return bool(leaf[address >> 3] >> (address & 7) & 1)
 
 
+# -- IPv6 levels of up to 8 bytes: one cache line a level, probed independently ---------
+
+
+def _bucket_of(keys: np.ndarray, multiplier: int, bits: int) -> np.ndarray:
+    import numpy as np  # noqa: PLC0415
+
+    with np.errstate(over="ignore"):
+        return (keys * np.uint64(multiplier)) >> np.uint64(64 - bits)
+
+
+def _ranks(buckets: np.ndarray) -> np.ndarray:
+    """Each key's place among the keys of its bucket, in key order."""
+    import numpy as np  # noqa: PLC0415
+
+    order = np.argsort(buckets, kind="stable")
+    ordered = buckets[order]
+    ranks = np.empty(len(buckets), np.int64)
+    ranks[order] = np.arange(len(buckets)) - np.searchsorted(ordered, ordered, side="left")
+    return ranks
+
+
+def _place(keys: np.ndarray, bits: int, pair: tuple[int, int]) -> tuple[Any, Any] | None:
+    """Each key's bucket and slot: its first bucket, or its second when the first is
+    full; None when a second bucket overflows too."""
+    import numpy as np  # noqa: PLC0415
+
+    bucket = _bucket_of(keys, pair[0], bits)
+    slot = _ranks(bucket)
+    over = slot >= BUCKET_SLOTS
+    if over.any():
+        used = np.bincount(bucket[~over].astype(np.int64), minlength=1 << bits)
+        second = _bucket_of(keys[over], pair[1], bits)
+        slot2 = used[second.astype(np.int64)] + _ranks(second)
+        if (slot2 >= BUCKET_SLOTS).any():
+            return None
+        bucket[over], slot[over] = second, slot2
+    return bucket, slot
+
+
+def build_buckets(
+    nodes: list[tuple[int, int, int, int]], levels: list[int]
+) -> tuple[tuple[BucketLevel, ...], Any]:
+    """The bucket array of these IPv6 levels: about two keys a bucket, so a lookup
+    reads one cache line a level (a second only past a full one)."""
+    import numpy as np  # noqa: PLC0415
+
+    made, parts, offset = [], [], 0
+    for nbytes in levels:
+        mine = [n for n in nodes if n[1] == nbytes]
+        if not mine:
+            continue  # every prefix of that length is covered by a shorter one
+        keys = np.fromiter((n[2] for n in mine), np.uint64, len(mine))
+        values = np.fromiter((n[3] for n in mine), np.uint8, len(mine))
+        bits = max(1, (len(mine) // KEYS_PER_BUCKET).bit_length())
+        while True:
+            for pair in MULTIPLIERS:
+                placed = _place(keys, bits, pair)
+                if placed is not None:
+                    break
+            else:
+                bits += 1
+                continue
+            break
+        bucket, slot = placed
+        table = np.zeros((1 << bits, BUCKET_WORDS), np.uint64)
+        table[bucket.astype(np.int64), slot] = keys
+        tail = table.view(np.uint8).reshape(-1, 8 * BUCKET_WORDS)[:, 8 * BUCKET_SLOTS :]
+        tail[bucket.astype(np.int64), slot] = values  # the last word: values, then count
+        tail[:, BUCKET_SLOTS] = np.bincount(bucket.astype(np.int64), minlength=1 << bits)
+        made.append(BucketLevel(nbytes, offset, bits, pair))
+        parts.append(table)
+        offset += 1 << bits
+    empty = np.zeros((0, BUCKET_WORDS), np.uint64)
+    return tuple(made), np.concatenate(parts) if parts else empty
+
+
+def _in_bucket(buckets: Any, index: int, key: int) -> int | None:
+    words = [int(w) for w in buckets[index]]
+    tail = words[BUCKET_SLOTS].to_bytes(8, "little")
+    for i in range(tail[BUCKET_SLOTS]):
+        if words[i] == key:
+            return tail[i]
+    return None
+
+
+def lookup_buckets(table: SubnetTable, value: int, node: int) -> int:
+    """The deepest bucket level's entry for an IPv6 address, else ``node``."""
+    for level in table.bucket_levels:
+        key = value >> (128 - 8 * level.nbytes)
+        for multiplier in level.multipliers:
+            index = level.offset + ((key * multiplier) % 2**64 >> (64 - level.bits))
+            found = _in_bucket(table.buckets, index, key)
+            if found is not None:
+                node = found
+                break
+            words = table.buckets[index]
+            if int(words[BUCKET_SLOTS]) >> 56 < BUCKET_SLOTS:
+                break  # not full: not in a second bucket either
+    return node
+
+
 def lookup(table: SubnetTable, family: int, value: int) -> bool:
     """Walk the tables as the filter does: does a packet from this address pass?
 
@@ -362,7 +503,7 @@ def lookup(table: SubnetTable, family: int, value: int) -> bool:
     if family == 4:
         return lookup_v4(table.v4, value)
     width = FAMILY_BITS[family]
-    node = table.roots[value >> (width - ROOT_BITS)]
+    node = lookup_buckets(table, value, table.roots[value >> (width - ROOT_BITS)])
     entries = {(f, n, b): v for f, n, b, v in table.nodes if f == family}
     for nbytes in table.levels:
         if not node & NODE_DESCEND:

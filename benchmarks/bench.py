@@ -232,7 +232,7 @@ def main() -> int:
                 n,
                 *measure(ours, hit, miss),
                 varied_cost(ours.fd, frames),
-                map_memory(ours, ["subnet_v4", "subnet_leaves", "subnet_roots", "subnet_nodes"]),
+                map_memory(ours, "subnet_"),
             )
         )
         results["lpm"].append(
@@ -240,7 +240,7 @@ def main() -> int:
                 n,
                 *measure(lpm, hit, miss),
                 varied_cost(lpm.fd, frames),
-                map_memory(lpm, ["lpm_allow"]),
+                map_memory(lpm, "lpm_"),
             )
         )
         del ours, lpm

@@ -186,9 +186,11 @@ def load_text(
     return compiler.compile_and_load(plan)
 
 
-def map_memory(loaded: compiler.LoadedFilter, names: list[str]) -> int:
-    """Kernel memory charged to the program's maps (memlock in /proc/self/fdinfo)."""
-    return sum(syscalls.fd_memlock(loaded.bpf[name.encode()].map_fd) for name in names)
+def map_memory(loaded: compiler.LoadedFilter, prefix: str) -> int:
+    """Kernel memory charged to the program's maps whose names start with ``prefix``
+    (memlock in /proc/self/fdinfo)."""
+    maps = compiler.map_fds(loaded.bpf)
+    return sum(syscalls.fd_memlock(fd) for name, fd in maps.items() if name.startswith(prefix))
 
 
 def run_cost(fd: int, repeat: int, rounds: int) -> float:
@@ -214,7 +216,7 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
     floor = ours.bpf.load_func(b"bench_floor", BPF.SOCKET_FILTER)
     # Every source is inside a rule: every run must pass, the last included.
     assert prog_test_run(lookup.fd, udp_frame(4, 0), walk_size).retval == 1
-    ours_memory = map_memory(ours, ["subnet_v4", "subnet_leaves", "subnet_roots", "subnet_nodes"])
+    ours_memory = map_memory(ours, "subnet_")
 
     lpm = load_text(WALK + LPM, (("LPM_SIZE", str(count)), *walk_define), "bench_lookup")
     fill_sources(lpm.bpf, walk)
@@ -227,7 +229,7 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
     leaves = (table.Leaf * count)(*([1] * count))
     table.items_update_batch(keys, leaves)
     assert prog_test_run(lpm.fd, udp_frame(4, 0), walk_size).retval == 1
-    lpm_memory = map_memory(lpm, ["lpm4" if family == 4 else "lpm6"])
+    lpm_memory = map_memory(lpm, "lpm4" if family == 4 else "lpm6")
 
     lines = 1 << max(10, (ours_memory // 64 - 1).bit_length())  # a power of two at least
     chase = load_text(CHASE, (("CHASE_LINES", str(lines)),), "bench_lookup")

@@ -15,18 +15,27 @@
  *                  leaf is its line's first plus the DESCEND bits before it.
  *   subnet_roots   ARRAY[SUBNET_ROOT_SLOTS] of u32, indexed by the first 16
  *                  bits of an IPv6 source.
- *   subnet_nodes   HASH of struct subnet_key -> u32, the deeper IPv6 levels.
+ *   subnet_v6      ARRAY[V6_BUCKETS] of one-cache-line buckets (mmapable): the
+ *                  IPv6 levels of up to 8 bytes, each a region of buckets of 7
+ *                  (key, value) slots, keyed by the address's first bytes.
+ *   subnet_nodes   HASH of struct subnet_key -> u32, the IPv6 levels deeper
+ *                  than 8 bytes.
  *
  * IPv4 costs one line read and at most one leaf read.  For IPv6 a node is
  * SUBNET_PASS and/or SUBNET_DESCEND; SUBNET_DESCEND means "look one level
  * deeper", and where the deeper level has no entry, the node's own
- * SUBNET_PASS bit decides: one array read plus at most one hash lookup per
- * level.  Neither depends on the number of rules.
+ * SUBNET_PASS bit decides.  An entry exists only under a node that descends,
+ * so the deepest entry found decides: the bucket levels are probed each on
+ * its own (no read waits for another's), one cache line each (a second only
+ * past a full bucket), then any deeper levels one hash lookup each.  None of
+ * it depends on the number of rules.
  *
  * Macros (sizes only; the rules themselves live in the maps):
  *   V4_ROOT_BITS, V4_LEAVES, V4_LEAF_BYTES  the IPv4 table's shape
  *   SUBNET_NODES  max_entries of subnet_nodes (at least 1)
- *   V6_STEPS      SUBNET_STEP(n) for each IPv6 hash level, n = bytes of prefix
+ *   V6_BUCKETS    max_entries of subnet_v6 (at least 1)
+ *   V6_STEPS      SUBNET_PROBE(n, offset, bits, m1, m2) for each bucket level,
+ *                 then SUBNET_STEP(n) for each hash level, n = bytes of prefix
  *   SUBNET_ROOT_SLOTS, SUBNET_PASS, SUBNET_DESCEND:
  *                 constants shared with subnet_table.py, handed over from there
  *
@@ -56,7 +65,14 @@ struct subnet_line {
 
 BPF_F_TABLE("array", u32, struct subnet_line, subnet_v4, 1 << (V4_ROOT_BITS - 6), BPF_F_MMAPABLE);
 BPF_F_TABLE("array", u32, struct subnet_leaf, subnet_leaves, V4_LEAVES, BPF_F_MMAPABLE);
+struct subnet_bucket {
+    u64 key[7];
+    u8 value[7];
+    u8 count;
+};
+
 BPF_ARRAY(subnet_roots, u32, SUBNET_ROOT_SLOTS);
+BPF_F_TABLE("array", u32, struct subnet_bucket, subnet_v6, V6_BUCKETS, BPF_F_MMAPABLE);
 BPF_HASH(subnet_nodes, struct subnet_key, u32, SUBNET_NODES);
 
 static __always_inline int subnets_pass_v4(const u8 addr[16])
@@ -83,6 +99,40 @@ static __always_inline u32 subnet_child(struct subnet_key *key, u32 node)
     u32 *child = subnet_nodes.lookup(key);
     return child ? *child : (node & SUBNET_PASS);
 }
+
+/* 1 and the entry's value in *node if bucket index holds key; 2 if it does not and
+ * is full (the key may be in its second bucket); 0 if it does not. */
+static __always_inline int subnet_in_bucket(u32 index, u64 key, u32 *node)
+{
+    struct subnet_bucket *bucket = subnet_v6.lookup(&index);
+    if (!bucket)
+        return 0;
+    u32 count = bucket->count;
+#pragma unroll
+    for (int i = 0; i < 7; i++) {
+        if (i < count && bucket->key[i] == key) {
+            *node = bucket->value[i];
+            return 1;
+        }
+    }
+    return count >= 7 ? 2 : 0;
+}
+
+/* The first NB bytes of an IPv6 address as a big-endian integer. */
+static __always_inline u64 subnet_prefix(const u8 addr[16], int nb)
+{
+    u64 word;
+    __builtin_memcpy(&word, addr, 8);
+    return __builtin_bswap64(word) >> (64 - 8 * nb);
+}
+
+#define SUBNET_PROBE(NB, OFFSET, BITS, M1, M2)                                  \
+    {                                                                           \
+        u64 k = subnet_prefix(addr, NB);                                        \
+        if (subnet_in_bucket(OFFSET + (u32)((k * M1) >> (64 - BITS)), k, &node) \
+            == 2)                                                               \
+            subnet_in_bucket(OFFSET + (u32)((k * M2) >> (64 - BITS)), k, &node); \
+    }
 
 #define SUBNET_STEP(NB)                                \
     if (node & SUBNET_DESCEND) {                       \

@@ -277,6 +277,13 @@ MUTATIONS = [
         "    _, bits = max(sizes)",
         ("tests/unit/test_subnet_table.py",),
     ),
+    Mutation(
+        "v6-no-second-bucket",
+        "filters/subnets.c",
+        "            == 2)  ",
+        "            == 3)  ",
+        ("tests/integration/test_filter_kernel.py::test_kernel_agrees_on_ipv6_bucket_levels",),
+    ),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import random
 import time
+from typing import Any
 
 import pytest
 from oracle import passes, probe_addresses, random_rules
@@ -64,6 +65,43 @@ def test_kernel_agrees_at_every_ipv4_table_size(
     got = verdicts(rules, addresses)
     wrong = [hex(v) for (f, v), g in zip(addresses, got, strict=True) if g != passes(rules, f, v)]
     assert not wrong, f"{len(wrong)} wrong verdicts, e.g. {wrong[:5]}"
+
+
+def test_kernel_agrees_on_ipv6_bucket_levels(
+    bpf_root: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IPv6 levels of up to 8 bytes sit in one-cache-line buckets, probed each on its
+    own, the deepest entry deciding; keys past a full bucket go to their second one.
+    Three levels here (/40, /48, /64, with allow and deny crossing), and enough /64s
+    that some buckets fill."""
+    from alfwrapper import subnet_table  # noqa: PLC0415
+
+    monkeypatch.setattr(subnet_table, "KEYS_PER_BUCKET", 5)  # crowded: second buckets used
+    rng = random.Random(6)
+    base = 0x20010DB8 << 96
+    allow = [Prefix(6, base | (i << 88), 40) for i in range(4)]
+    deny = [Prefix(6, base | (rng.getrandbits(26) << 64), 64) for _ in range(3000)]
+    allow += [Prefix(6, base | (rng.getrandbits(10) << 80), 48) for _ in range(40)]
+    rules = SubnetRules(allow=tuple(allow), deny=tuple(deny))
+    table = subnet_table.build_subnet_table(rules)
+    assert [b.nbytes for b in table.bucket_levels] == [5, 6, 8] and table.levels == ()
+    seconds = [
+        p for p in deny
+        if subnet_table.lookup_buckets(table, p.value, -1) != -1
+        and not _first_bucket_holds(table, p.value >> 64)
+    ]  # fmt: skip
+    assert seconds, "no key went to its second bucket: the test would not cover it"
+    addresses = [(f, v) for f, v in probe_addresses(rng, rules, 1500) if f == 6]
+    addresses += [(6, p.value | 1) for p in seconds]
+    got = verdicts(rules, addresses)
+    wrong = [hex(v) for (f, v), g in zip(addresses, got, strict=True) if g != passes(rules, f, v)]
+    assert not wrong, f"{len(wrong)} wrong verdicts, e.g. {wrong[:5]}"
+
+
+def _first_bucket_holds(table: Any, key: int) -> bool:
+    level = table.bucket_levels[-1]
+    index = level.offset + ((key * level.multipliers[0]) % 2**64 >> (64 - level.bits))
+    return key in [int(w) for w in table.buckets[index][:7]]
 
 
 def test_pass_keeps_the_whole_packet(bpf_root: None) -> None:
@@ -126,7 +164,10 @@ def test_subnet_key_layout_is_handed_to_c_as_defined(bpf_root: None) -> None:
     from alfwrapper.parts import SUBNET_KEY
     from alfwrapper.subnet_table import build_subnet_table, encode_nodes
 
-    rules = SubnetRules(allow=(parse_prefix("2001:db8:ff00::/40"), parse_prefix("2001:db8:1::/48")))
+    # Levels deeper than 8 bytes are in the hash map (shallower ones in buckets).
+    rules = SubnetRules(
+        allow=(parse_prefix("2001:db8:1:2:ff00::/72"), parse_prefix("2001:db8:1:2:3:4::/96"))
+    )
     loaded = compiler.load_rules(SocketRules(rules))
     key_type = loaded.bpf[b"subnet_nodes"].Key
     assert ctypes.sizeof(key_type) == SUBNET_KEY.size
@@ -138,8 +179,8 @@ def test_subnet_key_layout_is_handed_to_c_as_defined(bpf_root: None) -> None:
             key_type.from_buffer_copy(keys, i * SUBNET_KEY.size) for i in range(len(table.nodes))
         )
     }
-    assert (5, 6, bytes.fromhex("20010db8ff") + bytes(11)) in decoded
-    assert (6, 6, bytes.fromhex("20010db80001") + bytes(10)) in decoded
+    assert (9, 6, bytes.fromhex("20010db8000100 02ff") + bytes(7)) in decoded
+    assert (12, 6, bytes.fromhex("20010db80001000200030004") + bytes(4)) in decoded
 
 
 RING_WRITER = """

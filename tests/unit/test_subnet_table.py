@@ -17,6 +17,7 @@ from alfwrapper.subnet_table import (
     ROOT_SLOTS,
     build_subnet_table,
     lookup,
+    lookup_buckets,
 )
 
 
@@ -67,7 +68,7 @@ def test_ipv6_levels_are_the_byte_lengths_in_use() -> None:
             ]
         )
     )
-    assert table.levels == (5, 6)
+    assert [b.nbytes for b in table.bucket_levels] == [5, 6] and table.levels == ()
 
 
 def test_covered_prefixes_add_no_entries() -> None:
@@ -76,14 +77,18 @@ def test_covered_prefixes_add_no_entries() -> None:
             allow=["192.0.0.0/16", "192.0.2.0/24", "192.0.2.1", "2001:db8::/32", "2001:db8:1::/48"]
         )  # fmt: skip
     )
-    assert table.nodes == ((6, 4, 0x20010DB8, NODE_PASS),)  # the /32's own; the /48 adds none
+    # The /32's own entry, in the 4-byte bucket level; the /48 adds none.
+    assert [b.nbytes for b in table.bucket_levels] == [4] and table.nodes == ()
+    assert lookup_buckets(table, 0x20010DB8 << 96, -1) == NODE_PASS
+    assert int(table.buckets.view("u1").reshape(-1, 64)[:, 63].sum()) == 1  # one key
     assert len(table.v4.leaves) == 0
 
 
 def test_expansion_to_the_next_byte() -> None:
     table = build_subnet_table(rules_of(deny=["2001:db8::/41"]))
-    assert len(table.nodes) == 128
-    assert all(node == 0 for _, _, _, node in table.nodes)
+    assert [b.nbytes for b in table.bucket_levels] == [6]
+    assert all(lookup_buckets(table, (0x20010DB8 << 96) | (i << 80), -1) == 0 for i in range(128))
+    assert lookup_buckets(table, (0x20010DB8 << 96) | (128 << 80), -1) == -1  # 128 entries
     assert table.roots[0x2001] == NODE_DESCEND | NODE_PASS
 
 
