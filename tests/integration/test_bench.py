@@ -29,6 +29,10 @@ def test_bench_smoke(bpf_root: None, tmp_path: Path) -> None:
         "Varied sources (in-kernel walk), IPv4",
         "Varied sources (in-kernel walk), IPv6",
         "## Start-up",
+        "## A SYN flood from many sources",
+        "SYN flood: CPU per dropped SYN",
+        "Kernel map memory, IPv6",
+        "Hot cost",
         "Machine:",
     ):
         assert section in report
