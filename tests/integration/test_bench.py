@@ -33,6 +33,7 @@ def test_bench_smoke(bpf_root: None, tmp_path: Path) -> None:
         "SYN flood: CPU per dropped SYN",
         "Kernel map memory, IPv6",
         "Hot cost",
+        "The wrapper's start-up stages with 100 rules",
         "Machine:",
     ):
         assert section in report

@@ -1,0 +1,79 @@
+"""Where the start-up time and memory of a big rule file go, stage by stage.
+
+    startup_parts.py [RULES] [--json]
+
+Writes RULES (default 1,000,000) IPv4 rules (half /24, half /32, as `make
+bench` does) to a file, then, in this process, times each stage of the
+wrapper's start-up on it and the peak RSS after each: parsing the options
+and the file into the policy, planning the program (which resolves the rules
+into the lookup tables), compiling and loading it with BCC, and filling its
+maps.  Also a 1-rule run of
+the same stages, for comparison.  Needs root (BCC).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from bench import rule_set  # noqa: E402
+
+from alfwrapper import compiler, program  # noqa: E402
+from alfwrapper.cli import parse_policy  # noqa: E402
+from alfwrapper.parts import FillEnv  # noqa: E402
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def stages(path: Path) -> list[tuple[str, float, float]]:
+    out = []
+    begin = time.monotonic()
+    policy = parse_policy(["--listen", "127.0.0.1:9", "--allow-file", str(path), "--", "true"])
+    rules = policy.rules_for(policy.listens[0].name)
+    out.append(("parse the options and the file", time.monotonic() - begin, peak_mib()))
+    begin = time.monotonic()
+    plan = program.plan_program(rules)  # the subnet part resolves the rules into tables
+    out.append(("plan: build the lookup tables", time.monotonic() - begin, peak_mib()))
+    begin = time.monotonic()
+    loaded = compiler.compile_and_load(plan)
+    out.append(("compile and load (BCC)", time.monotonic() - begin, peak_mib()))
+    begin = time.monotonic()
+    for part_plan in plan.parts:
+        part_plan.part.fill(loaded.bpf, part_plan, plan.rules, FillEnv())
+    out.append(("fill the maps", time.monotonic() - begin, peak_mib()))
+    return out
+
+
+def main() -> int:
+    args = [a for a in sys.argv[1:] if a != "--json"]
+    count = int(args[0]) if args else 1_000_000
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (1, count):
+            path = Path(tmp) / f"{n}.rules"
+            prefixes, _, _ = rule_set(n, random.Random(n))
+            path.write_text("\n".join(str(p) for p in prefixes) + "\n")
+            found[n] = stages(path)
+    if "--json" in sys.argv:
+        print(json.dumps({str(n): rows for n, rows in found.items()}))
+        return 0
+    for n, rows in found.items():
+        print(f"{n:,} rules")
+        for what, seconds, peak in rows:
+            print(f"  {what:34} {seconds:6.2f} s   peak RSS {peak:5.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
