@@ -7,15 +7,15 @@ bench` does) to a file, then, in this process, times each stage of the
 wrapper's start-up on it and the peak RSS after each: parsing the options
 and the file into the policy, planning the program (which resolves the rules
 into the lookup tables), compiling and loading it with BCC, and filling its
-maps.  Also a 1-rule run of
-the same stages, for comparison.  Needs root (BCC).
+maps.  Run it once per
+size (each in a process of its own, so that peaks do not mix).  Needs root
+(BCC).
 """
 
 from __future__ import annotations
 
 import json
 import random
-import resource
 import sys
 import tempfile
 import time
@@ -33,7 +33,12 @@ from alfwrapper.parts import FillEnv  # noqa: E402
 
 
 def peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS (VmHWM: its own memory's, unlike ru_maxrss, which also
+    counts what the parent held when it forked us)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def stages(path: Path) -> list[tuple[str, float, float]]:
@@ -58,20 +63,17 @@ def stages(path: Path) -> list[tuple[str, float, float]]:
 def main() -> int:
     args = [a for a in sys.argv[1:] if a != "--json"]
     count = int(args[0]) if args else 1_000_000
-    found = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (1, count):
-            path = Path(tmp) / f"{n}.rules"
-            prefixes, _, _ = rule_set(n, random.Random(n))
-            path.write_text("\n".join(str(p) for p in prefixes) + "\n")
-            found[n] = stages(path)
+        path = Path(tmp) / f"{count}.rules"
+        prefixes, _, _ = rule_set(count, random.Random(count))
+        path.write_text("\n".join(str(p) for p in prefixes) + "\n")
+        rows = stages(path)
     if "--json" in sys.argv:
-        print(json.dumps({str(n): rows for n, rows in found.items()}))
+        print(json.dumps(rows))
         return 0
-    for n, rows in found.items():
-        print(f"{n:,} rules")
-        for what, seconds, peak in rows:
-            print(f"  {what:34} {seconds:6.2f} s   peak RSS {peak:5.0f} MiB")
+    print(f"{count:,} rules")
+    for what, seconds, peak in rows:
+        print(f"  {what:34} {seconds:6.2f} s   peak RSS {peak:5.0f} MiB")
     return 0
 
 
