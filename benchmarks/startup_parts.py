@@ -7,9 +7,7 @@ bench` does) to a file, then, in this process, times each stage of the
 wrapper's start-up on it and the peak RSS after each: parsing the options
 and the file into the policy, planning the program (which resolves the rules
 into the lookup tables), compiling and loading it with BCC, and filling its
-maps.  Run it once per
-size (each in a process of its own, so that peaks do not mix).  Needs root
-(BCC).
+maps.  One size per run, so that peaks do not mix.  Needs root (BCC).
 """
 
 from __future__ import annotations
