@@ -67,8 +67,7 @@ BPF_F_TABLE("array", u32, struct subnet_line, subnet_v4, 1 << (V4_ROOT_BITS - 6)
 BPF_F_TABLE("array", u32, struct subnet_leaf, subnet_leaves, V4_LEAVES, BPF_F_MMAPABLE);
 struct subnet_bucket {
     u64 key[7];
-    u8 value[7];
-    u8 count;
+    u64 tail; /* byte i: slot i's value (i < 7); byte 7: how many slots are used */
 };
 
 BPF_ARRAY(subnet_roots, u32, SUBNET_ROOT_SLOTS);
@@ -100,6 +99,16 @@ static __always_inline u32 subnet_child(struct subnet_key *key, u32 node)
     return child ? *child : (node & SUBNET_PASS);
 }
 
+/* Which slot of a bucket holds key, written out slot by slot and kept a scalar: each
+ * read is at a fixed offset from the lookup's pointer, and the value is taken from
+ * the tail word by shifting.  (Indexing the slots lets clang compute one pointer
+ * from the matching slot, or step one through them, and with two lookups inlined
+ * that is pointer arithmetic across paths, which the verifier refuses to a loader
+ * without CAP_PERFMON.) */
+#define SUBNET_SLOT(I)                                                          \
+    if (slot < 0 && I < count && bucket->key[I] == key)                         \
+        slot = I;
+
 /* 1 and the entry's value in *node if bucket index holds key; 2 if it does not and
  * is full (the key may be in its second bucket); 0 if it does not. */
 static __always_inline int subnet_in_bucket(u32 index, u64 key, u32 *node)
@@ -107,13 +116,14 @@ static __always_inline int subnet_in_bucket(u32 index, u64 key, u32 *node)
     struct subnet_bucket *bucket = subnet_v6.lookup(&index);
     if (!bucket)
         return 0;
-    u32 count = bucket->count;
-#pragma unroll
-    for (int i = 0; i < 7; i++) {
-        if (i < count && bucket->key[i] == key) {
-            *node = bucket->value[i];
-            return 1;
-        }
+    u64 tail = bucket->tail;
+    u32 count = tail >> 56;
+    int slot = -1;
+    SUBNET_SLOT(0) SUBNET_SLOT(1) SUBNET_SLOT(2) SUBNET_SLOT(3)
+    SUBNET_SLOT(4) SUBNET_SLOT(5) SUBNET_SLOT(6)
+    if (slot >= 0) {
+        *node = (tail >> ((slot & 7) * 8)) & 0xff;
+        return 1;
     }
     return count >= 7 ? 2 : 0;
 }
