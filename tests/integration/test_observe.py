@@ -263,7 +263,7 @@ def test_programs_and_maps_are_named_for_service_and_socket(
         prog = bpftool("prog", "show", "id", str(s["program"]))
         assert prog["name"] == label, prog
         names = {bpftool("map", "show", "id", str(i))["name"] for i in prog["map_ids"]}
-        wanted = {f"{label}.{role}" for role in ("cnt", "log", "logb", "rt", "snr", "snn")}
+        wanted = {f"{label}.{role}" for role in ("cnt", "log", "logb", "rt", "sn4", "snl", "snr")}
         assert wanted <= names, names
         # The knock state is the service's, shared: named for the socket that made it.
         assert any(n.startswith("web_") and n.endswith(".kst") for n in names), names
