@@ -30,13 +30,14 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import numpy as np  # imported where used: a missing numpy is one clear line (cli)
+from typing import Any
 
 from alfwrapper.errors import EX_DATAERR, AlfError
 from alfwrapper.rules import FAMILY_BITS, Prefix, SubnetRules
+
+# numpy arrays.  numpy is imported where used, so that a missing numpy is one clear
+# line (cli); and typed loosely, so that Debian's numpy 1.24 and pip's 2.x check alike.
+Array = Any
 
 ROOT_BITS = 16
 ROOT_SLOTS = 1 << ROOT_BITS  # IPv6 roots
@@ -74,8 +75,8 @@ class V4Table:
     address of the block (bit i of byte i // 8, least significant first)."""
 
     root_bits: int
-    lines: np.ndarray  # uint64, (2**(root_bits - 6), LINE_WORDS)
-    leaves: np.ndarray  # uint8, (leaves, leaf_bytes)
+    lines: Array  # uint64, (2**(root_bits - 6), LINE_WORDS)
+    leaves: Array  # uint8, (leaves, leaf_bytes)
 
     @property
     def leaf_bytes(self) -> int:
@@ -116,7 +117,7 @@ class SubnetTable:
     nodes: tuple[tuple[int, int, int, int], ...]
     levels: tuple[int, ...]
     bucket_levels: tuple[BucketLevel, ...] = ()
-    buckets: Any = None  # np.ndarray
+    buckets: Any = None  # Array
 
 
 def _node(deny: int, allow: int) -> int:
@@ -274,7 +275,7 @@ def _too_big(what: str) -> AlfError:
 # -- IPv4: two levels, numpy -----------------------------------------------------------
 
 
-def _v4_arrays(prefixes: list[Prefix]) -> tuple[np.ndarray, np.ndarray]:
+def _v4_arrays(prefixes: list[Prefix]) -> tuple[Array, Array]:
     import numpy as np  # noqa: PLC0415
 
     values = np.fromiter((p.value for p in prefixes), np.int64, len(prefixes))
@@ -300,7 +301,7 @@ def build_v4(allow: list[Prefix], deny: list[Prefix], allow_all: bool) -> V4Tabl
     return _v4_table(bits, av, al, dv, dl, allow_all, split_blocks)
 
 
-def _distinct(ordered: np.ndarray) -> np.ndarray:
+def _distinct(ordered: Array) -> Array:
     """The distinct values of a sorted array (np.unique without its sort)."""
     import numpy as np  # noqa: PLC0415
 
@@ -309,7 +310,7 @@ def _distinct(ordered: np.ndarray) -> np.ndarray:
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
-def _covered(values: np.ndarray, lengths: np.ndarray, bits: int) -> np.ndarray:
+def _covered(values: Array, lengths: Array, bits: int) -> Array:
     """Which first-level blocks the prefixes no longer than ``bits`` cover whole."""
     import numpy as np  # noqa: PLC0415
 
@@ -322,7 +323,7 @@ def _covered(values: np.ndarray, lengths: np.ndarray, bits: int) -> np.ndarray:
     return diff[:-1] > 0
 
 
-def _mark(leaves: np.ndarray, blocks: np.ndarray, values: np.ndarray, lengths: np.ndarray,
+def _mark(leaves: Array, blocks: Array, values: Array, lengths: Array,
           bits: int) -> None:  # fmt: skip
     """Set, in the leaves of ``blocks``, the bits of the prefixes longer than ``bits``
     that fall in them (a prefix in no listed block is skipped)."""
@@ -349,8 +350,8 @@ def _mark(leaves: np.ndarray, blocks: np.ndarray, values: np.ndarray, lengths: n
     )
 
 
-def _v4_table(bits: int, av: np.ndarray, al: np.ndarray, dv: np.ndarray, dl: np.ndarray,
-              allow_all: bool, split: np.ndarray) -> V4Table:  # fmt: skip
+def _v4_table(bits: int, av: Array, al: Array, dv: Array, dl: Array,
+              allow_all: bool, split: Array) -> V4Table:  # fmt: skip
     """``split``: the blocks, sorted, that prefixes longer than ``bits`` fall in."""
     import numpy as np  # noqa: PLC0415
 
@@ -397,14 +398,14 @@ def lookup_v4(table: V4Table, value: int) -> bool:
 # -- IPv6 levels of up to 8 bytes: one cache line a level, probed independently ---------
 
 
-def _bucket_of(keys: np.ndarray, multiplier: int, bits: int) -> np.ndarray:
+def _bucket_of(keys: Array, multiplier: int, bits: int) -> Array:
     import numpy as np  # noqa: PLC0415
 
     with np.errstate(over="ignore"):
         return (keys * np.uint64(multiplier)) >> np.uint64(64 - bits)
 
 
-def _ranks(buckets: np.ndarray) -> np.ndarray:
+def _ranks(buckets: Array) -> Array:
     """Each key's place among the keys of its bucket, in key order."""
     import numpy as np  # noqa: PLC0415
 
@@ -415,7 +416,7 @@ def _ranks(buckets: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def _place(keys: np.ndarray, bits: int, pair: tuple[int, int]) -> tuple[Any, Any] | None:
+def _place(keys: Array, bits: int, pair: tuple[int, int]) -> tuple[Any, Any] | None:
     """Each key's bucket and slot: its first bucket, or its second when the first is
     full; None when a second bucket overflows too."""
     import numpy as np  # noqa: PLC0415
