@@ -395,7 +395,8 @@ def test_quota_is_enforced_and_said(
     assert out.returncode == 77 and "STARTED" not in out.stdout, out.stderr
     assert "loader quota" in out.stderr and "at most 2 are allowed" in out.stderr, out.stderr
     rules = own.config / "rules"  # the user's own file
-    rules.write_text("".join(f"2001:db8:{i >> 8:x}:{i & 255:x}::/64\n" for i in range(50_000)))
+    # 200,000 /64s: 100,000 buckets of 64 bytes, rounded up to 2**17: 8 MiB of maps.
+    rules.write_text("".join(f"2001:db8:{i >> 8:x}:{i & 255:x}::/64\n" for i in range(200_000)))
     os.chown(rules, own.uid, -1)
     out = as_user(own, readable_copy, "--service", "big", "--listen-datagram", "[::1]:9305",
                   "--allow-file", str(rules), "--", "echo", "STARTED")  # fmt: skip
