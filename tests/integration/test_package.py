@@ -70,7 +70,8 @@ def package(deb: Path) -> Iterator[list[str]]:
                 (MODULES / name).symlink_to(target)
 
 
-def test_package_installs_works_and_leaves_nothing(package: list[str], network: Network) -> None:
+def test_package_installs_works_and_leaves_nothing(network: Network, package: list[str]) -> None:
+    # network first: it compiles a filter (bpf_root) while the header links are still there.
     # Where everything is, and the headers the package linked by itself.
     for path in ("/usr/bin/alfwrapper", "/usr/lib/alfwrapper/policy/alfwrapper-echo.toml",
                  "/usr/lib/systemd/system/alfwrapper-loader.service",
