@@ -14,7 +14,8 @@ from alfwrapper import compiler, interfaces, program
 from alfwrapper.errors import EX_USAGE, AlfError, excerpt
 from alfwrapper.parts import FillEnv
 from alfwrapper.policy import Policy, RuleSource
-from alfwrapper.rules import FAMILY_BITS, ListenSpec, Prefix, SocketRules, parse_prefix
+from alfwrapper.prefix_list import PrefixList
+from alfwrapper.rules import ListenSpec, Prefix, SocketRules, parse_prefix
 from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame
 
 _SERVER = {4: 0xC0000201, 6: (0x20010DB8 << 96) | 1}  # where the packet goes, if not known
@@ -86,14 +87,11 @@ def _matches(
 ) -> list[tuple[Prefix, str]]:
     """The rules of this kind that cover the address, longest first, with where they are."""
     found = []
-    width = FAMILY_BITS[address.family]
     for source in sources:
         if source.kind != kind:
             continue
-        for p in source.prefixes:
-            shift = width - p.length
-            if p.family == address.family and p.value >> shift == address.value >> shift:
-                found.append((p, source))
+        for p in PrefixList.of(source.prefixes).covering(address.family, address.value):
+            found.append((p, source))
     found.sort(key=lambda item: -item[0].length)
     return [(p, _origin(s, p)) for p, s in found]
 

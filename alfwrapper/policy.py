@@ -25,6 +25,7 @@ from typing import Any
 
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_USAGE, AlfError, excerpt
 from alfwrapper.knocking import read_secret
+from alfwrapper.prefix_list import PrefixList, read_rule_file
 from alfwrapper.rules import (
     CustomFilter,
     KnockRules,
@@ -37,7 +38,6 @@ from alfwrapper.rules import (
     parse_ports,
     parse_prefix,
     read_input,
-    read_rule_file,
 )
 
 # Where `--policy NAME` looks, first match wins (the administrator's, then a
@@ -148,7 +148,7 @@ class RuleSource:
 
     kind: str  # "allow" or "deny"
     origin: str  # "--deny", "web.toml:4", or a rule file's path
-    prefixes: tuple[Prefix, ...]
+    prefixes: Sequence[Prefix]
     path: str = ""  # a rule file: its own lines say where each CIDR is
 
 
@@ -156,8 +156,8 @@ class RuleSource:
 class ScopeRules:
     """The rules written for one scope (every socket, or one name), before resolution."""
 
-    allow: tuple[Prefix, ...] = ()
-    deny: tuple[Prefix, ...] = ()
+    allow: Sequence[Prefix] = ()
+    deny: Sequence[Prefix] = ()
     interfaces: tuple[str, ...] = ()
     knock_ports: tuple[int, ...] = ()
     knock_secret: bytes = b""
@@ -198,8 +198,8 @@ class Policy:
         """
         every, own = self.scope(None), self.scope(name)
         chosen = (every, own) if name in self.names else (every,)
-        allow: tuple[Prefix, ...] = ()
-        deny: tuple[Prefix, ...] = ()
+        allow: list[Sequence[Prefix]] = []
+        deny: list[Sequence[Prefix]] = []
         interfaces: tuple[str, ...] = ()
         sets: tuple[MapSetting, ...] = ()
         sources: tuple[RuleSource, ...] = ()
@@ -208,8 +208,8 @@ class Policy:
         secret = b""
         path = ""
         for r in chosen:
-            allow += r.allow
-            deny += r.deny
+            allow.append(r.allow)
+            deny.append(r.deny)
             interfaces += r.interfaces
             sets += r.sets
             sources += r.sources
@@ -227,7 +227,7 @@ class Policy:
                 **{_SETTING_FIELDS[k]: v for k, v in settings.items()},  # type: ignore[arg-type]
             )
         return SocketRules(
-            subnets=SubnetRules(allow=allow, deny=deny),
+            subnets=SubnetRules(allow=PrefixList.concat(allow), deny=PrefixList.concat(deny)),
             interfaces=tuple(dict.fromkeys(interfaces)),
             knock=knock,
             custom=CustomFilter(path, sets) if path else None,
@@ -332,19 +332,19 @@ def build_policy(
             scope_origins.setdefault(entry.scope, entry.origin)
     scopes = []
     for scope, keys in by_scope.items():
-        allow: list[Prefix] = []
-        deny: list[Prefix] = []
+        allow: list[Sequence[Prefix]] = []
+        deny: list[Sequence[Prefix]] = []
         sources: list[RuleSource] = []
         for kind, target in (("allow", allow), ("deny", deny)):
             for entry in keys.get(kind, []):
                 prefix = _prefix(entry, entry.value)
-                target.append(prefix)
+                target.append((prefix,))
                 sources.append(RuleSource(kind, entry.origin, (prefix,)))
             for entry in keys.get(f"{kind}-file", []):
                 path = entry.path(entry.value)
                 prefixes = read_rule_file(path)
-                target.extend(prefixes)
-                sources.append(RuleSource(kind, path, tuple(prefixes), path=path))
+                target.append(prefixes)
+                sources.append(RuleSource(kind, path, prefixes, path=path))
         interfaces = []
         for entry in keys.get("interface", []):
             name = entry.value
@@ -378,8 +378,8 @@ def build_policy(
             (
                 scope,
                 ScopeRules(
-                    allow=tuple(allow),
-                    deny=tuple(deny),
+                    allow=PrefixList.concat(allow),
+                    deny=PrefixList.concat(deny),
                     interfaces=tuple(interfaces),
                     knock_ports=ports,
                     knock_secret=secret,

@@ -10,6 +10,7 @@ import ipaddress
 import os
 import stat
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -43,10 +44,19 @@ class Prefix(NamedTuple):
 
 @dataclass(frozen=True)
 class SubnetRules:
-    """Source-subnet rules: deny wins; with no allow rules everything not denied passes."""
+    """Source-subnet rules: deny wins; with no allow rules everything not denied passes.
 
-    allow: tuple[Prefix, ...] = ()
-    deny: tuple[Prefix, ...] = ()
+    Given any sequence of prefixes, each list is kept as a PrefixList (numpy columns).
+    """
+
+    allow: Sequence[Prefix] = ()
+    deny: Sequence[Prefix] = ()
+
+    def __post_init__(self) -> None:
+        from alfwrapper.prefix_list import PrefixList  # noqa: PLC0415 (it imports this module)
+
+        object.__setattr__(self, "allow", PrefixList.of(self.allow))
+        object.__setattr__(self, "deny", PrefixList.of(self.deny))
 
 
 @dataclass(frozen=True)
@@ -172,25 +182,6 @@ def parse_prefix(text: str) -> Prefix:
     return Prefix(family, value, length)
 
 
-def parse_rule_lines(lines: list[str], origin: str) -> list[Prefix]:
-    """Parse a rule file's lines: one CIDR per line, ``#`` starts a comment."""
-    prefixes = []
-    for number, line in enumerate(lines, 1):
-        text = line.split("#", 1)[0].strip()
-        if not text:
-            continue
-        try:
-            prefixes.append(parse_prefix(text))
-        except ValueError as err:
-            raise AlfError(
-                f"{origin}:{number}",
-                str(err),
-                "fix or remove that line",
-                EX_DATAERR,
-            ) from None
-    return prefixes
-
-
 # How much of a file the user names is read, at most, and for how long.  A
 # 1,000,000-line rule file of IPv6 addresses written out in full
 # (2001:0db8:0000:...:0001/128) is 44 MB.
@@ -287,12 +278,6 @@ def read_text_input(path: str, what: str, hint: str, limit: int) -> str:
             hint,
             EX_DATAERR,
         ) from None
-
-
-def read_rule_file(path: str) -> list[Prefix]:
-    """Read a rule file: one CIDR per line."""
-    text = read_text_input(path, "rule file", "write one CIDR per line", RULE_FILE_LIMIT)
-    return parse_rule_lines(text.splitlines(), path)
 
 
 def parse_listen(kind: str, text: str) -> ListenSpec:

@@ -9,13 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, EX_USAGE, AlfError
+from alfwrapper.prefix_list import parse_rule_lines, read_rule_file
 from alfwrapper.rules import (
     ListenSpec,
     Prefix,
     parse_listen,
     parse_prefix,
-    parse_rule_lines,
-    read_rule_file,
 )
 
 

@@ -1,0 +1,85 @@
+"""The bulk rule-file reader and PrefixList agree with parsing one line at a time."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from alfwrapper import prefix_list
+from alfwrapper.errors import AlfError
+from alfwrapper.prefix_list import PrefixList, parse_rule_bytes, parse_rule_lines
+from alfwrapper.rules import Prefix, parse_prefix
+
+
+def one_at_a_time(data: bytes) -> list[Prefix] | str:
+    """The reference: every line through parse_prefix; an error as its one line."""
+    try:
+        return parse_rule_lines(data.decode().splitlines(), "f")
+    except AlfError as err:
+        return err.line()
+
+
+def in_bulk(data: bytes) -> list[Prefix] | str:
+    try:
+        return list(parse_rule_bytes(data, "f"))
+    except AlfError as err:
+        return err.line()
+
+
+# Lines near the bulk path's edges: leading zeros, 4-digit octets, missing parts,
+# host bits, lengths 0 and 33, comments and spaces, IPv6 and mapped addresses.
+EDGES = [
+    "192.0.2.0/24", "192.0.2.7", "0.0.0.0/0", "0.0.0.0", "255.255.255.255/32", "1.2.3.4/32",
+    "10.0.0.0/8", "1.2.3.0/024", "01.2.3.4", "1.2.3.04", "1.2.3.256", "1.2.3.1000",
+    "1.2.3", "1.2.3.4.5", "1.2.3.4/", "1.2.3.4/33", "1.2.3.4/3", "/24", ".1.2.3", "1..2.3",
+    "1.2.3.4//8", "1.2.3.0/24/8", "1.2.3.4/0", "", "   ", "# note", "192.0.2.0/24 # office",
+    " 192.0.2.9", "2001:db8::/32", "::ffff:192.0.2.0/120", "2001:db8::1", "1.2.3.4x", "x",
+    "1.2.3.4 /24", "1.2.3.4/ 24", "1.2.3.4/240",
+]  # fmt: skip
+simple = st.text(alphabet="0123456789./", max_size=20)
+lines = st.lists(st.one_of(st.sampled_from(EDGES), simple), max_size=30)
+
+
+@settings(max_examples=400, deadline=None)
+@given(lines)
+def test_bulk_and_line_by_line_agree(chosen: list[str]) -> None:
+    data = "\n".join(chosen).encode()
+    assert in_bulk(data) == one_at_a_time(data)
+
+
+@pytest.mark.parametrize("ending", ["\r\n", "\r", "\x0c", "\u2028"])
+def test_other_line_breaks_keep_their_line_numbers(ending: str) -> None:
+    data = ending.join(["192.0.2.0/24", "# ok", "198.51.100.0/24", "1.2.3.5/24"]).encode()
+    assert in_bulk(data) == one_at_a_time(data)
+    assert "f:4:" in str(in_bulk(data))
+
+
+def test_chunks_keep_order_and_line_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prefix_list, "_CHUNK", 64)  # many chunks, cut mid-line
+    rng = random.Random(7)
+    texts = [f"198.51.{rng.randrange(256)}.{rng.randrange(256)}" for _ in range(300)]
+    texts[150] = "2001:db8::/48  # among them"
+    data = "\n".join(texts).encode()
+    assert in_bulk(data) == one_at_a_time(data)
+    texts[271] = "198.51.100.300"
+    assert in_bulk("\n".join(texts).encode()) == one_at_a_time("\n".join(texts).encode())
+    assert "f:272:" in str(in_bulk("\n".join(texts).encode()))
+
+
+def test_prefix_list_behaves_as_a_sequence() -> None:
+    found = [parse_prefix(t) for t in ("192.0.2.0/24", "2001:db8::/32", "10.0.0.1", "::/0")]
+    listed = PrefixList.of(found)
+    assert len(listed) == 4 and list(listed) == found and listed[1] == found[1]
+    assert list(listed[1:3]) == found[1:3]
+    assert parse_prefix("10.0.0.1") in listed and parse_prefix("10.0.0.2") not in listed
+    assert listed == PrefixList.of(list(found)) and hash(listed) == hash(PrefixList.of(found))
+    assert listed != PrefixList.of(found[:3])
+    assert PrefixList.concat([listed, (), found[:1]]) == found + found[:1]
+    assert PrefixList.concat([(), listed]) is listed  # no copy of the only part
+    v6 = 0x20010DB8 << 96 | 5
+    assert list(listed.covering(6, v6)) == [found[1], found[3]]
+    assert list(listed.covering(4, 0xC0000207)) == [found[0]]
+    assert list(listed.of_family(4)) == [found[0], found[2]] and listed.families() == {4, 6}
