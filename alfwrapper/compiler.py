@@ -147,6 +147,7 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
     bcc = _import_bcc()
     log: list[str] = []
     what = _what(plan)
+    _return_freed_memory()  # what parsing and planning freed, before LLVM's peak
     try:
         with _stderr_to(log), _in_root_directory():
             bpf = bcc.BPF(text=plan.text.encode(), cflags=plan.cflags)
@@ -197,7 +198,19 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
         raise AlfError(
             f"loading {what}", message, "run with -v for details", EX_OSERR, details=text
         ) from None
+    _return_freed_memory()
     return LoadedFilter(bpf=bpf, fd=fn.fd, plan=plan)
+
+
+def _return_freed_memory() -> None:
+    """Give freed heap back to the system (glibc's malloc_trim(3)): before compiling,
+    what parsing a big rule file freed (about 35 MiB at a million rules); after, what
+    LLVM freed (about 40 MiB), before the maps are filled.  Both would otherwise add
+    to the peak RSS.  No library wraps this one call; ctypes does it."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to give back this way
+        pass
 
 
 def name_maps(bpf: Any, label: str) -> None:

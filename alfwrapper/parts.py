@@ -24,7 +24,7 @@ import hashlib
 import mmap
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from alfwrapper.errors import EX_OSERR, EX_USAGE, AlfError, excerpt
 from alfwrapper.rules import SocketRules
 from alfwrapper.subnet_table import (
     KEY_FIELDS,
+    LINE_WORDS,
     NODE_DESCEND,
     NODE_PASS,
     ROOT_SLOTS,
@@ -173,7 +174,7 @@ class Subnets(Part):
 
         defines = (
             ("V4_ROOT_BITS", str(table.v4.root_bits)),
-            ("V4_LEAVES", str(max(1, len(table.v4.leaves)))),
+            ("V4_LEAVES", str(max(1, table.v4.capacity))),
             ("V4_LEAF_BYTES", str(table.v4.leaf_bytes)),
             ("SUBNET_NODES", str(max(1, len(table.nodes)))),
             ("SUBNET_ROOT_SLOTS", str(ROOT_SLOTS)),
@@ -196,11 +197,22 @@ class Subnets(Part):
 
     def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         table: SubnetTable = plan.data
-        fill_mapped(bpf[b"subnet_v4"].map_fd, table.v4.lines.tobytes(), "subnet_v4")
-        if len(table.v4.leaves):
-            fill_mapped(bpf[b"subnet_leaves"].map_fd, table.v4.leaves.tobytes(), "subnet_leaves")
+        v4 = table.v4
+
+        def write_v4(lines: memoryview, leaves: memoryview) -> None:
+            import numpy as np  # noqa: PLC0415
+
+            v4.fill(np.frombuffer(lines, np.uint64).reshape(-1, LINE_WORDS),
+                    np.frombuffer(leaves, np.uint8).reshape(-1, v4.leaf_bytes))  # fmt: skip
+
+        # Written in the maps' own memory: no copy of the table in this process.
+        write_mapped(
+            ((bpf[b"subnet_v4"].map_fd, LINE_WORDS * 8 << (v4.root_bits - 6), "subnet_v4"),
+             (bpf[b"subnet_leaves"].map_fd, v4.capacity * v4.leaf_bytes, "subnet_leaves")),
+            write_v4,
+        )  # fmt: skip
         if len(table.buckets):
-            fill_mapped(bpf[b"subnet_v6"].map_fd, table.buckets.tobytes(), "subnet_v6")
+            fill_mapped(bpf[b"subnet_v6"].map_fd, memoryview(table.buckets).cast("B"), "subnet_v6")
         update_batch(
             bpf[b"subnet_roots"], u32s(range(ROOT_SLOTS)), u32s(table.roots), ROOT_SLOTS,
             "subnet_roots",
@@ -304,17 +316,42 @@ def update_batch(table: Any, keys: bytes, values: bytes, count: int, name: str) 
         ) from None
 
 
-def fill_mapped(map_fd: int, data: bytes, name: str) -> None:
-    """Fill an mmapable array (BPF_F_MMAPABLE, Linux 5.5) from its start with one
-    copy: no syscall per entry.  Its elements are 8-byte aligned, as ``data``'s are."""
+def write_mapped(maps: Sequence[tuple[int, int, str]], write: Callable[..., None]) -> None:
+    """Call ``write`` with a writable view of the first bytes of each mmapable array
+    (BPF_F_MMAPABLE, Linux 5.5) given as (map fd, bytes, name): the map's memory
+    itself, so filling it takes no syscall per entry and no copy.  The arrays'
+    elements are 8-byte aligned, and so must the data written be."""
+    views: list[memoryview] = []
+    regions: list[mmap.mmap] = []
     try:
-        with mmap.mmap(map_fd, len(data), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
-            m[:] = data
-    except (OSError, ValueError) as err:
-        raise AlfError(
-            f"filling map {name}", str(err), "check `alfwrapper doctor` (Linux 5.5 or later)",
-            EX_OSERR,
-        ) from None  # fmt: skip
+        for map_fd, size, name in maps:
+            if not size:
+                views.append(memoryview(bytearray()))
+                continue
+            try:
+                region = mmap.mmap(map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            except (OSError, ValueError) as err:
+                raise AlfError(
+                    f"filling map {name}", str(err),
+                    "check `alfwrapper doctor` (Linux 5.5 or later)", EX_OSERR,
+                ) from None  # fmt: skip
+            regions.append(region)
+            views.append(memoryview(region))
+        write(*views)
+    finally:
+        for view in views:
+            view.release()
+        for region in regions:
+            region.close()
+
+
+def fill_mapped(map_fd: int, data: bytes | memoryview, name: str) -> None:
+    """Fill an mmapable array from its start with one copy of ``data``."""
+
+    def copy(view: memoryview) -> None:
+        view[:] = data
+
+    write_mapped(((map_fd, len(data), name),), copy)
 
 
 def u32s(values: Sequence[int]) -> bytes:

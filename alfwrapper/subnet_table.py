@@ -28,11 +28,13 @@ that a packet costs a fixed, small number of dependent memory reads:
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from alfwrapper.errors import EX_DATAERR, AlfError
+from alfwrapper.prefix_list import PrefixList
 from alfwrapper.rules import FAMILY_BITS, Prefix, SubnetRules
 
 # numpy arrays.  numpy is imported where used, so that a missing numpy is one clear
@@ -72,11 +74,18 @@ class V4Table:
     line of ``lines`` (LINE_WORDS u64: DESCEND bits, PASS bits, the line's first leaf,
     padding).  An entry's PASS bit is its block's verdict, unless its DESCEND bit is
     set: then its leaf, ``leaves[first leaf + DESCEND bits before it]``, has a bit per
-    address of the block (bit i of byte i // 8, least significant first)."""
+    address of the block (bit i of byte i // 8, least significant first).
+
+    It holds the rules as Ranges and writes the arrays on demand: ``fill`` into the
+    maps' own memory at load, so that no copy of the table is held while BCC
+    compiles; ``lines`` and ``leaves`` for tests and tools.  ``capacity`` leaves have
+    room: one for each block that may need one (_split_blocks)."""
 
     root_bits: int
-    lines: Array  # uint64, (2**(root_bits - 6), LINE_WORDS)
-    leaves: Array  # uint8, (leaves, leaf_bytes)
+    capacity: int
+    allow: Ranges
+    deny: Ranges
+    allow_all: bool
 
     @property
     def leaf_bytes(self) -> int:
@@ -84,7 +93,30 @@ class V4Table:
 
     @property
     def size(self) -> int:
-        return int(self.lines.nbytes + self.leaves.nbytes)
+        return (LINE_WORDS * 8 << (self.root_bits - 6)) + self.capacity * self.leaf_bytes
+
+    @cached_property
+    def _arrays(self) -> tuple[Array, Array]:
+        import numpy as np  # noqa: PLC0415
+
+        lines = np.zeros((1 << (self.root_bits - 6), LINE_WORDS), np.uint64)
+        leaves = np.zeros((self.capacity, self.leaf_bytes), np.uint8)
+        self.fill(lines, leaves)
+        return lines, leaves
+
+    @property
+    def lines(self) -> Array:
+        return self._arrays[0]
+
+    @property
+    def leaves(self) -> Array:
+        return self._arrays[1]
+
+    def fill(self, lines: Array, leaves: Array) -> None:
+        """Write the table into ``lines`` (u64, (2**(root_bits - 6), LINE_WORDS)) and
+        ``leaves`` (u8, (capacity, leaf_bytes)), both zeroed, a window of blocks at a
+        time (so that temporaries stay a few MiB)."""
+        _fill_v4(self, lines, leaves)
 
 
 @dataclass(frozen=True)
@@ -180,8 +212,8 @@ def _family_table(
     family: int, rules: SubnetRules, allow_root: int
 ) -> tuple[list[int], list[tuple[int, int, int, int]], tuple[int, ...]]:
     width = FAMILY_BITS[family]
-    deny = [p for p in rules.deny if p.family == family]
-    allow = [p for p in rules.allow if p.family == family]
+    deny = list(_of_family(rules.deny, family))
+    allow = list(_of_family(rules.allow, family))
     lengths = {p.length for p in deny} | {p.length for p in allow}
     level_bytes = sorted({(length + 7) // 8 for length in lengths if length > ROOT_BITS})
     level_bits = [ROOT_BITS] + [8 * b for b in level_bytes]
@@ -241,10 +273,7 @@ def _family_table(
 def build_subnet_table(rules: SubnetRules) -> SubnetTable:
     """Resolve the rules into one verdict per address block and lay out the maps."""
     allow_all = not rules.allow  # no allow rule at all: everything not denied passes
-    v4 = build_v4(
-        [p for p in rules.allow if p.family == 4], [p for p in rules.deny if p.family == 4],
-        allow_all,
-    )  # fmt: skip
+    v4 = build_v4(_of_family(rules.allow, 4), _of_family(rules.deny, 4), allow_all)
     roots6, nodes6, levels6 = _family_table(6, rules, _FULL if allow_all else _NONE)
     if len(nodes6) > MAX_NODES:
         raise _too_big(f"more than {MAX_NODES} map entries")
@@ -275,34 +304,92 @@ def _too_big(what: str) -> AlfError:
 # -- IPv4: two levels, numpy -----------------------------------------------------------
 
 
-def _v4_arrays(prefixes: list[Prefix]) -> tuple[Array, Array]:
-    import numpy as np  # noqa: PLC0415
-
-    values = np.fromiter((p.value for p in prefixes), np.int64, len(prefixes))
-    lengths = np.fromiter((p.length for p in prefixes), np.int64, len(prefixes))
-    return values, lengths
+def _of_family(prefixes: Sequence[Prefix], family: int) -> PrefixList:
+    return PrefixList.of(prefixes).of_family(family)
 
 
-def build_v4(allow: list[Prefix], deny: list[Prefix], allow_all: bool) -> V4Table:
-    """The IPv4 table, with the first-level size that needs the least memory."""
-    import numpy as np  # noqa: PLC0415
+@dataclass(frozen=True, eq=False)
+class Ranges:
+    """The union of a list of IPv4 prefixes as prefixes that are sorted and disjoint
+    (possibly adjacent): a union of prefixes is one of disjoint prefixes, so only the
+    ones inside others are dropped.  5 bytes a range."""
 
-    av, al = _v4_arrays(allow)
-    dv, dl = _v4_arrays(deny)
-    values, lengths = np.concatenate((av, dv)), np.concatenate((al, dl))
-    order = np.argsort(values, kind="stable")
-    values, lengths = values[order], lengths[order]
-    sizes = []
+    start: Array  # uint32, ascending
+    length: Array  # uint8
+
+    @classmethod
+    def of(cls, prefixes: PrefixList) -> Ranges:
+        import numpy as np  # noqa: PLC0415
+
+        key = np.sort(prefixes.low.astype(np.int64) << 6 | prefixes.length)  # wider first
+        start, length = key >> 6, key & 63
+        reach = np.maximum.accumulate(start + (np.int64(1) << (32 - length)))
+        keep = np.ones(len(key), bool)
+        keep[1:] = start[1:] >= reach[:-1]  # not inside an earlier range
+        return cls(start[keep].astype(np.uint32), length[keep].astype(np.uint8))
+
+    def wider(self, bits: int) -> tuple[Array, Array]:
+        """The ranges of at least a block of ``bits`` bits, as block intervals [from, to)."""
+        import numpy as np  # noqa: PLC0415
+
+        wide = self.length <= bits
+        first = self.start[wide].astype(np.int64) >> (32 - bits)
+        return first, first + (np.int64(1) << (bits - self.length[wide].astype(np.int64)))
+
+    def narrower(self, bits: int) -> tuple[Array, Array]:
+        """The ranges smaller than a block: (start, length), as stored (no copy to a
+        wider type: at a million rules each copy costs time at every start)."""
+        narrow = self.length > bits
+        return self.start[narrow], self.length[narrow]
+
+
+def build_v4(allow: Sequence[Prefix], deny: Sequence[Prefix], allow_all: bool) -> V4Table:
+    """The IPv4 table, with the first-level size that needs the least memory (its
+    arrays are written later, by V4Table.fill)."""
+    allowed, denied = Ranges.of(PrefixList.of(allow)), Ranges.of(PrefixList.of(deny))
+    best: tuple[int, int, int] | None = None
     for bits in V4_ROOT_BITS:
-        split = len(_distinct(values[lengths > bits] >> (32 - bits)))
-        sizes.append(((LINE_WORDS * 8 << (bits - 6)) + split * (1 << (32 - bits - 3)), bits))
-    _, bits = min(sizes)  # at most 32 MiB of lines and 2**26 leaves of 8 bytes: no limit
-    split_blocks = _distinct(values[lengths > bits] >> (32 - bits))
-    return _v4_table(bits, av, al, dv, dl, allow_all, split_blocks)
+        lines = LINE_WORDS * 8 << (bits - 6)
+        if best is not None and lines >= best[0]:
+            break  # wider first levels only cost more
+        capacity = _split_count(allowed, denied, bits)
+        size = (lines + capacity * (1 << (32 - bits - 3)), bits, capacity)
+        best = size if best is None else min(best, size)
+    assert best is not None  # at most 32 MiB of lines and 2**26 leaves of 8 bytes
+    return V4Table(best[1], best[2], allowed, denied, allow_all)
+
+
+def _split_blocks(allowed: Ranges, denied: Ranges, bits: int) -> Array:
+    """The blocks, ascending, that ranges smaller than a block fall in, but for those
+    denied whole: the blocks that may need a leaf."""
+    import numpy as np  # noqa: PLC0415
+
+    runs = [r.start[r.length > bits] >> (32 - bits) for r in (allowed, denied) if len(r.start)]
+    if len(runs) == 2:  # two ascending runs: a stable sort merges them in linear time
+        blocks = _distinct(np.sort(np.concatenate(runs), kind="stable"))
+    else:
+        blocks = _distinct(runs[0]) if runs else np.zeros(0, np.uint32)
+    first, end = denied.wider(bits)
+    if not len(first) or not len(blocks):
+        return blocks
+    row = np.searchsorted(first, blocks, side="right") - 1
+    return blocks[(row < 0) | (blocks >= end[np.maximum(row, 0)])]
+
+
+def _split_count(allowed: Ranges, denied: Ranges, bits: int) -> int:
+    """len(_split_blocks(...)), without the array where one list alone splits blocks
+    and no deny covers a whole one (every first-level size is counted at start-up)."""
+    import numpy as np  # noqa: PLC0415
+
+    runs = [r.start[r.length > bits] for r in (allowed, denied)]
+    if sum(bool(len(run)) for run in runs) != 1 or len(denied.wider(bits)[0]):
+        return len(_split_blocks(allowed, denied, bits))
+    block = max(runs, key=len) >> (32 - bits)  # ascending: count where it changes
+    return 1 + int(np.count_nonzero(block[1:] != block[:-1]))
 
 
 def _distinct(ordered: Array) -> Array:
-    """The distinct values of a sorted array (np.unique without its sort)."""
+    """The distinct values of a sorted array (np.unique without its sort or hashing)."""
     import numpy as np  # noqa: PLC0415
 
     if not len(ordered):
@@ -310,78 +397,113 @@ def _distinct(ordered: Array) -> Array:
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
-def _covered(values: Array, lengths: Array, bits: int) -> Array:
-    """Which first-level blocks the prefixes no longer than ``bits`` cover whole."""
+def _coverage(first: Array, end: Array, lo: int, hi: int) -> Array:
+    """Which of the positions lo..hi-1 the sorted, disjoint intervals [first, end)
+    cover: one pass over a difference array, no per-interval loop."""
     import numpy as np  # noqa: PLC0415
 
-    short = lengths <= bits
-    starts = values[short] >> (32 - bits)
-    diff = np.zeros((1 << bits) + 1, np.int32)
-    np.add.at(diff, starts, 1)
-    np.add.at(diff, starts + (1 << (bits - lengths[short])), -1)
+    i, j = np.searchsorted(end, lo, side="right"), np.searchsorted(first, hi, side="left")
+    s, e = np.clip(first[i:j], lo, hi) - lo, np.clip(end[i:j], lo, hi) - lo
+    if len(s) > 1:  # join touching intervals, so that no position both starts and ends one
+        apart = s[1:] != e[:-1]
+        s, e = s[np.concatenate(([True], apart))], e[np.concatenate((apart, [True]))]
+    diff = np.zeros(hi - lo + 1, np.int32)  # int32: its cumsum is vectorised, int8's not
+    diff[s] = 1
+    diff[e] = -1
     np.cumsum(diff, out=diff)
-    return diff[:-1] > 0
+    return diff[:-1] != 0
 
 
-def _mark(leaves: Array, blocks: Array, values: Array, lengths: Array,
-          bits: int) -> None:  # fmt: skip
-    """Set, in the leaves of ``blocks``, the bits of the prefixes longer than ``bits``
-    that fall in them (a prefix in no listed block is skipped)."""
+_ALL_ONES = (1 << 64) - 1
+_LEAF_WINDOW = 1 << 24  # leaf bits worked on at a time (2 MiB): bounds the temporaries
+_BLOCK_WINDOW = 1 << 20  # blocks worked on at a time
+
+
+def _fill_v4(table: V4Table, lines: Array, leaves: Array) -> None:
     import numpy as np  # noqa: PLC0415
 
-    long = lengths > bits
-    values, lengths = values[long], lengths[long]
-    if not len(values) or not len(blocks):
-        return
-    block = values >> (32 - bits)
-    rows = np.searchsorted(blocks, block)
-    found = blocks[np.minimum(rows, len(blocks) - 1)] == block
-    rows, values, lengths = rows[found], values[found], lengths[found]
-    offset = values & ((1 << (32 - bits)) - 1)  # the first address's bit in the leaf
-    span = np.left_shift(1, 32 - lengths)  # addresses: a power of two, aligned
-    # Whole bytes for spans of 8 or more; else one byte with a mask.
-    nbytes = np.maximum(span >> 3, 1)
-    mask = np.where(span >= 8, 0xFF, ((1 << np.minimum(span, 7)) - 1) << (offset & 7))
-    first = rows * leaves.shape[1] + (offset >> 3)
-    starts = np.repeat(first - (np.cumsum(nbytes) - nbytes), nbytes)
-    flat = leaves.reshape(-1)
-    np.bitwise_or.at(
-        flat, starts + np.arange(len(starts)), np.repeat(mask, nbytes).astype(np.uint8)
-    )
+    bits = table.root_bits
+    leaf_bits = 1 << (32 - bits)
+    split = _split_blocks(table.allow, table.deny, bits)
+    wide = {name: r.wider(bits) for name, r in (("allow", table.allow), ("deny", table.deny))}
+    narrow = {name: r.narrower(bits) for name, r in (("allow", table.allow),
+                                                     ("deny", table.deny))}  # fmt: skip
+    total, begin, done = 1 << bits, 0, 0
+    while begin < total:
+        # A window of whole lines, with at most _LEAF_WINDOW leaf bits (one line at least).
+        end = min(begin + _BLOCK_WINDOW, total)
+        lo, hi = np.searchsorted(split, (begin, end))
+        if (hi - lo) * leaf_bits > _LEAF_WINDOW:
+            end = max(begin + 64, int(split[lo + _LEAF_WINDOW // leaf_bits]) >> 6 << 6)
+            hi = np.searchsorted(split, end)
+        blocks = split[lo:hi]
+        passes = (
+            np.ones(end - begin, bool) if table.allow_all
+            else _coverage(*wide["allow"], begin, end)
+        )  # fmt: skip
+        if len(wide["deny"][0]):
+            passes &= ~_coverage(*wide["deny"], begin, end)
+        descend = np.zeros(end - begin, bool)
+        if len(blocks):
+            # A leaf byte per 8 addresses: the block's verdict, the narrower allow
+            # ranges added, the narrower deny ranges taken away.
+            flat = np.repeat(np.where(passes[blocks - begin], 0xFF, 0).astype(np.uint8),
+                             leaf_bits >> 3)  # fmt: skip
+            for name in ("allow", "deny"):
+                if len(narrow[name][0]):
+                    found = _leaf_bytes(blocks, *narrow[name], bits)
+                    flat = flat | found if name == "allow" else flat & ~found
+            leaf = flat.reshape(len(blocks), leaf_bits >> 3)
+            words = leaf.view(np.uint64)  # leaves are whole u64s: reduce 8 bytes at a time
+            whole = np.bitwise_and.reduce(words, axis=1) == np.uint64(_ALL_ONES)
+            mixed = (np.bitwise_or.reduce(words, axis=1) != 0) & ~whole
+            passes[blocks - begin] = whole
+            descending = blocks[mixed] - begin
+            descend[descending] = True
+            kept = leaf[mixed]
+            leaves[done : done + len(kept)] = kept  # in address order: index = rank
+        else:
+            descending = blocks
+        out = lines[begin >> 6 : end >> 6]
+        for word, flags in ((0, descend), (1, passes)):
+            packed = np.packbits(flags.reshape(-1, 64), axis=1, bitorder="little")
+            out[:, word] = packed.view("<u8").reshape(-1)
+        counts = np.bincount(descending >> 6, minlength=len(out)).astype(np.uint64)
+        out[:, 2] = done + np.cumsum(counts, dtype=np.uint64) - counts
+        done += len(descending)
+        begin = end
 
 
-def _v4_table(bits: int, av: Array, al: Array, dv: Array, dl: Array,
-              allow_all: bool, split: Array) -> V4Table:  # fmt: skip
-    """``split``: the blocks, sorted, that prefixes longer than ``bits`` fall in."""
+def _leaf_bytes(blocks: Array, start: Array, length: Array, bits: int) -> Array:
+    """The leaves of ``blocks``, laid end to end, with the bits set that the ranges
+    (start, length), smaller than a block, cover; ranges in other blocks are skipped."""
     import numpy as np  # noqa: PLC0415
 
-    allowed = np.ones(1 << bits, bool) if allow_all else _covered(av, al, bits)
-    denied = _covered(dv, dl, bits)
-    passes = allowed & ~denied
-    del allowed
-    split = split[~denied[split]]
-    del denied
     leaf_bytes = 1 << (32 - bits - 3)
-    leaves = np.zeros((len(split), leaf_bytes), np.uint8)
-    leaves[passes[split]] = 0xFF  # not denied whole, so allowed whole
-    _mark(leaves, split, av, al, bits)
-    refused = np.zeros_like(leaves)
-    _mark(refused, split, dv, dl, bits)
-    leaves &= ~refused
-    whole = (leaves == 0xFF).all(axis=1)
-    none = ~leaves.any(axis=1)
-    mixed = ~(whole | none)
-    passes[split[whole]] = True
-    passes[split[none | mixed]] = False
-    descend = np.zeros(1 << bits, bool)
-    descend[split[mixed]] = True  # leaves in address order: a leaf's index is its rank
-    lines = np.zeros((1 << (bits - 6), LINE_WORDS), np.uint64)
-    for word, flags in ((0, descend), (1, passes)):
-        packed = np.packbits(flags.reshape(-1, 64), axis=1, bitorder="little")
-        lines[:, word] = packed.view("<u8").reshape(-1)
-    counts = descend.reshape(-1, 64).sum(axis=1, dtype=np.uint64)
-    lines[1:, 2] = np.cumsum(counts[:-1], dtype=np.uint64)
-    return V4Table(bits, lines, np.ascontiguousarray(leaves[mixed]))
+    out = np.zeros(len(blocks) * leaf_bytes, np.uint8)
+    top = (int(blocks[-1]) + 1) << (32 - bits)  # 2**32 for the last block: past any start
+    lo = np.searchsorted(start, np.uint32(int(blocks[0]) << (32 - bits)))
+    hi = np.searchsorted(start, np.uint32(top)) if top < 1 << 32 else len(start)
+    start, length = start[lo:hi], length[lo:hi]
+    block = start >> (32 - bits)
+    row = np.minimum(np.searchsorted(blocks, block), len(blocks) - 1)
+    found = blocks[row] == block
+    offset = start[found] & ((1 << (32 - bits)) - 1)
+    span = np.int64(1) << (32 - length[found].astype(np.int64))
+    byte = row[found] * leaf_bytes + (offset >> 3)
+    # Under 8 addresses: bits of one byte.  Ranges are sorted and disjoint, so those
+    # sharing a byte are neighbours: OR them together, one group at a time.
+    small = span < 8
+    if small.any():
+        where, mask = byte[small], ((1 << span[small]) - 1) << (offset[small] & 7)
+        group = np.flatnonzero(np.concatenate(([True], where[1:] != where[:-1])))
+        out[where[group]] = np.bitwise_or.reduceat(mask.astype(np.uint8), group)
+    # 8 or more: whole bytes, which no other range shares.
+    count = span[~small] >> 3
+    if len(count):
+        first = np.repeat(byte[~small] - (np.cumsum(count) - count), count)
+        out[first + np.arange(len(first))] = 0xFF
+    return out
 
 
 def lookup_v4(table: V4Table, value: int) -> bool:

@@ -284,6 +284,34 @@ MUTATIONS = [
         "            == 3)  ",
         ("tests/integration/test_filter_kernel.py::test_kernel_agrees_on_ipv6_bucket_levels",),
     ),
+    Mutation(
+        "bulk-leading-zeros",
+        "alfwrapper/prefix_list.py",
+        "    token_ok = (size >= 1) & (size <= 3) & ((size == 1) | (leading != 0))",
+        "    token_ok = (size >= 1) & (size <= 3)",
+        ("tests/unit/test_prefix_list.py",),
+    ),
+    Mutation(
+        "bulk-host-bits",
+        "alfwrapper/prefix_list.py",
+        "    ok &= (octets & host) == 0",
+        "    pass",
+        ("tests/unit/test_prefix_list.py",),
+    ),
+    Mutation(
+        "v4-nested-ranges-kept",
+        "alfwrapper/subnet_table.py",
+        "        keep[1:] = start[1:] >= reach[:-1]  # not inside an earlier range",
+        "        keep[1:] = True",
+        ("tests/unit/test_subnet_table.py",),
+    ),
+    Mutation(
+        "v4-window-leaf-offset",
+        "alfwrapper/subnet_table.py",
+        "        out[:, 2] = done + np.cumsum(counts, dtype=np.uint64) - counts",
+        "        out[:, 2] = np.cumsum(counts, dtype=np.uint64) - counts",
+        ("tests/unit/test_subnet_table.py::test_windows_give_the_table_whole",),
+    ),
 ]
 
 

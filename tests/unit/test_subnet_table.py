@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import passes, probe_addresses, random_rules
 
-from alfwrapper.rules import SubnetRules, parse_prefix
+from alfwrapper import subnet_table
+from alfwrapper.rules import Prefix, SubnetRules, parse_prefix
 from alfwrapper.subnet_table import (
     MAX_NODES,
     NODE_DESCEND,
@@ -126,3 +127,27 @@ def test_table_agrees_with_the_rules(seed: int, count: int) -> None:
     rng = random.Random(seed)
     rules = random_rules(rng, count)
     check(rules, probe_addresses(rng, rules, 60))
+
+
+@pytest.mark.parametrize("root_bits", [16, 22])
+def test_windows_give_the_table_whole(root_bits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The IPv4 table is written a window of blocks at a time; small windows (cut by
+    blocks, and by leaf bits where leaves crowd) give the same arrays as one window,
+    and every probe its meaning."""
+    monkeypatch.setattr(subnet_table, "V4_ROOT_BITS", range(root_bits, root_bits + 1))
+    rng = random.Random(root_bits)
+    lists: tuple[list[Prefix], list[Prefix]] = ([], [])
+    for _ in range(400):  # dense in 192.0.0.0/10: most blocks split, some wholly covered
+        length = rng.randint(root_bits + 1, 32) if rng.random() < 0.95 else root_bits - 2
+        value = (0xC0000000 | rng.getrandbits(22)) >> (32 - length) << (32 - length)
+        lists[rng.random() < 0.4].append(Prefix(4, value, length))
+    rules = SubnetRules(allow=tuple(lists[0]), deny=tuple(lists[1]))
+    whole = build_subnet_table(rules).v4
+    monkeypatch.setattr(subnet_table, "_BLOCK_WINDOW", 128)
+    monkeypatch.setattr(subnet_table, "_LEAF_WINDOW", 3 << (32 - root_bits))
+    cut = build_subnet_table(rules).v4
+    assert whole.capacity > 10 and (cut.lines == whole.lines).all()
+    assert (cut.leaves == whole.leaves).all()
+    check(rules, probe_addresses(rng, rules, 3000))
+    monkeypatch.undo()
+    check(rules, probe_addresses(rng, rules, 3000))
