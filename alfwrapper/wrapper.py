@@ -385,10 +385,20 @@ def state_available() -> str:
     socket gets its program directly, which no restart or reload can replace."""
     try:
         state.store().root(create=True)
-        state.store().gc()  # what sockets of this namespace left behind that are gone
         return ""
     except AlfError as err:
         return f"{err.what}: {err.why}"
+
+
+def collect_stale_state() -> None:
+    """Forget what sockets of this namespace that are gone left behind.  Done once the
+    programs are in, not before: sock_diag's library (pyroute2, about 15 MiB) then
+    adds nothing to the start-up's peak memory, which BCC's compile sets."""
+    try:
+        state.store().gc()
+    except (AlfError, OSError) as err:
+        print(f"alfwrapper: note: the state of gone sockets was not removed ({err}); "
+              "`alfwrapper gc` removes it", file=sys.stderr)  # fmt: skip
 
 
 def run(policy: Policy, service: str, argv: list[str]) -> int | NoReturn:
@@ -429,6 +439,8 @@ def run(policy: Policy, service: str, argv: list[str]) -> int | NoReturn:
             if record.fresh and record.state is not None:
                 state.store().remove(record.state)
         raise
+    if pinned:
+        collect_stale_state()
     if unpinned:
         print(
             f"alfwrapper: note: no pinned state ({unpinned}): the filters cannot be "
