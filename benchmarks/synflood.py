@@ -120,10 +120,10 @@ try:
         except OSError:
             pass
         tried, served = tried + 1, served + ok  # an attempt cut short is not counted
+        print(tried, served, flush=True)  # the totals so far: a kill loses nothing
         time.sleep(0.002)  # paced, so that its own CPU is small and alike in every variant
 except KeyboardInterrupt:
     pass
-print(tried, served, flush=True)
 """
 
 
@@ -178,17 +178,25 @@ def setup(spaces: dict[str, str], prefixes: list[int], rules_file: Path) -> list
 
 def one_flood(ns: str, frames_file: Path, count: int) -> dict[str, float]:
     """Send the frames while the allowed client connects in a loop."""
+    totals = tempfile.TemporaryFile("w+")  # a file, not a pipe: its writes never block
     client = subprocess.Popen(
         ["ip", "netns", "exec", ns, sys.executable, "-c", CLIENT.format(port=PORT), "600"],
-        stdout=subprocess.PIPE, text=True, start_new_session=True,
+        stdout=totals, text=True, start_new_session=True,
     )  # fmt: skip
     time.sleep(0.3)
     before, begin = busy_seconds(), time.monotonic()
     ns_run(ns, sys.executable, "-c", SENDER.format(frame=FRAME), str(frames_file), timeout=600)
     busy, elapsed = busy_seconds() - before, time.monotonic() - begin
     os.killpg(client.pid, signal.SIGINT)
-    out = client.communicate(timeout=30)[0].split()
-    tried, served = (int(x) for x in out[:2]) if len(out) >= 2 else (0, 0)
+    try:
+        client.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # once, a client took longer to stop: its totals stand
+        os.killpg(client.pid, signal.SIGKILL)
+        client.wait()
+    with totals:
+        totals.seek(0)
+        last = totals.read().strip().rsplit("\n", 1)[-1].split()
+    tried, served = (int(x) for x in last) if len(last) == 2 else (0, 0)
     return {"busy": busy, "elapsed": elapsed, "tried": tried, "served": served,
             "rate": count / elapsed}  # fmt: skip
 
