@@ -24,7 +24,7 @@ import hashlib
 import mmap
 import re
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,20 +197,14 @@ class Subnets(Part):
 
     def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         table: SubnetTable = plan.data
-        v4 = table.v4
+        maps = {"lines": (b"subnet_v4", LINE_WORDS * 8), "leaves": (b"subnet_leaves",
+                                                             table.v4.leaf_bytes)}  # fmt: skip
 
-        def write_v4(lines: memoryview, leaves: memoryview) -> None:
-            import numpy as np  # noqa: PLC0415
+        def write_v4(kind: str, first: int, rows: Any) -> None:
+            name, row_bytes = maps[kind]
+            write_mapped_at(bpf[name].map_fd, first * row_bytes, rows.tobytes(), name.decode())
 
-            v4.fill(np.frombuffer(lines, np.uint64).reshape(-1, LINE_WORDS),
-                    np.frombuffer(leaves, np.uint8).reshape(-1, v4.leaf_bytes))  # fmt: skip
-
-        # Written in the maps' own memory: no copy of the table in this process.
-        write_mapped(
-            ((bpf[b"subnet_v4"].map_fd, LINE_WORDS * 8 << (v4.root_bits - 6), "subnet_v4"),
-             (bpf[b"subnet_leaves"].map_fd, v4.capacity * v4.leaf_bytes, "subnet_leaves")),
-            write_v4,
-        )  # fmt: skip
+        table.v4.fill(write_v4)  # a window at a time, into the maps' own memory
         if len(table.buckets):
             fill_mapped(bpf[b"subnet_v6"].map_fd, memoryview(table.buckets).cast("B"), "subnet_v6")
         update_batch(
@@ -316,42 +310,27 @@ def update_batch(table: Any, keys: bytes, values: bytes, count: int, name: str) 
         ) from None
 
 
-def write_mapped(maps: Sequence[tuple[int, int, str]], write: Callable[..., None]) -> None:
-    """Call ``write`` with a writable view of the first bytes of each mmapable array
-    (BPF_F_MMAPABLE, Linux 5.5) given as (map fd, bytes, name): the map's memory
-    itself, so filling it takes no syscall per entry and no copy.  The arrays'
-    elements are 8-byte aligned, and so must the data written be."""
-    views: list[memoryview] = []
-    regions: list[mmap.mmap] = []
+def write_mapped_at(map_fd: int, offset: int, data: bytes | memoryview, name: str) -> None:
+    """Write ``data`` at byte ``offset`` of an mmapable array (BPF_F_MMAPABLE, Linux
+    5.5): no syscall per entry.  Only the pages written are mapped, and only while
+    they are written, so a big table never counts whole in this process's memory.
+    The array's elements are 8-byte aligned, and so must ``data`` be."""
+    start = offset - offset % mmap.PAGESIZE
     try:
-        for map_fd, size, name in maps:
-            if not size:
-                views.append(memoryview(bytearray()))
-                continue
-            try:
-                region = mmap.mmap(map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            except (OSError, ValueError) as err:
-                raise AlfError(
-                    f"filling map {name}", str(err),
-                    "check `alfwrapper doctor` (Linux 5.5 or later)", EX_OSERR,
-                ) from None  # fmt: skip
-            regions.append(region)
-            views.append(memoryview(region))
-        write(*views)
-    finally:
-        for view in views:
-            view.release()
-        for region in regions:
-            region.close()
+        with mmap.mmap(map_fd, offset - start + len(data), mmap.MAP_SHARED,
+                       mmap.PROT_READ | mmap.PROT_WRITE, offset=start) as region:  # fmt: skip
+            region[offset - start :] = data
+    except (OSError, ValueError) as err:
+        raise AlfError(
+            f"filling map {name}", str(err),
+            "check `alfwrapper doctor` (Linux 5.5 or later)", EX_OSERR,
+        ) from None  # fmt: skip
 
 
 def fill_mapped(map_fd: int, data: bytes | memoryview, name: str) -> None:
-    """Fill an mmapable array from its start with one copy of ``data``."""
-
-    def copy(view: memoryview) -> None:
-        view[:] = data
-
-    write_mapped(((map_fd, len(data), name),), copy)
+    """Fill an mmapable array from its start with ``data``."""
+    if len(data):
+        write_mapped_at(map_fd, 0, data, name)
 
 
 def u32s(values: Sequence[int]) -> bytes:

@@ -251,20 +251,17 @@ def parse_rule_bytes(data: bytes, origin: str) -> PrefixList:
     if not data.isascii() or any(b in data for b in _OTHER_BREAKS):
         text = data.decode("utf-8")  # the caller checked that it decodes
         return PrefixList.of(parse_rule_lines(text.splitlines(), origin))
-    return PrefixList.concat(_parse_chunk(chunk, line, origin) for chunk, line in _chunks(data))
-
-
-def _chunks(data: bytes) -> Iterator[tuple[bytes, int]]:
-    """About _CHUNK bytes of whole lines at a time, each ending with a newline, and the
-    number of its first line."""
+    parts: list[PrefixList] = []
     first_line, begin = 1, 0
-    while begin < len(data):
+    while begin < len(data):  # about _CHUNK bytes of whole lines at a time
         end = data.find(b"\n", min(begin + _CHUNK, len(data)) - 1)
         end = len(data) if end < 0 else end + 1
         chunk = data[begin:end] if data[end - 1 : end] == b"\n" else data[begin:end] + b"\n"
-        yield chunk, first_line
-        first_line += chunk.count(b"\n")
+        part, lines = _parse_chunk(chunk, first_line, origin)
+        parts.append(part)
+        first_line += lines
         begin = end
+    return PrefixList.concat(parts)
 
 
 def parse_rule_lines(lines: Iterable[str], origin: str, first: int = 1) -> list[Prefix]:
@@ -282,9 +279,9 @@ def parse_rule_lines(lines: Iterable[str], origin: str, first: int = 1) -> list[
     return prefixes
 
 
-def _parse_chunk(chunk: bytes, first: int, origin: str) -> PrefixList:
+def _parse_chunk(chunk: bytes, first: int, origin: str) -> tuple[PrefixList, int]:
     """The prefixes of the lines of ``chunk`` (which ends with a newline), numbered
-    from ``first``."""
+    from ``first``, and how many lines there were."""
     import numpy as np  # noqa: PLC0415
 
     a = np.frombuffer(chunk, np.uint8)
@@ -358,4 +355,4 @@ def _parse_chunk(chunk: bytes, first: int, origin: str) -> PrefixList:
         high[rows] = [p.value >> 64 for p in found]
         octets[rows] = [p.value & _LOW for p in found]
     keep = np.flatnonzero(family)
-    return PrefixList(family[keep], length[keep], high[keep], octets[keep])
+    return PrefixList(family[keep], length[keep], high[keep], octets[keep]), lines

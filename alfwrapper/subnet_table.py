@@ -28,7 +28,7 @@ that a packet costs a fixed, small number of dependent memory reads:
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -99,10 +99,16 @@ class V4Table:
     def _arrays(self) -> tuple[Array, Array]:
         import numpy as np  # noqa: PLC0415
 
-        lines = np.zeros((1 << (self.root_bits - 6), LINE_WORDS), np.uint64)
-        leaves = np.zeros((self.capacity, self.leaf_bytes), np.uint8)
-        self.fill(lines, leaves)
-        return lines, leaves
+        arrays: dict[str, Array] = {
+            "lines": np.zeros((1 << (self.root_bits - 6), LINE_WORDS), np.uint64),
+            "leaves": np.zeros((self.capacity, self.leaf_bytes), np.uint8),
+        }
+
+        def write(kind: str, first: int, rows: Array) -> None:
+            arrays[kind][first : first + len(rows)] = rows
+
+        self.fill(write)
+        return arrays["lines"], arrays["leaves"]
 
     @property
     def lines(self) -> Array:
@@ -112,11 +118,12 @@ class V4Table:
     def leaves(self) -> Array:
         return self._arrays[1]
 
-    def fill(self, lines: Array, leaves: Array) -> None:
-        """Write the table into ``lines`` (u64, (2**(root_bits - 6), LINE_WORDS)) and
-        ``leaves`` (u8, (capacity, leaf_bytes)), both zeroed, a window of blocks at a
-        time (so that temporaries stay a few MiB)."""
-        _fill_v4(self, lines, leaves)
+    def fill(self, write: Callable[[str, int, Array], None]) -> None:
+        """Write the table a window of blocks at a time, so that no more than a window
+        is held: ``write(kind, first, rows)`` puts ``rows`` at row ``first`` of the
+        "lines" (u64, LINE_WORDS a row) or of the "leaves" (leaf_bytes a row).  Rows
+        not written are zero."""
+        _fill_v4(self, write)
 
 
 @dataclass(frozen=True)
@@ -419,7 +426,7 @@ _LEAF_WINDOW = 1 << 24  # leaf bits worked on at a time (2 MiB): bounds the temp
 _BLOCK_WINDOW = 1 << 20  # blocks worked on at a time
 
 
-def _fill_v4(table: V4Table, lines: Array, leaves: Array) -> None:
+def _fill_v4(table: V4Table, write: Callable[[str, int, Array], None]) -> None:
     import numpy as np  # noqa: PLC0415
 
     bits = table.root_bits
@@ -447,29 +454,33 @@ def _fill_v4(table: V4Table, lines: Array, leaves: Array) -> None:
         if len(blocks):
             # A leaf byte per 8 addresses: the block's verdict, the narrower allow
             # ranges added, the narrower deny ranges taken away.
-            flat = np.repeat(np.where(passes[blocks - begin], 0xFF, 0).astype(np.uint8),
-                             leaf_bits >> 3)  # fmt: skip
+            leaf = np.empty((len(blocks), leaf_bits >> 3), np.uint8)
+            leaf[:] = np.where(passes[blocks - begin], 0xFF, 0).astype(np.uint8)[:, None]
+            flat = leaf.reshape(-1)  # a view: the same bytes
             for name in ("allow", "deny"):
                 if len(narrow[name][0]):
                     found = _leaf_bytes(blocks, *narrow[name], bits)
-                    flat = flat | found if name == "allow" else flat & ~found
-            leaf = flat.reshape(len(blocks), leaf_bits >> 3)
+                    if name == "allow":
+                        flat |= found
+                    else:
+                        flat &= ~found
             words = leaf.view(np.uint64)  # leaves are whole u64s: reduce 8 bytes at a time
             whole = np.bitwise_and.reduce(words, axis=1) == np.uint64(_ALL_ONES)
             mixed = (np.bitwise_or.reduce(words, axis=1) != 0) & ~whole
             passes[blocks - begin] = whole
             descending = blocks[mixed] - begin
             descend[descending] = True
-            kept = leaf[mixed]
-            leaves[done : done + len(kept)] = kept  # in address order: index = rank
+            if mixed.any():  # in address order: a leaf's index is its rank
+                write("leaves", done, leaf[mixed])
         else:
             descending = blocks
-        out = lines[begin >> 6 : end >> 6]
+        out = np.zeros(((end - begin) >> 6, LINE_WORDS), np.uint64)
         for word, flags in ((0, descend), (1, passes)):
             packed = np.packbits(flags.reshape(-1, 64), axis=1, bitorder="little")
             out[:, word] = packed.view("<u8").reshape(-1)
         counts = np.bincount(descending >> 6, minlength=len(out)).astype(np.uint64)
         out[:, 2] = done + np.cumsum(counts, dtype=np.uint64) - counts
+        write("lines", begin >> 6, out)
         done += len(descending)
         begin = end
 
