@@ -9,7 +9,7 @@ UNITDIR ?= $(PREFIX)/lib/systemd/system
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DEB := dist/alfwrapper_$(VERSION)_all.deb
 
-.PHONY: setup venv run test lint unit integration clean install uninstall deb bench mutate
+.PHONY: setup venv run test lint unit integration clean install uninstall deb bench mutate completion
 
 setup:
 	@./scripts/setup-host.sh
@@ -20,6 +20,14 @@ venv:
 
 run: setup
 	@./scripts/demo.sh
+
+# Bash completion, generated from the argparse definitions by shtab (python3-shtab;
+# alfwrapper/completion.py).
+completion: venv
+	mkdir -p build/completion
+	$(PY) -m alfwrapper.completion \
+		> build/completion/alfwrapper.tmp
+	mv build/completion/alfwrapper.tmp build/completion/alfwrapper
 
 lint: setup
 	$(VENV)/bin/ruff check alfwrapper tests examples benchmarks
@@ -65,7 +73,7 @@ deb: setup
 LIBDIR := $(PREFIX)/lib/alfwrapper
 SHAREDIR := $(PREFIX)/share/alfwrapper
 UNITS := $(wildcard units/*.service units/*.socket units/*.timer)
-install: venv
+install: venv completion
 	rm -rf build/wheel
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel .
 	rm -rf $(DESTDIR)$(LIBDIR)/python
@@ -75,11 +83,13 @@ install: venv
 	rm -rf $(DESTDIR)$(LIBDIR)/python/bin $(DESTDIR)$(LIBDIR)/python/alfwrapper-*.dist-info/direct_url.json
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SHAREDIR) $(DESTDIR)$(LIBDIR)/policy \
 		$(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5 \
-		$(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(UNITDIR)
+		$(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(UNITDIR) \
+		$(DESTDIR)$(PREFIX)/share/bash-completion/completions
 	printf '#!/usr/bin/python3 -I\nimport sys\nsys.path.insert(0, "%s/python")\nfrom alfwrapper.cli import main\nsys.exit(main())\n' \
 		"$(LIBDIR)" > $(DESTDIR)$(PREFIX)/bin/alfwrapper
 	chmod 755 $(DESTDIR)$(PREFIX)/bin/alfwrapper
 	install -m 755 scripts/link-kernel-headers $(DESTDIR)$(LIBDIR)/
+	install -m 644 build/completion/alfwrapper $(DESTDIR)$(PREFIX)/share/bash-completion/completions/
 	install -m 644 policies/*.toml $(DESTDIR)$(LIBDIR)/policy/
 	install -m 644 examples/echo_server.py $(DESTDIR)$(SHAREDIR)/
 	install -m 644 man/alfwrapper.1 $(DESTDIR)$(PREFIX)/share/man/man1/
@@ -102,6 +112,7 @@ uninstall:
 	rm -rf $(DESTDIR)$(LIBDIR) $(DESTDIR)$(SHAREDIR)
 	rm -f $(DESTDIR)$(PREFIX)/bin/alfwrapper $(DESTDIR)$(PREFIX)/share/man/man1/alfwrapper.1 \
 		$(DESTDIR)$(PREFIX)/share/man/man5/alfwrapper.policy.5 \
-		$(DESTDIR)$(PREFIX)/share/man/man8/alfwrapper-loader.8
+		$(DESTDIR)$(PREFIX)/share/man/man8/alfwrapper-loader.8 \
+		$(DESTDIR)$(PREFIX)/share/bash-completion/completions/alfwrapper
 	for u in $(UNITS); do rm -f $(DESTDIR)$(UNITDIR)/$$(basename "$$u"); done
 	@echo "removed alfwrapper from $(DESTDIR)$(PREFIX) (the system user alfwrapper stays)"

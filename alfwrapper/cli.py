@@ -14,6 +14,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from alfwrapper import __version__, activation, doctor, knocking, state, wrapper
@@ -29,9 +30,27 @@ alfwrapper [--policy NAME|PATH] [RULE OPTIONS] [--listen ADDR:PORT [--name NAME]
        alfwrapper knock HOST PORT (--sequence P,P,P | --secret FILE)"""
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's, but an "examples:" epilog keeps its lines."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return text
+        return super()._fill_text(text, width, indent)
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise AlfError("usage", message, f"see {self.prog} --help or man alfwrapper", EX_USAGE)
+
+
+def examples(*lines: str) -> str:
+    """An epilog of example command lines, each with what it does after a '#'."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 class _ListenAction(argparse.Action):
@@ -186,7 +205,13 @@ def wrapper_parser() -> Parser:
         usage=USAGE,
         description="Attach eBPF filters to a service's sockets, then exec the service "
         "with them (sd_listen_fds).",
-        epilog="subcommands: check, explain, doctor, knock (alfwrapper SUBCOMMAND --help)",
+        epilog=examples(
+            "alfwrapper --listen [::]:8080 --allow 192.0.2.0/24 -- ./my-service",
+            "alfwrapper --policy web -- /usr/bin/web    # rules from a policy file",
+            "alfwrapper --deny-file blocklist -- ./my-service    # inherited sockets",
+        )
+        + "\n\nsubcommands (alfwrapper SUBCOMMAND --help):\n  "
+        + ", ".join(SUBCOMMANDS),
     )
     p.add_argument("--version", action="version", version=f"alfwrapper {__version__}")
     p.add_argument(
@@ -232,7 +257,15 @@ def wrapper_main(argv: Sequence[str]) -> int:
 def check_parser() -> Parser:
     from alfwrapper import check  # noqa: PLC0415
 
-    p = Parser(prog="alfwrapper check", description=check.__doc__)
+    p = Parser(
+        prog="alfwrapper check",
+        description=check.__doc__,
+        epilog=examples(
+            "alfwrapper check --policy web --strict",
+            "alfwrapper check --allow-file office.rules --names web,admin --json",
+            "alfwrapper check --filter mine.c --print-filter",
+        ),
+    )
     add_socket_options(p)
     add_rule_options(p)
     p.add_argument(
@@ -264,9 +297,13 @@ def explain_parser() -> Parser:
 
     p = Parser(
         prog="alfwrapper explain",
-        description=explain.__doc__,
-        epilog="--interface is the interface the packet arrives on; interface rules come "
-        "from --policy here",
+        description=explain.__doc__ + "  --interface is the interface the packet arrives "
+        "on; interface rules come from --policy here.",
+        epilog=examples(
+            "alfwrapper explain --policy web --from 198.51.100.7",
+            "alfwrapper explain --allow 192.0.2.0/24 --from 192.0.2.9 --from 2001:db8::1",
+            "alfwrapper explain --policy web --socket admin --from 192.0.2.9 --json",
+        ),
     )
     add_socket_options(p)
     add_rule_options(p, skip=("interface",))
@@ -304,7 +341,7 @@ def explain_main(argv: Sequence[str]) -> int:
     return explain.main(policy, args)
 
 
-def reload_main(argv: Sequence[str]) -> int:
+def reload_parser() -> Parser:
     p = Parser(
         prog="alfwrapper reload",
         usage="alfwrapper reload [SERVICE] [--policy NAME|PATH] [RULE OPTIONS]",
@@ -312,11 +349,19 @@ def reload_main(argv: Sequence[str]) -> int:
         "of the running service; the application keeps running.  With no rule options, "
         "the options it was started (or last reloaded) with are read again, policy files "
         "included.  Runtime allow/deny rules end.",
-        epilog="examples: alfwrapper reload web; alfwrapper reload web --policy web "
-        "--deny 203.0.113.0/24; in a unit: ExecReload=/usr/bin/alfwrapper reload",
+        epilog=examples(
+            "alfwrapper reload web",
+            "alfwrapper reload web --policy web --deny 203.0.113.0/24",
+            "ExecReload=/usr/bin/alfwrapper reload    # in a unit: its own service",
+        ),
     )
     p.add_argument("service", nargs="?", default="", help="default: the systemd unit we run in")
     add_rule_options(p)
+    return p
+
+
+def reload_main(argv: Sequence[str]) -> int:
+    p = reload_parser()
     if "-h" in argv or "--help" in argv:
         p.parse_args(["--help"])
     given = argv[0] if argv and not argv[0].startswith("-") else ""
@@ -340,25 +385,37 @@ def default_service(given: str) -> str:
     return str(_service_ops().default_service(given))
 
 
-def change_main(verb: str) -> Callable[[Sequence[str]], int]:
-    def run(argv: Sequence[str]) -> int:
+_CHANGES = {
+    "deny": "Drop packets from these subnets on a running service, from the next packet "
+    "on, until its next start or reload.",
+    "allow": "Pass packets from these subnets on a running service (a runtime rule decides "
+    "before the policy's subnet rules), until its next start or reload.",
+    "revoke": "Remove runtime rules made by allow or deny.",
+}
+
+
+def change_parser(verb: str) -> Callable[[], Parser]:
+    def parser() -> Parser:
         p = Parser(
             prog=f"alfwrapper {verb}",
             usage=f"alfwrapper {verb} SERVICE [--socket NAME] CIDR...",
-            description={
-                "deny": "Drop packets from these subnets on a running service, from the next "
-                "packet on, until its next start or reload.",
-                "allow": "Pass packets from these subnets on a running service (a runtime "
-                "rule decides before the policy's subnet rules), until its next start or "
-                "reload.",
-                "revoke": "Remove runtime rules made by allow or deny.",
-            }[verb],
-            epilog=f"example: alfwrapper {verb} web 198.51.100.7 2001:db8::/48",
+            description=_CHANGES[verb],
+            epilog=examples(
+                f"alfwrapper {verb} web 198.51.100.7 2001:db8::/48",
+                f"alfwrapper {verb} web --socket admin 203.0.113.0/24",
+            ),
         )
-        p.add_argument("service")
-        p.add_argument("cidrs", nargs="+", metavar="CIDR")
+        p.add_argument("service", help="the service's name (as in alfwrapper status)")
+        p.add_argument("cidrs", nargs="+", metavar="CIDR", help="addresses or subnets")
         p.add_argument("--socket", default="", metavar="NAME", help="only the sockets so named")
-        args = p.parse_args(argv)
+        return p
+
+    return parser
+
+
+def change_main(verb: str) -> Callable[[Sequence[str]], int]:
+    def run(argv: Sequence[str]) -> int:
+        args = change_parser(verb)().parse_args(argv)
         ops = _service_ops()
         return int(
             ops.out(ops.change(state.check_service(args.service), args.socket, verb, args.cidrs))
@@ -367,20 +424,24 @@ def change_main(verb: str) -> Callable[[Sequence[str]], int]:
     return run
 
 
-def show_main(argv: Sequence[str]) -> int:
+def show_parser() -> Parser:
     p = Parser(
         prog="alfwrapper show",
         usage="alfwrapper show SERVICE",
         description="List a running service's sockets and their runtime allow/deny rules.",
-        epilog="example: alfwrapper show web",
+        epilog=examples("alfwrapper show web"),
     )
-    p.add_argument("service")
-    args = p.parse_args(argv)
+    p.add_argument("service", help="the service's name (as in alfwrapper status)")
+    return p
+
+
+def show_main(argv: Sequence[str]) -> int:
+    args = show_parser().parse_args(argv)
     ops = _service_ops()
     return int(ops.out(ops.show(state.check_service(args.service))))
 
 
-def status_main(argv: Sequence[str]) -> int:
+def status_parser() -> Parser:
     p = Parser(
         prog="alfwrapper status",
         usage="alfwrapper status [SERVICE] [--json | --prometheus [--output FILE]]",
@@ -388,8 +449,12 @@ def status_main(argv: Sequence[str]) -> int:
         "runs, its rules and runtime rules, the program in force, and the packets passed and "
         "dropped by reason since the socket's first start.  Reads the pinned state: no "
         "wrapper need be running.",
-        epilog="examples: alfwrapper status; alfwrapper status web --json; "
-        "alfwrapper status --prometheus --output /var/lib/prometheus/node-exporter/alfwrapper.prom",
+        epilog=examples(
+            "alfwrapper status",
+            "alfwrapper status web --json",
+            "alfwrapper status --prometheus --output "
+            "/var/lib/prometheus/node-exporter/alfwrapper.prom",
+        ),
     )
     p.add_argument("service", nargs="?", default="", help="default: every service")
     how = p.add_mutually_exclusive_group()
@@ -398,7 +463,11 @@ def status_main(argv: Sequence[str]) -> int:
                      help="print the counters in Prometheus' text format")  # fmt: skip
     p.add_argument("--output", metavar="FILE", default="",
                    help="write to FILE instead, atomically (for node_exporter)")  # fmt: skip
-    args = p.parse_args(argv)
+    return p
+
+
+def status_main(argv: Sequence[str]) -> int:
+    args = status_parser().parse_args(argv)
     ops = _service_ops()
     report = ops.status(state.check_service(args.service) if args.service else "")
     if args.json:
@@ -414,7 +483,7 @@ def status_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def log_main(argv: Sequence[str]) -> int:
+def log_parser() -> Parser:
     p = Parser(
         prog="alfwrapper log",
         usage="alfwrapper log [SERVICE] [--follow] [--json]",
@@ -422,43 +491,80 @@ def log_main(argv: Sequence[str]) -> int:
         "source and the reason, from its drop log (--log-drops).  Without --follow, what is "
         "buffered, then exit.  Reading takes the events: a journal forwarder, when one runs, "
         "sends them to the journal instead.",
-        epilog="examples: alfwrapper log web; alfwrapper log web --follow --json",
+        epilog=examples("alfwrapper log web", "alfwrapper log web --follow --json"),
     )
     p.add_argument("service", nargs="?", default="", help="default: every service")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new events")
     p.add_argument("--json", action="store_true", help="one JSON object a line")
-    args = p.parse_args(argv)
+    return p
+
+
+def log_main(argv: Sequence[str]) -> int:
+    args = log_parser().parse_args(argv)
     service = state.check_service(args.service) if args.service else ""
     return int(_service_ops().log(service, args.follow, args.json))
 
 
-def gc_main(argv: Sequence[str]) -> int:
-    p = Parser(
+def gc_parser() -> Parser:
+    return Parser(
         prog="alfwrapper gc",
         usage="alfwrapper gc",
         description="Remove the pinned state of sockets that no longer exist (every start "
         "of a wrapper does this for its own network namespace).",
-        epilog="example: alfwrapper gc",
+        epilog=examples("alfwrapper gc"),
     )
-    p.parse_args(argv)
+
+
+def gc_main(argv: Sequence[str]) -> int:
+    gc_parser().parse_args(argv)
     ops = _service_ops()
     return int(ops.out(ops.gc()))
 
 
-def knock_main(argv: Sequence[str]) -> int:
+def doctor_parser() -> Parser:
+    return Parser(
+        prog="alfwrapper doctor",
+        usage="alfwrapper doctor",
+        description="Check that this machine can run alfwrapper: the kernel's features, BPF "
+        "permissions, kernel headers for BCC, the Python modules it needs, and a filter "
+        "built, loaded and run; one line per check, each problem with what to do.",
+        epilog=examples("alfwrapper doctor", "sudo -u someone alfwrapper doctor    # as a user"),
+    )
+
+
+def doctor_main(argv: Sequence[str]) -> int:
+    doctor_parser().parse_args(argv)
+    return doctor.main()
+
+
+def knock_parser() -> Parser:
     p = Parser(
         prog="alfwrapper knock",
         usage="alfwrapper knock HOST PORT (--sequence P,P,P | --secret FILE) [--udp]",
+        description="Knock on a service's port: one connection attempt (SYN) from each "
+        "source port of the sequence, in order, each abandoned once sent.",
+        epilog=examples(
+            "alfwrapper knock 192.0.2.1 8080 --sequence 7001,7002,7003",
+            "alfwrapper knock 2001:db8::1 8080 --secret knock.secret",
+            "alfwrapper knock 192.0.2.1 5353 --sequence 7001,7002 --udp",
+        ),
     )
-    p.add_argument("host")
-    p.add_argument("port", type=int)
+    p.add_argument("host", help="the service's address")
+    p.add_argument("port", type=int, help="the service's port")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--sequence", metavar="P,P,P")
-    which.add_argument("--secret", metavar="FILE")
+    which.add_argument("--sequence", metavar="P,P,P",
+                       help="the source ports, in order (the service's --knock)")  # fmt: skip
+    which.add_argument("--secret", metavar="FILE",
+                       help="derive the current sequence from this secret "
+                       "(the service's --knock-secret)")  # fmt: skip
     p.add_argument("--steps", type=int, default=3, help="secret sequences' length (default 3)")
     p.add_argument("--window", type=int, default=30, help="secret window seconds (default 30)")
     p.add_argument("--udp", action="store_true", help="knock with UDP datagrams")
-    args = p.parse_args(argv)
+    return p
+
+
+def knock_main(argv: Sequence[str]) -> int:
+    args = knock_parser().parse_args(argv)
     if not 0 < args.port < 65536:
         raise AlfError(
             "knock", f"port {args.port} is out of range", "ports are 1 to 65535", EX_USAGE
@@ -482,30 +588,72 @@ def knock_main(argv: Sequence[str]) -> int:
         ports = knocking.secret_ports(secret, knocking.utc_window(args.window), args.steps)
     knocking.send_knocks(args.host, args.port, ports, udp=args.udp)
     print(f"knocked on {args.host} port {args.port} from ports {','.join(map(str, ports))}")
+    print(
+        "alfwrapper: note: if the connection now times out, a NAT that rewrites source ports "
+        "(masquerade fully-random) may be between you and the service: knock from outside "
+        "it (man alfwrapper: KNOCKING)",
+        file=sys.stderr,
+    )
     return 0
+
+
+def loader_parser() -> Parser:
+    from alfwrapper import loader  # noqa: PLC0415
+
+    p = Parser(
+        prog="alfwrapper loader",
+        description="Load filters for users without CAP_BPF (run by alfwrapper-loader.service).",
+        epilog=examples(
+            "alfwrapper loader    # socket-activated, by alfwrapper-loader.service",
+            "alfwrapper loader --listen /run/alfwrapper/loader.sock --max-programs 16",
+        ),
+    )
+    loader.add_options(p)
+    return p
 
 
 def loader_main(argv: Sequence[str]) -> int:
     from alfwrapper import loader  # noqa: PLC0415
 
-    return loader.main(argv)
+    return loader.main(loader_parser().parse_args(argv))
 
 
-SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
-    "check": check_main,
-    "explain": explain_main,
-    "reload": reload_main,
-    "deny": change_main("deny"),
-    "allow": change_main("allow"),
-    "revoke": change_main("revoke"),
-    "show": show_main,
-    "status": status_main,
-    "log": log_main,
-    "gc": gc_main,
-    "doctor": doctor.main,
-    "knock": knock_main,
-    "loader": loader_main,
+@dataclass(frozen=True)
+class Subcommand:
+    parser: Callable[[], Parser]
+    run: Callable[[Sequence[str]], int]
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "check": Subcommand(check_parser, check_main),
+    "explain": Subcommand(explain_parser, explain_main),
+    "reload": Subcommand(reload_parser, reload_main),
+    **{verb: Subcommand(change_parser(verb), change_main(verb)) for verb in _CHANGES},
+    "show": Subcommand(show_parser, show_main),
+    "status": Subcommand(status_parser, status_main),
+    "log": Subcommand(log_parser, log_main),
+    "gc": Subcommand(gc_parser, gc_main),
+    "doctor": Subcommand(doctor_parser, doctor_main),
+    "knock": Subcommand(knock_parser, knock_main),
+    "loader": Subcommand(loader_parser, loader_main),
 }
+
+
+def parser_of(name: str) -> Parser:
+    """The parser of a subcommand, or the wrapper's for ""."""
+    return SUBCOMMANDS[name].parser() if name else wrapper_parser()
+
+
+def completion_parser() -> Parser:
+    """The whole command line as one parser, for shell completion (`make completion`
+    hands it to shtab): the wrapper's options, and each subcommand's own."""
+    top = wrapper_parser()
+    subs = top.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
+    for name, sub in SUBCOMMANDS.items():
+        parser = sub.parser()
+        subs.add_parser(name, parents=[parser], add_help=False, help=parser.description,
+                        description=parser.description)  # fmt: skip
+    return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -515,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = SUBCOMMANDS.get(argv[0]) if argv else None
         if command is not None:
-            return command(argv[1:])
+            return command.run(argv[1:])
         return wrapper_main(argv)
     except AlfError as err:
         print(err.line(), file=sys.stderr)

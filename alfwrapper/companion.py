@@ -56,6 +56,20 @@ def join_cgroup(app_pid: int) -> None:
         print(f"alfwrapper: note: staying out of the service's cgroup: {err}", file=sys.stderr)
 
 
+def name_process(title: str) -> None:
+    """What ps shows for this helper process (its command line, and its 15-character
+    name): ``alfwrapper-watch web`` rather than the interpreter and its arguments."""
+    from setproctitle import setproctitle  # noqa: PLC0415
+
+    setproctitle(title)
+
+
+def check_libraries() -> None:
+    """What the helpers import that the wrapper does not: missing, it is the wrapper's
+    one-line error (cli) before anything has changed, not a helper's failure later."""
+    import setproctitle  # noqa: F401, PLC0415
+
+
 def spawn(module: str, what: str, args: Sequence[str], keep_fds: Sequence[int],
           app_pid: int = 0) -> int:  # fmt: skip
     """Start ``python3 -m MODULE LABEL... PIDFD READYFD ARGS...``; its pid, once ready.

@@ -26,7 +26,7 @@ from alfwrapper.errors import (
     AlfError,
     missing_library,
 )
-from alfwrapper.parts import REASONS, FillEnv
+from alfwrapper.parts import REASONS, RESERVED_PREFIXES, FillEnv
 from alfwrapper.program import ProgramPlan, object_name, plan_program
 from alfwrapper.rules import SocketRules
 
@@ -165,6 +165,16 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             ) from None
         if any(p in text for p in _PERMISSION):
             raise _permission_error(f"creating the maps of {what}", text, plan) from None
+        clash = re.search(r"redefinition of '(\w+)_table_t'", text)
+        if clash:  # a map declared twice: one of the filter's has a built-in one's name
+            raise AlfError(
+                f"compiling {what}",
+                f"two maps are named {clash.group(1)!r}, the filter's and alfwrapper's own",
+                "rename the filter's map: names starting with "
+                f"{', '.join(RESERVED_PREFIXES)} belong to alfwrapper's parts",
+                EX_DATAERR,
+                details=text,
+            ) from None
         raise AlfError(
             f"compiling {what}",
             _first_error(text) or str(err),

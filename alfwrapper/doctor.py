@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alfwrapper import syscalls
-from alfwrapper.errors import EX_UNAVAILABLE, EX_USAGE, LIBRARIES, AlfError
+from alfwrapper.errors import EX_UNAVAILABLE, LIBRARIES, AlfError
 from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
 
 CAP_NET_ADMIN = 12
@@ -180,6 +180,7 @@ IMPORTS = (
     ("bcc", "compiling and loading filters"),
     ("numpy", "the IPv4 subnet table"),
     ("pyroute2", "the queue check, gc and interfaces (netlink)"),
+    ("setproctitle", "the helper processes' names in ps"),
     ("systemd.daemon", "inherited sockets"),
     ("systemd.journal", "the drop log"),
 )
@@ -265,14 +266,8 @@ LOADER_CHECKS: tuple[Callable[[], Check], ...] = (
 )
 
 
-def main(argv: Sequence[str]) -> int:
-    if argv:
-        raise AlfError(
-            "doctor",
-            f"takes no arguments, got {' '.join(argv)!r}",
-            "run `alfwrapper doctor`",
-            EX_USAGE,
-        )
+def main() -> int:
+    """`alfwrapper doctor` (its options: cli.doctor_parser): every check, a line each."""
     loader = through_loader()
     results = [check() for check in (LOADER_CHECKS if loader else CHECKS)]
     if all(r.ok for r in results):

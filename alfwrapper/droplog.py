@@ -210,6 +210,9 @@ def main(argv: Sequence[str]) -> int:
     """python3 -m alfwrapper.droplog SERVICE PIDFD READYFD SOCKET:FD ..."""
     service, pidfd, ready_w = argv[0], int(argv[1]), int(argv[2])
     try:
+        from alfwrapper.companion import name_process  # noqa: PLC0415
+
+        name_process(f"alfwrapper-log {service}")
         rings = [(service, spec.rsplit(":", 1)[0], int(spec.rsplit(":", 1)[1]))
                  for spec in argv[3:]]  # fmt: skip
         from systemd import journal  # noqa: F401, PLC0415  (before giving up root)

@@ -957,13 +957,8 @@ def _record(who: Caller, limits: Limits, f: Any, cookie: int, size: int) -> None
 # -- the command ----------------------------------------------------------------------
 
 
-def main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="alfwrapper loader",
-        description="Load filters for users without CAP_BPF (run by alfwrapper-loader.service).",
-        epilog="examples: alfwrapper loader (socket-activated); "
-        "alfwrapper loader --listen /run/alfwrapper/loader.sock --max-programs 16",
-    )
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The loader's options, on the parser the command line gives (cli.loader_parser)."""
     p.add_argument("--listen", metavar="PATH", default="",
                    help="listen here instead of on the socket systemd passes")  # fmt: skip
     p.add_argument("--max-programs", type=int, default=DEFAULT_PROGRAMS, metavar="N",
@@ -974,7 +969,9 @@ def main(argv: Sequence[str]) -> int:
                    help=f"where {state.ROOT} is seen (the unit binds it there)")  # fmt: skip
     p.add_argument("--prepare", action="store_true",
                    help=f"as root, before the loader starts: make {state.ROOT}")  # fmt: skip
-    args = p.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     if args.prepare:
         state.Store().root(create=True)
         return 0

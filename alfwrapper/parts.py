@@ -390,7 +390,20 @@ def apply_settings(bpf: Any, rules: SocketRules, ifindex_of: map_values.IfindexO
             ) from None
 
 
-_MAP_DECL = re.compile(r"\bBPF_(?:TABLE\(\s*\"\w+\"\s*,[^,]+,[^,]+,\s*(\w+)|[A-Z_]+\(\s*(\w+))")
+# A BCC map declaration: BPF_TABLE("type", key, leaf, NAME, ...) and its F_ and _PINNED
+# forms, or a shorthand such as BPF_HASH(NAME, ...).
+_MAP_DECL = re.compile(
+    r"\bBPF_(?:(?:F_)?TABLE(?:_PINNED)?\(\s*\"\w+\"\s*,[^,]+,[^,]+,\s*(\w+)"
+    r"|(?!(?:F_)?TABLE)[A-Z_]+\(\s*(\w+))"
+)
+
+
+def declared_maps(text: str) -> list[tuple[str, int]]:
+    """The maps a filter's text declares, with the line of each."""
+    return [
+        (m.group(1) or m.group(2), text.count("\n", 0, m.start()) + 1)
+        for m in _MAP_DECL.finditer(text)
+    ]
 
 
 def map_names(path: str) -> list[str]:
@@ -399,4 +412,4 @@ def map_names(path: str) -> list[str]:
         text = open(path, encoding="utf-8").read()  # noqa: PTH123
     except OSError:
         return []
-    return [a or b for a, b in _MAP_DECL.findall(text)]
+    return [name for name, _ in declared_maps(text)]

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from alfwrapper.errors import EX_DATAERR, AlfError, excerpt
-from alfwrapper.parts import PARTS, REASONS, RUNTIME_ALLOW, RUNTIME_DENY, PartPlan, Pins
+from alfwrapper.parts import (
+    PARTS,
+    REASONS,
+    RESERVED_PREFIXES,
+    RUNTIME_ALLOW,
+    RUNTIME_DENY,
+    PartPlan,
+    Pins,
+    declared_maps,
+)
 from alfwrapper.rules import FILTER_LIMIT, SocketRules, read_text_input
 
 ENTRY = "filter"  # the entry point's name when the program has no label
@@ -187,6 +196,26 @@ def checked_source(text: str, where: str) -> str:
     return text
 
 
+def check_map_names(text: str, where: str) -> None:
+    """A developer's filter may not declare a map whose name a part reserves: it would
+    clash with a built-in map now, or with one a later version adds."""
+    for name, line in declared_maps(text):
+        if not name.startswith(RESERVED_PREFIXES):
+            continue
+        why = (
+            f"map {name!r} has the name of alfwrapper's own map {name}"
+            if name in MAP_ROLES
+            else f"map name {name!r} is reserved"
+        )
+        raise AlfError(
+            f"{where}:{line}",
+            why,
+            f"rename it: names starting with {', '.join(RESERVED_PREFIXES)} belong to "
+            "alfwrapper's parts",
+            EX_DATAERR,
+        )
+
+
 def _custom_source(path_text: str, source: str = "") -> str:
     path = Path(path_text)
     if source:
@@ -204,6 +233,7 @@ def _custom_source(path_text: str, source: str = "") -> str:
             "see examples/filters/allowlist.c for the shape",
             EX_DATAERR,
         )
+    check_map_names(text, path_text)
     m = matches[0]
     # Same line, so the compiler's line numbers still match the file.
     renamed = f"{m.group('lead')}static __always_inline int {USER_ENTRY}({m.group('args')})"

@@ -40,6 +40,7 @@ import shutil
 import socket
 import stat
 import struct
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,6 +206,32 @@ def unit_of_this_process() -> str:
         if units and not units[-1].startswith("user@"):
             return units[-1][: -len(".service")]
     return ""
+
+
+def socket_unit_restart() -> str:
+    """How to get fresh sockets for this service: the command that restarts the socket
+    unit that passed them.  systemd names it (TriggeredBy=) when systemctl may ask; in
+    a sandboxed unit it often may not, and then it is the socket unit of the same name,
+    systemd's default.  Outside systemd, a general hint."""
+    unit = unit_of_this_process()
+    if not unit:
+        return "restart the socket unit that passes them (systemctl list-sockets)"
+    # A user manager sets $MANAGERPID for what it starts, the system one does not
+    # (systemd.exec(5)).
+    manager = ["--user"] if os.environ.get("MANAGERPID") else []
+    sockets = [f"{unit}.socket"]
+    try:
+        out = subprocess.run(
+            ["systemctl", *manager, "show", "--property=TriggeredBy", "--value",
+             f"{unit}.service"],
+            capture_output=True, text=True, timeout=5,
+        )  # fmt: skip
+        named = [u for u in out.stdout.split() if u.endswith(".socket")]
+        if out.returncode == 0 and named:
+            sockets = named
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return f"run systemctl {' '.join([*manager, 'restart', *sockets])}"
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,9 @@ def watch(targets: Sequence[Target], pidfd: int, ready_w: int, events: Any, dump
 def main(argv: Sequence[str]) -> int:
     label, pidfd, ready_w = argv[0], int(argv[1]), int(argv[2])
     try:
+        from alfwrapper.companion import name_process  # noqa: PLC0415
+
+        name_process(f"alfwrapper-watch {label}")
         targets = [Target(spec) for spec in argv[3:]]
         # Everything read from files before giving up root: the checkout or the
         # installed package may not be readable by the watcher's own user.

@@ -227,8 +227,8 @@ def pin_sockets(records: list[SocketRecord], service: str) -> None:
             raise AlfError(
                 f"filtering {attach.describe(record.sock)}",
                 f"it carries a filter that alfwrapper did not attach for service {service}",
-                "start with the --service name it was filtered under, or restart the "
-                "socket unit to get a fresh socket",
+                "start with the --service name it was filtered under, or, for fresh "
+                f"sockets, {state.socket_unit_restart()}",
                 EX_CONFIG,
             )
         else:
@@ -408,6 +408,10 @@ def run(policy: Policy, service: str, argv: list[str]) -> int | NoReturn:
     it so that `alfwrapper reload` can build the policy again."""
     check_command(policy.command)
     records = gather_sockets(policy)
+    if any(r.rules.interfaces or r.rules.log_rate for r in records):
+        from alfwrapper import companion  # noqa: PLC0415
+
+        companion.check_libraries()  # of the watcher and the forwarder
     from alfwrapper import loader  # noqa: PLC0415
 
     if loader.use_if_needed():

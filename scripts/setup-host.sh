@@ -19,7 +19,7 @@ if [ "${1:-}" = --venv-only ]; then
     exit 0
 fi
 
-PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser fail2ban python3-systemd python3-pyroute2 python3-numpy bpftool debhelper dh-python pybuild-plugin-pyproject python3-setuptools lintian"
+PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser fail2ban python3-systemd python3-pyroute2 python3-numpy python3-setproctitle python3-shtab bash-completion bpftool debhelper dh-python pybuild-plugin-pyproject python3-setuptools lintian"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -312,6 +312,52 @@ MUTATIONS = [
         "        out[:, 2] = np.cumsum(counts, dtype=np.uint64) - counts",
         ("tests/unit/test_subnet_table.py::test_windows_give_the_table_whole",),
     ),
+    Mutation(
+        "reserved-map-names-unchecked",
+        "alfwrapper/program.py",
+        "    check_map_names(text, path_text)\n",
+        "",
+        ("tests/integration/test_errors.py::test_reserved_map_names_are_refused",),
+    ),
+    Mutation(
+        "completion-first-choice-only",
+        "alfwrapper/completion.py",
+        '            action.complete = {"bash": name}  # type: ignore[attr-defined]',
+        "            pass",
+        ("tests/unit/test_cli_help.py::test_bash_completion_is_generated_and_works",),
+    ),
+    Mutation(
+        "help-without-examples",
+        "alfwrapper/cli.py",
+        '        epilog=examples("alfwrapper show web"),',
+        "",
+        ("tests/unit/test_cli_help.py::test_help_exits_0_with_examples",),
+    ),
+    Mutation(
+        "knock-says-nothing-of-nat",
+        "alfwrapper/cli.py",
+        "a NAT that rewrites source ports ",
+        "",
+        ("tests/integration/test_parts.py::test_knock_through_a_port_randomising_nat",),
+    ),
+    Mutation(
+        "watcher-unnamed",
+        "alfwrapper/watcher.py",
+        '        name_process(f"alfwrapper-watch {label}")\n',
+        "",
+        (
+            "tests/integration/test_parts.py::test_watcher_is_small_named_and_exits_with_the_application",
+        ),
+    ),
+    Mutation(
+        "socket-unit-unnamed",
+        "alfwrapper/state.py",
+        '    sockets = [f"{unit}.socket"]',
+        '    sockets = ["the-socket-unit"]',
+        (
+            "tests/integration/test_systemd.py::test_a_socket_filtered_under_another_name_names_its_socket_unit",
+        ),
+    ),
 ]
 
 

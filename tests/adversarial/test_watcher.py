@@ -12,7 +12,8 @@ from pathlib import Path
 from hosts import Network, Probe, Service, check_policy
 from support import ECHO_SERVER, WRAPPER
 
-# Run as the application (uid 0, no capabilities): find the watcher, try to stop it,
+# Run as the application (uid 0, no capabilities): find the watcher by the name ps shows
+# (alfwrapper-watch SERVICE), try to stop it,
 # say what happened, then become the echo service.
 APP = """
 import os, signal, sys
@@ -22,9 +23,8 @@ def cmdline(p):
     try:
         return open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')
     except OSError:
-        return []
-watcher = [int(p) for p in pids if b'alfwrapper.watcher' in cmdline(p)
-           and any(a.endswith(b':' + name.encode()) for a in cmdline(p))]
+        return [b'']
+watcher = [int(p) for p in pids if cmdline(p)[0].startswith(b'alfwrapper-watch ' + name.encode())]
 results = []
 for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):
     try:
@@ -54,6 +54,8 @@ def test_application_cannot_stop_the_watcher_and_its_death_closes_the_socket(
         network.server,
         [
             *WRAPPER,
+            "--service",
+            "guarded",
             "--listen",
             "[::]:8080",
             "--interface",
@@ -62,7 +64,7 @@ def test_application_cannot_stop_the_watcher_and_its_death_closes_the_socket(
             sys.executable,
             "-c",
             APP,
-            name,
+            "guarded",  # the watcher is `alfwrapper-watch guarded` in ps
             *ECHO_SERVER,
         ],
     )

@@ -373,6 +373,12 @@ sys.exit(main(sys.argv[2:]))
         ("numpy", "python3-numpy", ["--listen", "127.0.0.1:8098", "--allow", "192.0.2.0/24"], {}),
         ("bcc", "python3-bpfcc", ["--listen", "127.0.0.1:8098", "--allow", "192.0.2.0/24"], {}),
         ("systemd", "python3-systemd", ["--allow", "192.0.2.0/24"], {"LISTEN_FDS": "1"}),
+        (
+            "setproctitle",
+            "python3-setproctitle",
+            ["--listen", "127.0.0.1:8098", "--interface", "lo"],
+            {},
+        ),  # fmt: skip
     ],
 )
 def test_a_missing_library_is_one_line_and_names_its_package(
@@ -397,3 +403,55 @@ def test_a_missing_library_is_one_line_and_names_its_package(
     assert out.returncode == 69, out.stdout + out.stderr
     problems = [line for line in out.stdout.splitlines() if line.startswith("problem:")]
     assert len(problems) == 1 and f"apt-get install {package}" in problems[0], out.stdout
+
+
+FILTER_WITH_MAP = """#include "common.h"
+BPF_HASH(keep, u32, u8, 4);
+{decl}
+int filter(struct __sk_buff *skb) {{ return ALF_PASS; }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("decl", "needles"),
+    [
+        # A name in a reserved prefix: refused before compiling, at its line.
+        (
+            "BPF_HASH(subnet_x, u32, u8, 4);",
+            [":3:", "'subnet_x'", "reserved", "subnet_, iface_, knock_, alf_"],
+        ),  # fmt: skip
+        ('BPF_F_TABLE("array", u32, u64, alf_mine, 4, 0);', [":3:", "'alf_mine'", "reserved"]),
+        # The name of a built-in map: which one it clashes with.
+        ("BPF_ARRAY(subnet_roots, u32, 4);", [":3:", "'subnet_roots'", "alfwrapper's own map"]),
+    ],
+)
+def test_reserved_map_names_are_refused(
+    bpf_root: None, tmp_path: Path, decl: str, needles: list[str]
+) -> None:
+    path = tmp_path / "mine.c"
+    path.write_text(FILTER_WITH_MAP.format(decl=decl))
+    returncode, stderr, ran = run(tmp_path, "--listen", "127.0.0.1:8095", "--filter", str(path))
+    assert (returncode, ran) == (65, False), stderr
+    assert_one_line(stderr, str(path), *needles)
+
+
+def test_set_on_a_map_the_filter_lacks_names_its_maps(bpf_root: None, tmp_path: Path) -> None:
+    path = tmp_path / "mine.c"
+    path.write_text(FILTER_WITH_MAP.format(decl="BPF_ARRAY(limits, u32, 4);"))
+    returncode, stderr, ran = run(tmp_path, "--listen", "127.0.0.1:8095", "--filter", str(path),
+                                  "--set", "subnet_x", "1", "1")  # fmt: skip
+    assert (returncode, ran) == (64, False), stderr
+    assert_one_line(stderr, "--set subnet_x", "has no map 'subnet_x'", "its maps: keep, limits")
+
+
+def test_a_map_hidden_behind_a_macro_still_names_the_clash(bpf_root: None, tmp_path: Path) -> None:
+    """A reserved name the declaration check cannot see (through a macro) meets the
+    built-in map at compile time: the one line names the map, not BCC's typedef."""
+    path = tmp_path / "mine.c"
+    path.write_text(
+        FILTER_WITH_MAP.format(decl="#define MINE subnet_roots\nBPF_ARRAY(MINE, u32, 4);")
+    )
+    returncode, stderr, ran = run(tmp_path, "--listen", "127.0.0.1:8095", "--allow",
+                                  "192.0.2.0/24", "--filter", str(path))  # fmt: skip
+    assert (returncode, ran) == (65, False), stderr
+    assert_one_line(stderr, "two maps are named 'subnet_roots'", "subnet_, iface_, knock_, alf_")

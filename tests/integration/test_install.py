@@ -84,6 +84,8 @@ def test_make_install_runs_away_from_the_checkout_and_uninstalls(
     installed = [p for p in prefix.rglob("*") if p.is_file()]
     for path in installed:
         assert str(ROOT) not in path.read_text(errors="replace"), path
+    completion = prefix / "share/bash-completion/completions/alfwrapper"
+    assert "complete -o filenames -F _shtab_alfwrapper alfwrapper" in completion.read_text()
     units = prefix / "lib/systemd/system"
     echo = (units / "alfwrapper-echo.service").read_text()
     assert f"ExecStart={prefix}/bin/alfwrapper --policy" in echo

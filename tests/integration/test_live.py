@@ -156,6 +156,7 @@ def test_a_socket_filtered_by_someone_else_is_refused(bpf_root: None, tmp_path: 
     )
     assert out.returncode == 78, out.stderr
     assert "carries a filter that alfwrapper did not attach" in out.stderr
+    assert "restart the socket unit that passes them (systemctl list-sockets)" in out.stderr
     assert len(out.stderr.splitlines()) == 1
 
 
@@ -172,7 +173,7 @@ def test_watcher_is_replaced_on_reload(network: Network, services: list[Service]
     assert out.returncode == 0, out.stderr
     check_policy(svc, served=[Probe(b, "tcp", 4, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
     watchers = subprocess.run(
-        ["pgrep", "-f", "alfwrapper.watcher watched "], capture_output=True, text=True
+        ["pgrep", "-f", "^alfwrapper-watch watched"], capture_output=True, text=True
     ).stdout.split()
     assert len(watchers) == 1, watchers  # the old one is gone
     os.kill(int(watchers[0]), signal.SIGKILL)

@@ -77,8 +77,13 @@ def test_package_installs_works_and_leaves_nothing(network: Network, package: li
                  "/usr/lib/systemd/system/alfwrapper-loader.service",
                  "/usr/share/man/man1/alfwrapper.1.gz",
                  "/usr/share/man/man8/alfwrapper-loader.8.gz",
-                 "/usr/lib/python3/dist-packages/alfwrapper/filters/subnets.c"):  # fmt: skip
+                 "/usr/lib/python3/dist-packages/alfwrapper/filters/subnets.c",
+                 "/usr/share/bash-completion/completions/alfwrapper"):  # fmt: skip
         assert path in package, path
+    # Completion as bash-completion loads it, in a real bash.
+    completes = sh("bash", "--norc", "-c", ". /usr/share/bash-completion/completions/alfwrapper"
+                   " && complete -p alfwrapper").stdout  # fmt: skip
+    assert "_shtab_alfwrapper alfwrapper" in completes, completes
     assert not [f for f in package if f.startswith(("/etc", "/usr/local", str(ROOT)))]
     # No unit is enabled (no links under /etc/systemd/system) or started.
     assert not list(Path("/etc/systemd/system").rglob("alfwrapper*"))

@@ -193,6 +193,25 @@ def test_accept_yes_refuses_knocking(network: Network, manager: UserManager) -> 
     assert "ready fds" not in log.output()
 
 
+def test_a_socket_filtered_under_another_name_names_its_socket_unit(
+    network: Network, manager: UserManager
+) -> None:
+    """The service restarted under another --service name finds its inherited socket
+    filtered under the first: the one line says which socket unit to restart."""
+    unit = "alfwrapper-echo.service"
+    log = UnitLog(manager.log_to_file(unit))
+    manager.run("start", "alfwrapper-echo.socket")
+    assert network.allowed.probe("tcp", 4, 8080, "first", timeout=20) == "echo", log.output()
+    start = f"{ALFWRAPPER} --service renamed --policy alfwrapper-echo"
+    echo = f"{sys.executable} {ROOT}/examples/echo_server.py"
+    set_unit(manager, unit, f"ExecStart=\nExecStart={start} -- {echo}")
+    manager.run("restart", unit, check=False)
+    wait_until(lambda: "did not attach" in log.output(), "no refusal in the log", 30)
+    line = next(x for x in log.output().splitlines() if "did not attach" in x)
+    assert "for service renamed" in line, line
+    assert "run systemctl --user restart alfwrapper-echo.socket" in line, line
+
+
 def test_template_instance(network: Network, manager: UserManager) -> None:
     a, b = network.allowed, network.denied
     env = manager.config / "alfwrapper"

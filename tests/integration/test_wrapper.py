@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import socket
 import subprocess
@@ -261,3 +262,32 @@ def test_make_run_demo(bpf_root: None, services: list[Service]) -> None:
     assert denied.stdout.strip() == "timeout"
     check_policy(svc, served=all_probes(here, port, port), dropped=[])
     assert "from-127.0.0.2" not in svc.output()
+
+
+def test_readme_inherited_example_as_typed(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """The README's "Inherited" example, its lines as written, in a fresh directory:
+    the blocklist it writes denies the denied host; ./my-service is the echo server."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("# Inherited: systemd-socket-activate", 1)[1].split("\n\n", 1)[0]
+    script = "\n".join(block.splitlines()[1:])  # the commands, after the comment
+    assert "> blocklist" in script and "--deny-file blocklist" in script, script
+    service = tmp_path / "my-service"
+    service.write_text(f"#!/bin/sh\nexec {' '.join(ECHO_SERVER)}\n")
+    service.chmod(0o755)
+    tmp_path.chmod(0o755)
+    bin_dir = tmp_path / "bin"  # `alfwrapper` as the README types it: this checkout's
+    bin_dir.mkdir()
+    (bin_dir / "alfwrapper").write_text(f'#!/bin/sh\nexec {" ".join(WRAPPER)} "$@"\n')
+    (bin_dir / "alfwrapper").chmod(0o755)
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    svc = Service(network.server, ["env", f"PATH={path}", f"PYTHONPATH={ROOT}", "sh", "-c",
+                                   f"cd {tmp_path} && {script}"])  # fmt: skip
+    services.append(svc)
+    wait_listening(network.server, 8080)
+    assert network.allowed.probe("tcp", 4, 8080, "trigger", timeout=20) == "echo", svc.errors()
+    assert "192.0.2.0/24" not in (tmp_path / "blocklist").read_text()
+    check_policy(
+        svc, served=all_probes(network.allowed, 8080), dropped=all_probes(network.denied, 8080)
+    )

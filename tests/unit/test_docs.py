@@ -9,6 +9,7 @@ import subprocess
 import pytest
 from support import ROOT
 
+from alfwrapper import errors
 from alfwrapper.cli import check_parser, explain_parser, wrapper_parser
 from alfwrapper.policy import KEYS
 
@@ -45,12 +46,13 @@ def test_every_option_is_documented(doc: str) -> None:
 
 
 def test_exit_codes_are_documented() -> None:
+    """The man page's EXIT STATUS and the README's table list the same codes: every
+    code errors.py defines, and no other."""
     man = (ROOT / "man/alfwrapper.1").read_text()
     readme = (ROOT / "README.md").read_text()
-    for code in (64, 65, 66, 69, 70, 71, 77, 78):
-        assert f".It {code}" in man
-    for code in (64, 65, 66, 69, 70, 71, 77, 78):
-        assert f"| {code} |" in readme
+    defined = {v for k, v in vars(errors).items() if k.startswith("EX_") and v}
+    assert set(map(int, re.findall(r"^\.It (\d+)$", man, re.M))) == defined
+    assert set(map(int, re.findall(r"^\| (\d+) \|", readme, re.M))) == defined
 
 
 def test_every_policy_key_is_documented() -> None:
@@ -62,3 +64,17 @@ def test_every_policy_key_is_documented() -> None:
         for word in line[len(".It Cm ") :].split()
     }
     assert set(KEYS) | {"address", "name"} <= documented, sorted(set(KEYS) - documented)
+
+
+def test_see_also_names_the_systemd_pages_the_text_leans_on() -> None:
+    see_also = (ROOT / "man/alfwrapper.1").read_text().split(".Sh SEE ALSO", 1)[1]
+    for page in ("systemd.resource-control 5", "systemd.socket 5", "alfwrapper.policy 5"):
+        assert f".Xr {page}" in see_also, page
+
+
+def test_the_lighttpd_example_leaves_no_untracked_logs() -> None:
+    """The README's lighttpd command logs into examples/lighttpd: git ignores those."""
+    for log in ("access.log", "error.log"):
+        ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q",
+                                  f"examples/lighttpd/{log}"])  # fmt: skip
+        assert ignored.returncode == 0, log
