@@ -195,10 +195,10 @@ MUTATIONS = [
     ),
     Mutation(
         "comment-stripping",
-        "alfwrapper/rules.py",
+        "alfwrapper/prefix_list.py",
         '        text = line.split("#", 1)[0].strip()',
         "        text = line.strip()",
-        ("tests/unit/test_rules.py",),
+        ("tests/unit/test_rules.py", "tests/unit/test_prefix_list.py"),
     ),
     Mutation(
         "fd-name-order",
@@ -273,8 +273,8 @@ MUTATIONS = [
     Mutation(
         "v4-not-least-memory",
         "alfwrapper/subnet_table.py",
-        "    _, bits = min(sizes)",
-        "    _, bits = max(sizes)",
+        "        best = size if best is None else min(best, size)",
+        "        best = size if best is None else max(best, size)",
         ("tests/unit/test_subnet_table.py",),
     ),
     Mutation(
