@@ -143,11 +143,6 @@ class PrefixList(Sequence[Prefix]):
 
         return self.take(np.flatnonzero(self.family == family))
 
-    def families(self) -> set[int]:
-        import numpy as np  # noqa: PLC0415
-
-        return {int(f) for f in np.unique(self.family)}
-
     def _digest(self) -> bytes:
         if self._key is None:
             h = hashlib.blake2b(digest_size=16)
