@@ -19,7 +19,7 @@ if [ "${1:-}" = --venv-only ]; then
     exit 0
 fi
 
-PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser fail2ban python3-systemd python3-pyroute2 python3-numpy python3-setproctitle python3-shtab bash-completion bpftool debhelper dh-python pybuild-plugin-pyproject python3-setuptools lintian"
+PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser fail2ban python3-systemd python3-pyroute2 python3-numpy python3-setproctitle python3-shtab bash-completion bpftool debhelper dh-python pybuild-plugin-pyproject python3-setuptools lintian python3-seccomp openssh-server openssh-client tftpd-hpa"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -31,7 +31,19 @@ if [ -n "$missing" ]; then
     fi
     echo "setup: installing$missing"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+    # The daemons installed for the gallery's tests (sshd, in.tftpd) run behind
+    # alfwrapper only: policy-rc.d(8) keeps their packages from starting them.
+    guard=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        guard=/usr/sbin/policy-rc.d
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null || {
+        [ -z "$guard" ] || rm -f "$guard"
+        exit 69
+    }
+    [ -z "$guard" ] || rm -f "$guard"
     # The tests drive fail2ban themselves: the system's own fail2ban service, if this
     # install just started it, is not wanted.
     case " $missing " in
