@@ -23,6 +23,7 @@ SD_LISTEN_FDS_START = 3  # sd-daemon.h
 SOCK_STREAM, SOCK_DGRAM = socket.SOCK_STREAM, socket.SOCK_DGRAM
 LISTEN_VARS = ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
 DEFAULT_NAME = "unknown"  # what sd_listen_fds_with_names(3) reports for unnamed fds
+INETD_NAME = "stdin"  # the name of a socket handed over on fd 0 (inetd_socket)
 
 
 @dataclass(frozen=True)
@@ -104,34 +105,16 @@ def child_environment(environ: Mapping[str, str], names: Sequence[str], pid: int
 
 def inherit_sockets(environ: Mapping[str, str], pid: int) -> list[tuple[socket.socket, str]]:
     """The inherited sockets, each with its name, in fd order."""
-    from systemd import daemon  # noqa: PLC0415  (python3-systemd: sd_is_socket(3))
-
     listen = parse_listen_env(environ, pid)
     sockets = []
     for i in range(listen.count):
         fd = SD_LISTEN_FDS_START + i
         where = f"inherited fd {fd} ({listen.names[i]})"
-        try:
-            is_socket = daemon.is_socket(fd)
-        except OSError as err:
-            raise AlfError(
-                where,
-                err.strerror or str(err),
-                "LISTEN_FDS counts more fds than were passed",
-                EX_CONFIG,
-            ) from None
-        if not is_socket:
+        if not _inet_socket(fd, where, "LISTEN_FDS counts more fds than were passed"):
             raise AlfError(
                 where,
                 "is not a socket",
                 "alfwrapper filters sockets only; pass only sockets",
-                EX_CONFIG,
-            )
-        if not any(daemon.is_socket_inet(fd, 0, kind) for kind in (SOCK_STREAM, SOCK_DGRAM)):
-            raise AlfError(
-                where,
-                "is not a TCP or UDP socket",
-                "alfwrapper filters IP sockets only (ListenStream=/ListenDatagram=)",
                 EX_CONFIG,
             )
         sock = socket.socket(fileno=fd)
@@ -148,6 +131,78 @@ def inherit_sockets(environ: Mapping[str, str], pid: int) -> list[tuple[socket.s
                 ) from None
         sockets.append((sock, listen.names[i]))
     return sockets
+
+
+def _inet_socket(fd: int, where: str, closed_hint: str) -> bool:
+    """Is fd a socket (sd_is_socket(3), python3-systemd)?  If so, it must be TCP or UDP."""
+    from systemd import daemon  # noqa: PLC0415
+
+    try:
+        if not daemon.is_socket(fd):
+            return False
+    except OSError as err:
+        raise AlfError(where, err.strerror or str(err), closed_hint, EX_CONFIG) from None
+    if not any(daemon.is_socket_inet(fd, 0, kind) for kind in (SOCK_STREAM, SOCK_DGRAM)):
+        raise AlfError(
+            where,
+            "is not a TCP or UDP socket",
+            "alfwrapper filters IP sockets only (ListenStream=/ListenDatagram=)",
+            EX_CONFIG,
+        )
+    return True
+
+
+def inetd_socket(taken: Sequence[socket.socket]) -> socket.socket | None:
+    """fd 0, when it is a socket that LISTEN_FDS did not pass as well: the way inetd,
+    systemd's StandardInput=socket and systemd-socket-activate --inetd hand over a
+    connection (Accept=yes) or a datagram socket (Accept=no), with fd 1 the same
+    socket.  tcpd(8) checked fd 0 the same way.  A Unix socket on fd 0 (a pipe of a
+    supervisor) is none of ours; any other socket family is refused."""
+    try:
+        if not daemon_socket(0):
+            return None
+    except OSError:  # fd 0 is closed
+        return None
+    if not _inet_socket(0, f"fd 0 ({INETD_NAME})", ""):
+        return None
+    if any(_same_file(0, sock.fileno()) for sock in taken):
+        return None
+    return socket.socket(fileno=0)
+
+
+def _same_file(fd: int, other: int) -> bool:
+    one, two = os.fstat(fd), os.fstat(other)
+    return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
+
+
+def divert_stderr() -> int:
+    """When fd 2 is the inetd socket on fd 0 (StandardError= left to inherit it), the
+    wrapper's own messages would go to the peer: send them to the journal instead
+    (python3-systemd), or nowhere when journald does not run.  Returns the fd to put
+    back as fd 2 for the application (restore_stderr), or -1."""
+    try:
+        if not (daemon_socket(0) and _same_file(0, 2)):
+            return -1
+    except OSError:
+        return -1
+    saved = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, SD_LISTEN_FDS_START)
+    try:
+        from systemd import journal  # noqa: PLC0415
+
+        with journal.stream("alfwrapper") as stream:
+            os.dup2(stream.fileno(), 2)
+    except OSError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+    return saved
+
+
+def daemon_socket(fd: int) -> bool:
+    """Is fd a socket, other than a Unix one (sd_is_socket(3), python3-systemd)?"""
+    from systemd import daemon  # noqa: PLC0415
+
+    return bool(daemon.is_socket(fd)) and not daemon.is_socket_unix(fd)
 
 
 def inherit_unix_listener(environ: Mapping[str, str], pid: int) -> socket.socket | None:
@@ -186,9 +241,13 @@ def exec_with_sockets(
     names: Sequence[str],
     argv: Sequence[str],
     environ: Mapping[str, str],
+    stderr: int = -1,
 ) -> NoReturn:
-    """Exec argv with the sockets at fds 3, 4, ... and nothing else open above 2."""
+    """Exec argv with the sockets at fds 3, 4, ... and nothing else open above 2 (an
+    inetd socket stays at fds 0 and 1; ``stderr``, from divert_stderr, goes back to 2)."""
     count = len(sockets)
+    if stderr >= 0:
+        os.dup2(stderr, 2)
     env = child_environment(environ, names, os.getpid())
     # Park every socket above the target range first, so that no dup2 below
     # overwrites a socket that is still to be moved.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from alfwrapper import __version__, activation, doctor, knocking, state, wrapper
-from alfwrapper.errors import EX_SOFTWARE, EX_USAGE, AlfError, excerpt, missing_library
+from alfwrapper.errors import EX_CONFIG, EX_SOFTWARE, EX_USAGE, AlfError, excerpt, missing_library
 from alfwrapper.policy import KEYS, Entry, Policy, build_policy, cli_entry, read_policy, split_scope
 from alfwrapper.rules import ListenSpec, parse_listen, parse_ports
 
@@ -227,6 +227,12 @@ def wrapper_parser() -> Parser:
         help="the name its pinned state is kept under (default: the systemd unit, else "
         "the command's name)",
     )
+    p.add_argument(
+        "--no-capabilities",
+        action="store_true",
+        help="start COMMAND with no capability at all (default: it keeps what its unit "
+        "gives, but CAP_BPF, CAP_SYS_ADMIN, CAP_PERFMON, CAP_SYS_PTRACE, CAP_SYS_MODULE)",
+    )
     add_socket_options(p)
     add_rule_options(p)
     return p
@@ -251,7 +257,7 @@ def wrapper_main(argv: Sequence[str]) -> int:
     args = wrapper_parser().parse_args(options)
     policy = policy_from_args(args, command, os.environ)
     service = state.service_name(args.service, os.environ, policy.command)
-    return wrapper.run(policy, service, options)
+    return wrapper.run(policy, service, options, keep_capabilities=not args.no_capabilities)
 
 
 def check_parser() -> Parser:
@@ -522,19 +528,59 @@ def gc_main(argv: Sequence[str]) -> int:
 
 
 def doctor_parser() -> Parser:
-    return Parser(
+    p = Parser(
         prog="alfwrapper doctor",
-        usage="alfwrapper doctor",
+        usage="alfwrapper doctor [--inetd] [--no-capabilities] [--for COMMAND [ARG...]]",
         description="Check that this machine can run alfwrapper: the kernel's features, BPF "
         "permissions, kernel headers for BCC, the Python modules it needs, and a filter "
-        "built, loaded and run; one line per check, each problem with what to do.",
-        epilog=examples("alfwrapper doctor", "sudo -u someone alfwrapper doctor    # as a user"),
+        "built, loaded and run; one line per check, each problem with what to do.  With "
+        "--for: whether COMMAND is likely to work behind alfwrapper instead.",
+        epilog=examples(
+            "alfwrapper doctor",
+            "sudo -u someone alfwrapper doctor    # as a user",
+            "alfwrapper doctor --inetd --for /usr/sbin/sshd -i",
+        ),
     )
+    p.add_argument(
+        "--for",
+        dest="command",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="how COMMAND takes its sockets, and whether it needs a capability alfwrapper "
+        "removes (the rest of the line is COMMAND and its arguments)",
+    )
+    p.add_argument(
+        "--inetd",
+        action="store_true",
+        help="with --for: COMMAND is started inetd style (StandardInput=socket), not with "
+        "LISTEN_FDS",
+    )
+    p.add_argument(
+        "--no-capabilities",
+        action="store_true",
+        help="with --for: COMMAND is started with --no-capabilities",
+    )
+    return p
 
 
 def doctor_main(argv: Sequence[str]) -> int:
-    doctor_parser().parse_args(argv)
-    return doctor.main()
+    args = doctor_parser().parse_args(argv)
+    if args.command is None:
+        if args.inetd or args.no_capabilities:
+            raise AlfError(
+                "doctor", "--inetd and --no-capabilities go with --for", "add --for COMMAND",
+                EX_USAGE,
+            )  # fmt: skip
+        return doctor.main()
+    if not args.command:
+        raise AlfError("doctor --for", "no COMMAND given", "add the command and its "
+                       "arguments after --for", EX_USAGE)  # fmt: skip
+    from alfwrapper import daemons  # noqa: PLC0415
+
+    findings = daemons.examine(args.command, args.inetd, args.no_capabilities)
+    for finding in findings:
+        print(f"{'ok' if finding.ok else 'problem'}: {finding.text}")
+    return 0 if all(f.ok for f in findings) else EX_CONFIG
 
 
 def knock_parser() -> Parser:

@@ -183,7 +183,7 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             details=text,
         ) from None
     if plan.label:
-        name_maps(bpf, plan.label)
+        name_maps(bpf, plan.label, {name for name, _ in plan.pinned})
     adopt_pinned(bpf, plan.pinned)
     try:
         with _stderr_to(log):
@@ -223,15 +223,20 @@ def _return_freed_memory() -> None:
         pass
 
 
-def name_maps(bpf: Any, label: str) -> None:
+def name_maps(bpf: Any, label: str, pinned: set[str]) -> None:
     """Name every map for the service and socket it serves, before the program loads.
 
     BCC names a map after its declaration, the same in every program; each is
     replaced here (while empty, by fd number, as adopt_pinned does) by a copy
-    named ``LABEL.ROLE`` (program.object_name)."""
+    named ``LABEL.ROLE`` (program.object_name).  Maps to be ``pinned`` lose their
+    BTF description: bpffs shows a map with one as text to whoever may open its
+    pin, and a pin without one cannot be opened but through bpf(2), which the
+    application may not call (privileges.py)."""
     for name, fd in map_fds(bpf).items():
         try:
-            renamed = syscalls.map_renamed(fd, object_name(label, name))
+            renamed = syscalls.map_renamed(
+                fd, object_name(label, name), keep_btf=name not in pinned
+            )
         except OSError as err:
             raise AlfError(
                 f"naming the map {name}", err.strerror or str(err), "run with -v", EX_OSERR

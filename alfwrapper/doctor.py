@@ -180,6 +180,7 @@ IMPORTS = (
     ("bcc", "compiling and loading filters"),
     ("numpy", "the IPv4 subnet table"),
     ("pyroute2", "the queue check, gc and interfaces (netlink)"),
+    ("seccomp", "denying bpf(2) to the application"),
     ("setproctitle", "the helper processes' names in ps"),
     ("systemd.daemon", "inherited sockets"),
     ("systemd.journal", "the drop log"),

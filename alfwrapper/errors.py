@@ -66,6 +66,7 @@ LIBRARIES = {
     "bcc": "python3-bpfcc",
     "numpy": "python3-numpy",
     "pyroute2": "python3-pyroute2",
+    "seccomp": "python3-seccomp",
     "setproctitle": "python3-setproctitle",
     "systemd": "python3-systemd",
 }

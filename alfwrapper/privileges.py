@@ -1,13 +1,23 @@
-"""Give up privileges before exec: the application gets no capability at all.
+"""Give up, before exec, what would let the application reach its own filter.
 
-The order matters, and this is the one place it is written down:
+The application keeps the capabilities its unit gave (a root daemon that
+changes user, chroots or binds itself still can), minus those that reach the
+filter (REACHES_FILTER), unless --no-capabilities asks for none at all.  What
+guards the filter then, besides the lock SO_LOCK_FILTER puts on the socket:
 
 1. no_new_privs (Linux 3.5): from here on, exec cannot grant anything, not
    even to root (the kernel caps the new permitted set at the old one);
-2. clear the ambient set (Linux 4.3), which would otherwise survive exec;
-3. drop every capability from the bounding set we are allowed to (needs
-   CAP_SETPCAP; without it, steps 1 and 4 already keep exec from regaining any);
-4. empty the effective, permitted and inheritable sets with capset(2).
+2. REACHES_FILTER leaves the ambient, bounding (needs CAP_SETPCAP; without it,
+   step 1 already keeps exec from regaining them), permitted, effective and
+   inheritable sets;
+3. a seccomp filter (libseccomp) fails every bpf(2) call with EPERM, for the
+   application and all it starts: since Linux 6.5 opening a pinned object
+   (BPF_OBJ_GET) and changing a map through it check file permissions only,
+   which CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_CHOWN or CAP_SETUID get past;
+4. when the wrapper may (CAP_SYS_ADMIN), a mount namespace of the
+   application's own without any BPF file system, so that its pinned state
+   cannot even be renamed or removed.  (Pinned maps are made without BTF, so
+   they cannot be read as text through the file system either: state.py.)
 
 The interface watcher (watcher.py) moves to its own user and keeps only
 CAP_BPF, which kernels before 6.5 ask for even to update a map.
@@ -21,13 +31,37 @@ import os
 from alfwrapper import syscalls
 from alfwrapper.errors import EX_OSERR, AlfError
 
+CAP_CHOWN = 0
+CAP_DAC_OVERRIDE = 1
+CAP_FOWNER = 3
 CAP_SETGID = 6
 CAP_SETUID = 7
+CAP_SYS_MODULE = 16
+CAP_SYS_CHROOT = 18
+CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
 CAP_BPF = 39
+# What reaches the filter, its maps or those who hold them; never the application's.
+REACHES_FILTER = {
+    CAP_BPF: "loads programs, makes maps",
+    CAP_SYS_ADMIN: "finds programs and maps by id, mounts a BPF file system, enters namespaces",
+    CAP_PERFMON: "reads kernel memory through BPF",
+    CAP_SYS_PTRACE: "would take the map fds and CAP_BPF of the interface watcher",
+    CAP_SYS_MODULE: "loads kernel code",
+}
+REACHES_FILTER_MASK = sum(1 << cap for cap in REACHES_FILTER)
+# What gets past the file permissions that guard pinned state (state.py).
+PAST_FILE_PERMISSIONS = {
+    CAP_CHOWN: "CAP_CHOWN",
+    CAP_DAC_OVERRIDE: "CAP_DAC_OVERRIDE",
+    CAP_FOWNER: "CAP_FOWNER",
+    CAP_SETUID: "CAP_SETUID",
+}
 CAP_LAST = 63
 PR_SET_DUMPABLE = 4
 PR_SET_KEEPCAPS = 8
+PR_CAP_AMBIENT_LOWER = 3
 
 
 def permitted(field: str = "CapPrm") -> int:
@@ -81,9 +115,110 @@ def drop_privileges(keep: int = 0) -> None:
         _drop_bounding(keep)
         syscalls.capset(keep, keep, 0)
     except OSError as err:
+        raise _failed(err) from None
+
+
+def _failed(err: OSError) -> AlfError:
+    return AlfError(
+        "dropping privileges before exec",
+        err.strerror or str(err),
+        "the application was not started; check the unit's capability settings",
+        EX_OSERR,
+    )
+
+
+def drop_reaching_filter() -> int:
+    """Remove REACHES_FILTER from every set and set no_new_privs; keep the rest.
+    Returns the permitted set kept."""
+    try:
+        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)
+        for cap in REACHES_FILTER:
+            try:
+                syscalls.prctl(syscalls.PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, cap)
+            except OSError as err:
+                if err.errno != errno.EINVAL:  # a capability this kernel does not know
+                    raise
+        _drop_bounding(((1 << (CAP_LAST + 1)) - 1) & ~REACHES_FILTER_MASK)
+        keep = permitted() & ~REACHES_FILTER_MASK
+        syscalls.capset(effective() & keep, keep, permitted("CapInh") & ~REACHES_FILTER_MASK)
+        return keep
+    except OSError as err:
+        raise _failed(err) from None
+
+
+def deny_bpf_syscall() -> None:
+    """A seccomp filter (libseccomp) that fails bpf(2) with EPERM from now on, for this
+    process and all it starts; no capability removes it.  On x86-64 the 32-bit entry
+    points get the same rule, so a 32-bit helper program works as well."""
+    import seccomp  # noqa: PLC0415  (python3-seccomp)
+
+    try:
+        rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+        if seccomp.system_arch() == seccomp.Arch.X86_64:
+            for arch in (seccomp.Arch.X86, seccomp.Arch.X32):
+                rules.add_arch(arch)
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), "bpf")
+        rules.load()
+    except (OSError, RuntimeError, ValueError) as err:
         raise AlfError(
-            "dropping privileges before exec",
-            err.strerror or str(err),
-            "the application was not started; check the unit's capability settings",
+            "denying bpf(2) to the application (seccomp)",
+            str(err),
+            "the application was not started; the unit's SystemCallFilter= must allow "
+            "seccomp(2) and prctl(2)",
             EX_OSERR,
         ) from None
+
+
+def hide_bpf_file_systems() -> str:
+    """A mount namespace for the application with every BPF file system unmounted
+    (the host's stay); "" once done, else why not."""
+    if not effective() >> CAP_SYS_ADMIN & 1:
+        return "no CAP_SYS_ADMIN to make a mount namespace"
+    try:
+        syscalls.unshare_mounts()
+        for target in bpf_mounts():
+            syscalls.umount_detach(target)
+    except OSError as err:
+        return err.strerror or str(err)
+    return ""
+
+
+def bpf_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Where BPF file systems are mounted, deepest first (proc(5): the mount point is
+    field 5, the file system type follows the " - " separator)."""
+    found = []
+    with open(mountinfo, encoding="utf-8", errors="surrogateescape") as lines:
+        for line in lines:
+            fields, _, rest = line.partition(" - ")
+            if rest.split(" ", 1)[0] == "bpf":
+                found.append(_unescape(fields.split(" ")[4]))
+    return sorted(found, key=lambda path: path.count("/"), reverse=True)
+
+
+def _unescape(path: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        path = path.replace(code, chr(int(code[1:], 8)))
+    return path
+
+
+def confine_application(keep_granted: bool) -> str:
+    """Everything before exec, in order (the module's docstring).  Returns a note for
+    the user ("" if none): what the application keeps that the kernel cannot fully
+    hold back from its pinned state."""
+    not_hidden = hide_bpf_file_systems()  # while CAP_SYS_ADMIN is still ours
+    if keep_granted:
+        kept = drop_reaching_filter()
+    else:
+        drop_privileges()
+        kept = 0
+    deny_bpf_syscall()
+    past = [name for cap, name in PAST_FILE_PERMISSIONS.items() if kept >> cap & 1]
+    if past and not_hidden:
+        return (
+            f"the application keeps {', '.join(past)} and the BPF file system could not "
+            f"be hidden from it ({not_hidden}): it cannot read or change its filter, but "
+            "could rename or remove the pinned state (give the wrapper CAP_SYS_ADMIN, "
+            "or use --no-capabilities)"
+        )
+    return ""

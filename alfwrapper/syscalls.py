@@ -300,12 +300,12 @@ def _btf_fds() -> dict[int, int]:
     return found
 
 
-def map_renamed(map_fd: int, name: str) -> int:
+def map_renamed(map_fd: int, name: str, keep_btf: bool = True) -> int:
     """A new, empty map like this one (type, sizes, flags, BTF types) but named ``name``.
 
     A map's name is fixed when it is made; BCC names each after its C
-    declaration.  The copy keeps the BTF description when the BTF object is
-    open in this process (then `bpftool map dump` prints the structs)."""
+    declaration.  The copy keeps the BTF description when asked to and the BTF
+    object is open in this process (then `bpftool map dump` prints the structs)."""
     # struct bpf_map_info: type, id, key_size, value_size, max_entries, map_flags,
     # name[16], ifindex, btf_vmlinux_value_type_id, netns_dev, netns_ino, btf_id,
     # btf_key_type_id, btf_value_type_id, btf_vmlinux_id, map_extra
@@ -314,7 +314,7 @@ def map_renamed(map_fd: int, name: str) -> int:
     btf_id, btf_key, btf_value = struct.unpack_from("=3I", raw, 64)
     (extra,) = struct.unpack_from("=Q", raw, 80)
     opts = _MapCreateOpts(sz=ctypes.sizeof(_MapCreateOpts), map_flags=flags, map_extra=extra)
-    btf = _btf_fds().get(btf_id) if btf_id else None
+    btf = _btf_fds().get(btf_id) if btf_id and keep_btf else None
     if btf is not None:
         opts.btf_fd, opts.btf_key_type_id, opts.btf_value_type_id = btf, btf_key, btf_value
     fd = libbpf().bpf_map_create(kind, name.encode()[:15], key, value, entries, ctypes.byref(opts))
@@ -718,6 +718,25 @@ def capset(effective: int, permitted: int, inheritable: int) -> None:
         data[i].permitted = permitted >> (32 * i) & 0xFFFFFFFF
         data[i].inheritable = inheritable >> (32 * i) & 0xFFFFFFFF
     _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+
+
+# -- a mount namespace (glibc's unshare(2), mount(2), umount2(2)) ----------------
+
+CLONE_NEWNS = 0x00020000
+MS_REC = 1 << 14
+MS_SLAVE = 1 << 19
+MNT_DETACH = 2
+
+
+def unshare_mounts() -> None:
+    """A mount namespace of this process's own that hears of the host's mounts and
+    unmounts but tells the host of none of its own (MS_SLAVE, recursively)."""
+    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(_libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None), "mount(/, MS_SLAVE)")
+
+
+def umount_detach(path: str) -> None:
+    _check(_libc.umount2(os.fsencode(path), MNT_DETACH), f"umount2({path})")
 
 
 # Landlock (Linux 5.13): no library in Debian's Python; its three syscalls and

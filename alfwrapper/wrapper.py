@@ -54,6 +54,11 @@ class SocketRecord:
     fresh: bool = True  # no earlier start filtered it
 
     @property
+    def stdin(self) -> bool:
+        """Handed over on fd 0, inetd style: it stays there for the application."""
+        return self.inherited and self.name == activation.INETD_NAME and self.sock.fileno() == 0
+
+    @property
     def inherited(self) -> bool:
         return self.spec is None
 
@@ -103,11 +108,13 @@ def check_names(policy: Policy, names: list[str]) -> None:
 
 
 def gather_sockets(policy: Policy) -> list[SocketRecord]:
-    """Inherited sockets first, in their order, then the created ones (still unbound)."""
-    records = [
-        SocketRecord(sock, name, policy.rules_for(name))
-        for sock, name in activation.inherit_sockets(os.environ, os.getpid())
-    ]
+    """Inherited sockets first (an inetd one on fd 0, then LISTEN_FDS' in their
+    order), then the created ones (still unbound)."""
+    inherited = activation.inherit_sockets(os.environ, os.getpid())
+    stdin = activation.inetd_socket([sock for sock, _ in inherited])
+    if stdin is not None:
+        inherited.insert(0, (stdin, activation.INETD_NAME))
+    records = [SocketRecord(sock, name, policy.rules_for(name)) for sock, name in inherited]
     for spec in policy.listens:
         records.append(
             SocketRecord(open_socket(spec), spec.name, policy.rules_for(spec.name), spec)
@@ -115,7 +122,8 @@ def gather_sockets(policy: Policy) -> list[SocketRecord]:
     if not records:
         raise AlfError(
             "sockets",
-            "none inherited (LISTEN_FDS unset) and none to create",
+            "none inherited (LISTEN_FDS unset, and fd 0 is no TCP or UDP socket) and "
+            "none to create",
             "add --listen [::]:PORT, or start from a socket unit",
             EX_USAGE,
         )
@@ -401,12 +409,19 @@ def collect_stale_state() -> None:
               "`alfwrapper gc` removes it", file=sys.stderr)  # fmt: skip
 
 
-def run(policy: Policy, service: str, argv: list[str]) -> int | NoReturn:
+def run(
+    policy: Policy, service: str, argv: list[str], keep_capabilities: bool = True
+) -> int | NoReturn:
     """Sockets in, filters on, exec.  Returns (0) only when an Accept=yes peer was denied.
 
     ``service`` names the pinned state; ``argv`` (the rule options) is kept in
-    it so that `alfwrapper reload` can build the policy again."""
+    it so that `alfwrapper reload` can build the policy again.  The application
+    keeps the capabilities the unit gave, but those that reach its filter,
+    unless not ``keep_capabilities`` (privileges.py)."""
+    stderr = activation.divert_stderr()
     check_command(policy.command)
+    import seccomp  # noqa: F401, PLC0415  (before any work: privileges.deny_bpf_syscall needs it)
+
     records = gather_sockets(policy)
     if any(r.rules.interfaces or r.rules.log_rate for r in records):
         from alfwrapper import companion  # noqa: PLC0415
@@ -469,7 +484,13 @@ def run(policy: Policy, service: str, argv: list[str]) -> int | NoReturn:
         service,
     )
     describe_sockets(records, service, argv, watcher, forwarder)
-    privileges.drop_privileges()
+    note = privileges.confine_application(keep_capabilities)
+    if note:
+        print(f"alfwrapper: note: {note}", file=sys.stderr)
+    moved = [r for r in records if not r.stdin]
+    for record in records:
+        if record.stdin:
+            record.sock.detach()  # fd 0 (and 1) stay as they are
     activation.exec_with_sockets(
-        [r.sock for r in records], [r.name for r in records], policy.command, os.environ
+        [r.sock for r in moved], [r.name for r in moved], policy.command, os.environ, stderr
     )

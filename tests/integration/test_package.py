@@ -75,6 +75,8 @@ def test_package_installs_works_and_leaves_nothing(network: Network, package: li
     # Where everything is, and the headers the package linked by itself.
     for path in ("/usr/bin/alfwrapper", "/usr/lib/alfwrapper/policy/alfwrapper-echo.toml",
                  "/usr/lib/systemd/system/alfwrapper-loader.service",
+                 "/usr/share/alfwrapper/units/alfwrapper-sshd@.service",
+                 "/usr/lib/alfwrapper/policy/alfwrapper-sshd.toml",
                  "/usr/share/man/man1/alfwrapper.1.gz",
                  "/usr/share/man/man8/alfwrapper-loader.8.gz",
                  "/usr/lib/python3/dist-packages/alfwrapper/filters/subnets.c",

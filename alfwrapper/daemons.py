@@ -1,0 +1,169 @@
+"""``alfwrapper doctor --for COMMAND``: will this command work behind alfwrapper?
+
+Two questions decide it.  How does the command take its sockets: from
+LISTEN_FDS (sd_listen_fds(3)), inetd style on fds 0 and 1, or does it bind
+its own, which alfwrapper never sees?  And does it need a capability that
+alfwrapper removes (privileges.REACHES_FILTER, or all with --no-capabilities)?
+KNOWN answers both for daemons from Debian's archive; for any other command
+the executable's bytes are searched for sd_listen_fds / LISTEN_FDS, and its
+file capabilities and set-user-ID bit are read.  A heuristic: it says
+"unlikely", never "certain".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from alfwrapper import privileges
+from alfwrapper.errors import EX_NOINPUT, AlfError
+
+INETD, LISTEN_FDS, OWN = "inetd", "listen-fds", "own"
+HOW = {
+    INETD: "its connection on fds 0 and 1, inetd style (StandardInput=socket)",
+    LISTEN_FDS: "sockets from LISTEN_FDS (sd_listen_fds)",
+    OWN: "binds its own sockets, which alfwrapper never sees",
+}
+_SCAN_LIMIT = 64 << 20  # bytes of an executable searched for sd_listen_fds
+# capability(7)'s names, by number (linux/capability.h).
+_CAP_NAMES = (
+    "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP "
+    "LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER "
+    "SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE "
+    "SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
+    "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF "
+    "CHECKPOINT_RESTORE"
+).split()
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """What one daemon does with a given option: how it takes sockets, what it needs."""
+
+    program: str  # the executable's file name
+    option: str  # a regular expression its arguments must match ("" for any)
+    sockets: str  # INETD, LISTEN_FDS or OWN
+    needs: tuple[int, ...] = ()  # capabilities, when it runs as root
+    why: str = ""
+
+
+_PRIVSEP = (privileges.CAP_SETUID, privileges.CAP_SETGID, privileges.CAP_SYS_CHROOT)
+KNOWN = (
+    Daemon("sshd", r"(^| )-\w*i", INETD, _PRIVSEP, "privilege separation"),
+    Daemon("sshd", "", OWN, _PRIVSEP, "privilege separation"),
+    Daemon("in.tftpd", r"(^| )(-l|--listen)\b", OWN, _PRIVSEP, "-s chroots, -u changes user"),
+    Daemon("in.tftpd", "", INETD, _PRIVSEP, "-s chroots, -u changes user"),
+    Daemon("rsync", r"--daemon", INETD, _PRIVSEP, "`use chroot` and `uid` in rsyncd.conf"),
+    Daemon("git-daemon", r"--inetd", INETD),
+    Daemon("git-daemon", "", OWN),
+    Daemon("git", r"^daemon .*--inetd", INETD),
+    Daemon("git", r"^daemon", OWN),
+    Daemon("dnsmasq", "", OWN),
+    Daemon("lighttpd", "", LISTEN_FDS, why="server.systemd-socket-activation"),
+    Daemon("systemd-socket-proxyd", "", LISTEN_FDS),
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    ok: bool
+    text: str
+
+
+def known(argv: Sequence[str]) -> Daemon | None:
+    name, args = os.path.basename(argv[0]), " ".join(argv[1:])
+    return next(
+        (d for d in KNOWN if d.program == name and re.search(d.option, args)), None
+    )  # fmt: skip
+
+
+def scan_sockets(path: str) -> str:
+    """LISTEN_FDS when the executable (or script) names sd_listen_fds or LISTEN_FDS,
+    else "" (cannot tell: inetd style or its own)."""
+    with open(path, "rb") as exe:
+        data = exe.read(_SCAN_LIMIT)
+    return LISTEN_FDS if re.search(rb"sd_listen_fds|LISTEN_FDS|listen_fds", data) else ""
+
+
+def file_capabilities(path: str) -> int:
+    """The permitted set of the executable's file capabilities (security.capability)."""
+    try:
+        return permitted_of(os.getxattr(path, "security.capability"))
+    except OSError:
+        return 0
+
+
+def permitted_of(raw: bytes) -> int:
+    """struct vfs_cap_data (linux/capability.h): magic_etc, then permitted and
+    inheritable per 32-bit word, low word first (revision 1 has one word)."""
+    low = int.from_bytes(raw[4:8], "little")
+    high = int.from_bytes(raw[12:16], "little") if len(raw) >= 16 else 0
+    return low | high << 32
+
+
+def names(mask: int) -> str:
+    return ", ".join(
+        f"CAP_{_CAP_NAMES[cap]}" if cap < len(_CAP_NAMES) else f"capability {cap}"
+        for cap in range(64)
+        if mask >> cap & 1
+    )
+
+
+def examine(argv: Sequence[str], inetd: bool, no_capabilities: bool) -> list[Finding]:
+    """What stands in the way of running argv behind alfwrapper, started inetd style or
+    with LISTEN_FDS, keeping the unit's capabilities (but REACHES_FILTER) or none."""
+    path = shutil.which(argv[0])
+    if path is None:
+        raise AlfError(
+            f"doctor --for {argv[0]}", "not found or not executable", "give a path", EX_NOINPUT
+        )
+    findings = []
+    daemon = known(argv)
+    given = INETD if inetd else LISTEN_FDS
+    takes = daemon.sockets if daemon else scan_sockets(path)
+    if takes == OWN:
+        findings.append(Finding(False, f"{argv[0]} {HOW[OWN]}: look for an inetd mode"))
+    elif takes and takes != given:
+        findings.append(
+            Finding(
+                False,
+                f"{argv[0]} expects {HOW[takes]}, but would get {HOW[given]}"
+                + (" (leave out --inetd)" if inetd else " (check with --inetd if so started)"),
+            )
+        )
+    elif takes:
+        findings.append(Finding(True, f"{argv[0]} takes {HOW[takes]}"))
+    else:
+        findings.append(
+            Finding(
+                True,
+                f"{argv[0]} does not name sd_listen_fds: it may take {HOW[INETD]}, or "
+                "bind its own sockets (which alfwrapper never sees)",
+            )
+        )
+    removed = (1 << 64) - 1 if no_capabilities else privileges.REACHES_FILTER_MASK
+    needs = sum(1 << cap for cap in daemon.needs) if daemon else 0
+    needs |= file_capabilities(path)
+    lost = needs & removed
+    if lost:
+        why = f" ({daemon.why})" if daemon and daemon.why else ""
+        option = "--no-capabilities" if no_capabilities else "alfwrapper"
+        findings.append(
+            Finding(False, f"{argv[0]} needs {names(lost)}{why}, which {option} removes")
+        )
+    elif needs:
+        findings.append(Finding(True, f"{argv[0]} keeps what it needs: {names(needs)}"))
+    mode = os.stat(path).st_mode
+    if mode & (stat.S_ISUID | stat.S_ISGID):
+        findings.append(
+            Finding(
+                False,
+                f"{path} is set-user-ID or set-group-ID: no_new_privs keeps exec "
+                "from granting that",
+            )  # fmt: skip
+        )
+    return findings

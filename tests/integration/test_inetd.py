@@ -1,0 +1,121 @@
+"""inetd style (a socket on fd 0, no LISTEN_FDS), as systemd-socket-activate --inetd
+hands it over: what a peer receives, what starts, what fd 0 may be."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from hosts import Network, Service
+from managers import ALFWRAPPER, wait_until
+from support import WRAPPER
+
+APP = "import sys; sys.stderr.write('app stderr\\n'); sys.stderr.flush(); print('app stdout')"
+
+
+def activate(network: Network, services: list[Service], port: int, *argv: str) -> Service:
+    svc = Service(
+        network.server, ["systemd-socket-activate", "--inetd", "-a", "-l", str(port), *argv]
+    )
+    services.append(svc)
+    wait_until(lambda: "Listening on" in svc.errors(), svc.errors)
+    return svc
+
+
+def receive(host_command: list[str], address: str, port: int) -> str:
+    code = (
+        "import socket, sys\n"
+        "s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)\n"
+        "got = b''\n"
+        "try:\n"
+        "    while chunk := s.recv(4096):\n"
+        "        got += chunk\n"
+        "except OSError as err:\n"
+        "    got += f'<{type(err).__name__}>'.encode()\n"
+        "print(repr(got.decode()))\n"
+    )
+    out = subprocess.run(
+        [*host_command, sys.executable, "-c", code, address, str(port)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_the_wrappers_messages_never_reach_the_peer(
+    network: Network, services: list[Service]
+) -> None:
+    """With stderr the connection too (a unit that leaves StandardError= to inherit),
+    alfwrapper's own lines (here: the note that the socket has no rules) stay off it;
+    the application's stderr is the connection again, as the unit asked."""
+    a = network.allowed
+    activate(
+        network, services, 7100,
+        "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", ALFWRAPPER, "--", sys.executable, "-c", APP,
+    )  # fmt: skip
+    got = receive(a.command([]), a.server_v4, 7100)
+    assert got == repr("app stderr\napp stdout\n"), got
+
+
+def test_a_peer_gone_before_the_filter_starts_nothing(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """A denied and an allowed peer each connect, send and reset at once, before the
+    wrapper looks: neither can be judged, so the command never starts."""
+    marker = tmp_path / "started"
+    svc = activate(
+        network, services, 7101,
+        ALFWRAPPER, "--allow", "192.0.2.0/24", "--", sys.executable, "-c",
+        f"open({str(marker)!r}, 'a').write('started\\n')",
+    )  # fmt: skip
+    resetter = (
+        "import socket, struct, sys\n"
+        "s = socket.create_connection((sys.argv[1], 7101), timeout=5)\n"
+        "s.sendall(b'EVIL')\n"
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 0))\n"
+        "s.close()\n"
+    )
+    for host in (network.denied, network.allowed):
+        subprocess.run(host.command([sys.executable, "-c", resetter, host.server_v4]),
+                       check=True, timeout=30)  # fmt: skip
+    wait_until(
+        lambda: svc.errors().count("a peer that has already reset it denied and reset") == 2,
+        svc.errors,
+        timeout=30,
+    )
+    time.sleep(0.5)
+    assert not marker.exists()
+
+
+def run_with_stdin(stdin: socket.socket, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*WRAPPER, "--service", f"inetd-{uuid.uuid4().hex[:6]}", *argv],
+        stdin=stdin.fileno(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_what_fd_0_may_be() -> None:
+    """A Unix socket on fd 0 (a supervisor's pipe) is not the wrapper's to take; a UDP
+    socket is, and gets the filter like any other socket, and stays on fd 0."""
+    one, _two = socket.socketpair()
+    out = run_with_stdin(one, "--allow", "192.0.2.0/24", "--", "true")
+    assert out.returncode == 64, out.stderr
+    assert "none inherited (LISTEN_FDS unset, and fd 0 is no TCP or UDP socket)" in out.stderr
+    udp = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    udp.bind(("::1", 0))
+    out = run_with_stdin(udp, "--allow", "192.0.2.0/24", "--", sys.executable, "-c",
+                         "import os; print(os.environ.get('LISTEN_FDS'))")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "None\n"
+    # The filter is on the socket: a datagram from ::1 (not allowed) never arrives.
+    sender = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sender.sendto(b"denied", udp.getsockname())
+    udp.settimeout(0.5)
+    try:
+        data = udp.recv(100)
+    except TimeoutError:
+        data = b""
+    assert data == b""

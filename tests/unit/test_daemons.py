@@ -1,0 +1,96 @@
+"""doctor --for (daemons.py): how a command takes its sockets, what it would lose."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from support import ROOT, require
+
+from alfwrapper import daemons
+from alfwrapper.errors import EX_NOINPUT, AlfError
+
+
+def texts(argv: list[str], inetd: bool = False, no_caps: bool = False) -> list[str]:
+    return [
+        f"{'ok' if f.ok else 'problem'}: {f.text}" for f in daemons.examine(argv, inetd, no_caps)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "sockets"),
+    [
+        (["/usr/sbin/sshd", "-i"], daemons.INETD),
+        (["sshd", "-D", "-i", "-f", "/etc/ssh/sshd_config"], daemons.INETD),
+        (["/usr/sbin/sshd", "-D"], daemons.OWN),
+        (["in.tftpd", "-s", "/srv/tftp"], daemons.INETD),
+        (["in.tftpd", "--listen"], daemons.OWN),
+        (["git", "daemon", "--inetd", "/srv/git"], daemons.INETD),
+        (["git", "daemon", "/srv/git"], daemons.OWN),
+        (["rsync", "--daemon"], daemons.INETD),
+        (["lighttpd", "-D"], daemons.LISTEN_FDS),
+    ],
+)
+def test_known_daemons(argv: list[str], sockets: str) -> None:
+    found = daemons.known(argv)
+    assert found is not None and found.sockets == sockets
+
+
+def script(tmp_path: Path, body: str, mode: int = 0o755) -> str:
+    path = tmp_path / "daemon"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(mode)
+    return str(path)
+
+
+def test_an_unknown_command_is_read_for_sd_listen_fds(tmp_path: Path) -> None:
+    takes = script(tmp_path, 'test -n "$LISTEN_FDS" && exec ./serve')
+    assert texts([takes]) == [f"ok: {takes} takes sockets from LISTEN_FDS (sd_listen_fds)"]
+    problem = texts([takes], inetd=True)[0]
+    assert problem.startswith(f"problem: {takes} expects sockets from LISTEN_FDS")
+    assert problem.endswith("(leave out --inetd)")
+    other = script(tmp_path, "exec ./serve")
+    assert texts([other])[0].startswith(f"ok: {other} does not name sd_listen_fds")
+
+
+def test_capabilities_that_would_be_removed() -> None:
+    sshd = "/usr/sbin/sshd"
+    require(os.path.exists(sshd), "openssh-server is not installed (make setup installs it)")
+    assert texts([sshd, "-i"], inetd=True)[1] == (
+        f"ok: {sshd} keeps what it needs: CAP_SETGID, CAP_SETUID, CAP_SYS_CHROOT"
+    )
+    assert texts([sshd, "-i"], inetd=True, no_caps=True)[1] == (
+        f"problem: {sshd} needs CAP_SETGID, CAP_SETUID, CAP_SYS_CHROOT (privilege "
+        "separation), which --no-capabilities removes"
+    )
+
+
+def test_file_capabilities_and_set_user_id(tmp_path: Path) -> None:
+    # VFS_CAP_REVISION_2: magic_etc, then (permitted, inheritable) for each word.
+    raw = struct.pack("<5I", 0x02000000, 1 << 10, 0, 1 << (39 - 32), 0)
+    assert daemons.permitted_of(raw) == 1 << 10 | 1 << 39
+    assert daemons.names(daemons.permitted_of(raw)) == "CAP_NET_BIND_SERVICE, CAP_BPF"
+    setuid = script(tmp_path, "exec ./serve", 0o4755)
+    assert texts([setuid])[-1].startswith(f"problem: {setuid} is set-user-ID")
+
+
+def test_a_command_that_is_not_there() -> None:
+    with pytest.raises(AlfError) as err:
+        daemons.examine(["/nonexistent/daemon"], False, False)
+    assert err.value.exit_code == EX_NOINPUT
+
+
+def test_the_readme_example_is_what_it_prints() -> None:
+    require(
+        shutil.which("/usr/sbin/sshd") is not None,
+        "openssh-server is not installed (make setup installs it)",
+    )
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"\$ alfwrapper doctor --inetd --for (/usr/sbin/sshd -i)\n(.*?)```",
+                      readme, re.S)  # fmt: skip
+    assert block is not None
+    assert texts(block.group(1).split(), inetd=True) == block.group(2).strip().splitlines()
