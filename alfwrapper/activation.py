@@ -246,7 +246,9 @@ def exec_with_sockets(
     """Exec argv with the sockets at fds 3, 4, ... and nothing else open above 2 (an
     inetd socket stays at fds 0 and 1; ``stderr``, from divert_stderr, goes back to 2)."""
     count = len(sockets)
+    diverted = -1  # where the wrapper's messages went, kept in case exec fails
     if stderr >= 0:
+        diverted = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, SD_LISTEN_FDS_START + count)
         os.dup2(stderr, 2)
     env = child_environment(environ, names, os.getpid())
     # Park every socket above the target range first, so that no dup2 below
@@ -258,13 +260,19 @@ def exec_with_sockets(
         sock.detach()  # the socket objects must not close fds in the target range
     for i, fd in enumerate(parked):
         os.dup2(fd, SD_LISTEN_FDS_START + i, inheritable=True)
-    os.closerange(SD_LISTEN_FDS_START + count, _max_fd())
+    if diverted >= 0:
+        os.closerange(SD_LISTEN_FDS_START + count, diverted)
+        os.closerange(diverted + 1, _max_fd())
+    else:
+        os.closerange(SD_LISTEN_FDS_START + count, _max_fd())
     # Python ignores SIGPIPE and SIGXFSZ, and exec would hand that on.
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
     try:
         os.execvpe(argv[0], list(argv), env)
     except OSError as err:
+        if diverted >= 0:  # the message is not for the peer either
+            os.dup2(diverted, 2)
         # Every other fd is closed by now, so the process must end without the
         # interpreter's clean-up (BCC's would fail on the closed fds).
         raise AlfError(

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from alfwrapper import __version__, activation, doctor, knocking, state, wrapper
+from alfwrapper import __version__, activation, doctor, knocking, privileges, state, wrapper
 from alfwrapper.errors import EX_CONFIG, EX_SOFTWARE, EX_USAGE, AlfError, excerpt, missing_library
 from alfwrapper.policy import KEYS, Entry, Policy, build_policy, cli_entry, read_policy, split_scope
 from alfwrapper.rules import ListenSpec, parse_listen, parse_ports
@@ -231,7 +231,7 @@ def wrapper_parser() -> Parser:
         "--no-capabilities",
         action="store_true",
         help="start COMMAND with no capability at all (default: it keeps what its unit "
-        "gives, but CAP_BPF, CAP_SYS_ADMIN, CAP_PERFMON, CAP_SYS_PTRACE, CAP_SYS_MODULE)",
+        f"gives, but {', '.join(name for name, _ in privileges.REACHES_FILTER.values())})",
     )
     add_socket_options(p)
     add_rule_options(p)
@@ -246,6 +246,7 @@ def parse_policy(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
 
 
 def wrapper_main(argv: Sequence[str]) -> int:
+    stderr = activation.divert_stderr()  # before any message: it could reach an inetd peer
     options, command = _split_command(argv)
     if "--print-filter" in options:
         raise AlfError(
@@ -257,7 +258,9 @@ def wrapper_main(argv: Sequence[str]) -> int:
     args = wrapper_parser().parse_args(options)
     policy = policy_from_args(args, command, os.environ)
     service = state.service_name(args.service, os.environ, policy.command)
-    return wrapper.run(policy, service, options, keep_capabilities=not args.no_capabilities)
+    return wrapper.run(
+        policy, service, options, keep_capabilities=not args.no_capabilities, stderr=stderr
+    )
 
 
 def check_parser() -> Parser:

@@ -53,7 +53,10 @@ class Daemon:
 
 _PRIVSEP = (privileges.CAP_SETUID, privileges.CAP_SETGID, privileges.CAP_SYS_CHROOT)
 KNOWN = (
-    Daemon("sshd", r"(^| )-\w*i", INETD, _PRIVSEP, "privilege separation"),
+    # -i alone or among sshd's flags that take no argument (-Di), not in -oIdentity...
+    Daemon(
+        "sshd", r"(^| )-[46DdeqTtGV]*i[46DdeqTtGV]*( |$)", INETD, _PRIVSEP, "privilege separation"
+    ),
     Daemon("sshd", "", OWN, _PRIVSEP, "privilege separation"),
     Daemon("in.tftpd", r"(^| )(-l|--listen)\b", OWN, _PRIVSEP, "-s chroots, -u changes user"),
     Daemon("in.tftpd", "", INETD, _PRIVSEP, "-s chroots, -u changes user"),

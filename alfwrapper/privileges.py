@@ -14,10 +14,13 @@ guards the filter then, besides the lock SO_LOCK_FILTER puts on the socket:
    application and all it starts: since Linux 6.5 opening a pinned object
    (BPF_OBJ_GET) and changing a map through it check file permissions only,
    which CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_CHOWN or CAP_SETUID get past;
-4. when the wrapper may (CAP_SYS_ADMIN), a mount namespace of the
-   application's own without any BPF file system, so that its pinned state
-   cannot even be renamed or removed.  (Pinned maps are made without BTF, so
-   they cannot be read as text through the file system either: state.py.)
+4. when the application keeps one of those or CAP_KILL (PAST_GUARDS), Landlock
+   keeps it from changing anything in a BPF file system (renaming or removing
+   pins), from /proc/PID/root of processes it did not start, and from
+   signalling those; and when the wrapper may (CAP_SYS_ADMIN), a mount
+   namespace of the application's own has no BPF file system at all.  (Pinned
+   maps are made without BTF, so they cannot be read as text through the file
+   system either: compiler.name_maps.)
 
 The interface watcher (watcher.py) moves to its own user and keeps only
 CAP_BPF, which kernels before 6.5 ask for even to update a map.
@@ -36,6 +39,7 @@ CAP_DAC_OVERRIDE = 1
 CAP_FOWNER = 3
 CAP_SETGID = 6
 CAP_SETUID = 7
+CAP_NET_ADMIN = 12
 CAP_SYS_MODULE = 16
 CAP_SYS_CHROOT = 18
 CAP_SYS_PTRACE = 19
@@ -43,19 +47,27 @@ CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
 CAP_BPF = 39
 # What reaches the filter, its maps or those who hold them; never the application's.
+# (The README's table of them is checked against this one: tests/unit/test_docs.py.)
 REACHES_FILTER = {
-    CAP_BPF: "loads programs, makes maps",
-    CAP_SYS_ADMIN: "finds programs and maps by id, mounts a BPF file system, enters namespaces",
-    CAP_PERFMON: "reads kernel memory through BPF",
-    CAP_SYS_PTRACE: "would take the map fds and CAP_BPF of the interface watcher",
-    CAP_SYS_MODULE: "loads kernel code",
-}
+    CAP_BPF: ("CAP_BPF", "loads programs and makes maps"),
+    CAP_SYS_ADMIN: ("CAP_SYS_ADMIN", "finds programs and maps by id, mounts a BPF file "
+                    "system, enters other namespaces"),
+    CAP_PERFMON: ("CAP_PERFMON", "reads kernel memory through BPF"),
+    CAP_SYS_PTRACE: ("CAP_SYS_PTRACE", "would reach into the interface watcher, which "
+                     "holds the maps and CAP_BPF"),
+    CAP_SYS_MODULE: ("CAP_SYS_MODULE", "loads kernel code"),
+    CAP_NET_ADMIN: ("CAP_NET_ADMIN", "rewrites source addresses (NAT) before the filter "
+                    "sees them, renames interfaces that --interface rules follow"),
+}  # fmt: skip
 REACHES_FILTER_MASK = sum(1 << cap for cap in REACHES_FILTER)
-# What gets past the file permissions that guard pinned state (state.py).
-PAST_FILE_PERMISSIONS = {
+CAP_KILL = 5
+# What gets past the file permissions that guard pinned state (state.py), or past
+# the user that guards the interface watcher and the log forwarder against signals.
+PAST_GUARDS = {
     CAP_CHOWN: "CAP_CHOWN",
     CAP_DAC_OVERRIDE: "CAP_DAC_OVERRIDE",
     CAP_FOWNER: "CAP_FOWNER",
+    CAP_KILL: "CAP_KILL",
     CAP_SETUID: "CAP_SETUID",
 }
 CAP_LAST = 63
@@ -169,14 +181,14 @@ def deny_bpf_syscall() -> None:
         ) from None
 
 
-def hide_bpf_file_systems() -> str:
-    """A mount namespace for the application with every BPF file system unmounted
+def hide_bpf_file_systems(mounts: list[str]) -> str:
+    """A mount namespace for the application with these BPF file systems unmounted
     (the host's stay); "" once done, else why not."""
     if not effective() >> CAP_SYS_ADMIN & 1:
         return "no CAP_SYS_ADMIN to make a mount namespace"
     try:
         syscalls.unshare_mounts()
-        for target in bpf_mounts():
+        for target in mounts:
             syscalls.umount_detach(target)
     except OSError as err:
         return err.strerror or str(err)
@@ -202,23 +214,55 @@ def _unescape(path: str) -> str:
     return path
 
 
+def writable_outside(excluded: list[str], top: str = "/") -> list[str]:
+    """The folders that together hold everything under ``top`` but the ``excluded``
+    paths: the sibling folders of every folder on the way down to each one.
+    (Landlock allows; it cannot deny beneath an allowed folder.)  Files directly in
+    a folder on the way down (/, /sys, /sys/fs) are left out with it."""
+    found = []
+    for entry in sorted(os.listdir(top)):
+        path = os.path.join(top, entry)
+        if path in excluded or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        if any(e.startswith(path + "/") for e in excluded):
+            found += writable_outside(excluded, path)
+        else:
+            found.append(path)
+    return found
+
+
+def landlock_application(mounts: list[str]) -> str:
+    """Landlock: from now on this process and all it starts may change the file
+    system anywhere but in a BPF file system (no pin renamed, removed, linked or
+    made), whatever their capabilities; may reach /proc/PID/root of no process
+    outside their own tree; and may signal none of those either (the interface
+    watcher, the log forwarder).  "" once done, else why not."""
+    try:
+        syscalls.landlock_write_only_beneath(writable_outside(mounts), scope_signals=True)
+    except OSError as err:
+        return err.strerror or str(err)
+    return ""
+
+
 def confine_application(keep_granted: bool) -> str:
     """Everything before exec, in order (the module's docstring).  Returns a note for
     the user ("" if none): what the application keeps that the kernel cannot fully
     hold back from its pinned state."""
-    not_hidden = hide_bpf_file_systems()  # while CAP_SYS_ADMIN is still ours
+    mounts = bpf_mounts()  # before they are hidden: Landlock keeps the host's too
+    hide_bpf_file_systems(mounts)  # while CAP_SYS_ADMIN is still ours
     if keep_granted:
         kept = drop_reaching_filter()
     else:
         drop_privileges()
         kept = 0
+    past = [name for cap, name in PAST_GUARDS.items() if kept >> cap & 1]
+    unprotected = landlock_application(mounts) if past else ""
     deny_bpf_syscall()
-    past = [name for cap, name in PAST_FILE_PERMISSIONS.items() if kept >> cap & 1]
-    if past and not_hidden:
+    if unprotected:
         return (
-            f"the application keeps {', '.join(past)} and the BPF file system could not "
-            f"be hidden from it ({not_hidden}): it cannot read or change its filter, but "
-            "could rename or remove the pinned state (give the wrapper CAP_SYS_ADMIN, "
-            "or use --no-capabilities)"
+            f"the application keeps {', '.join(past)} and Landlock could not confine it "
+            f"({unprotected}): it cannot read or change its filter, but could rename or "
+            "remove pinned state, or stop the interface watcher (use --no-capabilities, "
+            "or a newer kernel)"
         )
     return ""

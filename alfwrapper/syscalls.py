@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import functools
 import inspect
 import mmap
@@ -753,6 +754,7 @@ _LANDLOCK_WRITES_V1 = (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 
     1 << 9) | (1 << 10) | (1 << 11) | (1 << 12)  # fmt: skip
 _LANDLOCK_REFER = 1 << 13  # ABI 2: link or rename across folders
 _LANDLOCK_TRUNCATE = 1 << 14  # ABI 3
+_LANDLOCK_SCOPE_SIGNAL = 1 << 1  # ABI 6
 
 
 class _PathBeneath(ctypes.Structure):
@@ -760,22 +762,28 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def landlock_write_only_beneath(paths: list[str]) -> None:
+def landlock_write_only_beneath(paths: list[str], scope_signals: bool = False) -> None:
     """From now on this process (and what it starts) may change the file system only
-    beneath ``paths``; reading is untouched.  OSError when Landlock is unavailable."""
+    beneath ``paths``; reading is untouched.  With ``scope_signals`` (ABI 6, Linux
+    6.12), it may signal only processes it started.  OSError when Landlock is
+    unavailable (or too old for what is asked)."""
     abi = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, _LANDLOCK_CREATE_RULESET_VERSION)
     _check(abi, "landlock_create_ruleset")
+    if scope_signals and abi < 6:
+        raise OSError(errno.ENOSYS, f"Landlock ABI {abi}: signal scoping needs 6 (Linux 6.12)")
     handled = _LANDLOCK_WRITES_V1
     if abi >= 2:
         handled |= _LANDLOCK_REFER
     if abi >= 3:
         handled |= _LANDLOCK_TRUNCATE
-    attr = ctypes.c_uint64(handled)
-    ruleset = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), 8, 0)
+    # struct landlock_ruleset_attr: handled_access_fs, handled_access_net (ABI 4), scoped (ABI 6)
+    attr = (ctypes.c_uint64 * 3)(handled, 0, _LANDLOCK_SCOPE_SIGNAL if scope_signals else 0)
+    size = 24 if scope_signals else 8
+    ruleset = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
     _check(ruleset, "landlock_create_ruleset")
     try:
         for path in paths:
-            folder = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            folder = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
             try:
                 rule = _PathBeneath(handled, folder)
                 _check(

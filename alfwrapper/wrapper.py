@@ -410,15 +410,19 @@ def collect_stale_state() -> None:
 
 
 def run(
-    policy: Policy, service: str, argv: list[str], keep_capabilities: bool = True
+    policy: Policy,
+    service: str,
+    argv: list[str],
+    keep_capabilities: bool = True,
+    stderr: int = -1,
 ) -> int | NoReturn:
     """Sockets in, filters on, exec.  Returns (0) only when an Accept=yes peer was denied.
 
     ``service`` names the pinned state; ``argv`` (the rule options) is kept in
     it so that `alfwrapper reload` can build the policy again.  The application
     keeps the capabilities the unit gave, but those that reach its filter,
-    unless not ``keep_capabilities`` (privileges.py)."""
-    stderr = activation.divert_stderr()
+    unless not ``keep_capabilities`` (privileges.py).  ``stderr``: what
+    activation.divert_stderr saved, for the application."""
     check_command(policy.command)
     import seccomp  # noqa: F401, PLC0415  (before any work: privileges.deny_bpf_syscall needs it)
 

@@ -35,6 +35,14 @@ class Mutation:
     also: tuple[tuple[str, str], ...] = ()  # more (old, new) in the same file
 
 
+ROOT_DAEMON = (
+    "tests/integration/test_daemon_privileges.py::"
+    "test_a_root_daemon_keeps_its_capabilities_but_cannot_reach_its_filter"
+)
+UNPRIVILEGED_DAEMON = (
+    "tests/integration/test_daemon_privileges.py::"
+    "test_an_unprivileged_daemon_keeps_its_ambient_capabilities_but_cannot_reach_its_filter"
+)
 MUTATIONS = [
     Mutation(
         "deny-precedence",
@@ -77,9 +85,156 @@ MUTATIONS = [
     Mutation(
         "no-new-privs",
         "alfwrapper/privileges.py",
-        "        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)\n",
-        "        pass\n",
+        "        keep &= permitted()\n        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)\n",
+        "        keep &= permitted()\n",
         ("tests/integration/test_privileges.py",),
+    ),
+    Mutation(
+        "no-new-privs-when-keeping",
+        "alfwrapper/privileges.py",
+        "    try:\n        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)\n        for cap in",
+        "    try:\n        for cap in",
+        (ROOT_DAEMON,),
+    ),
+    Mutation(
+        "caps-reaching-filter-kept",
+        "alfwrapper/privileges.py",
+        "REACHES_FILTER_MASK = sum(1 << cap for cap in REACHES_FILTER)",
+        "REACHES_FILTER_MASK = 0",
+        ("tests/integration/test_daemon_privileges.py",),
+    ),
+    Mutation(
+        "seccomp-bpf-not-denied",
+        "alfwrapper/privileges.py",
+        "        rules.load()\n",
+        "        pass\n",
+        (ROOT_DAEMON,),
+    ),
+    Mutation(
+        "bpffs-not-hidden",
+        "alfwrapper/privileges.py",
+        "        for target in mounts:\n            syscalls.umount_detach(target)\n",
+        "        pass\n",
+        (ROOT_DAEMON,),
+    ),
+    Mutation(
+        "pins-keep-btf",
+        "alfwrapper/compiler.py",
+        "keep_btf=name not in pinned",
+        "keep_btf=True",
+        (UNPRIVILEGED_DAEMON,),
+    ),
+    Mutation(
+        "landlock-not-applied",
+        "alfwrapper/privileges.py",
+        '    unprotected = landlock_application(mounts) if past else ""',
+        '    unprotected = ""',
+        (ROOT_DAEMON, UNPRIVILEGED_DAEMON),
+    ),
+    Mutation(
+        "landlock-signals-not-scoped",
+        "alfwrapper/privileges.py",
+        "writable_outside(mounts), scope_signals=True)",
+        "writable_outside(mounts), scope_signals=False)",
+        ("tests/adversarial/test_watcher.py",),
+    ),
+    Mutation(
+        "landlock-note-missing",
+        "alfwrapper/privileges.py",
+        "    if unprotected:\n",
+        "    if False:\n",
+        (
+            "tests/integration/test_daemon_privileges.py::"
+            "test_without_landlock_the_wrapper_says_what_is_left",
+        ),
+    ),
+    Mutation(
+        "landlock-files-at-top",
+        "alfwrapper/privileges.py",
+        "        if path in excluded or os.path.islink(path) or not os.path.isdir(path):",
+        "        if path in excluded:",
+        (ROOT_DAEMON,),
+    ),
+    Mutation(
+        "inetd-exec-failure-to-peer",
+        "alfwrapper/activation.py",
+        "        if diverted >= 0:  # the message is not for the peer either\n"
+        "            os.dup2(diverted, 2)\n",
+        "        pass\n",
+        ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
+    ),
+    Mutation(
+        "inetd-usage-error-to-peer",
+        "alfwrapper/cli.py",
+        "    stderr = activation.divert_stderr()  # before any message",
+        "    stderr = -1  #",
+        ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
+    ),
+    Mutation(
+        "unit-capabilities-dropped",
+        "alfwrapper/cli.py",
+        "keep_capabilities=not args.no_capabilities",
+        "keep_capabilities=False",
+        ("tests/integration/test_gallery.py::test_sshd_inetd_style_under_systemd",),
+    ),
+    Mutation(
+        "inetd-socket-ignored",
+        "alfwrapper/activation.py",
+        "    return socket.socket(fileno=0)\n",
+        "    return None\n",
+        ("tests/integration/test_inetd.py::test_what_fd_0_may_be",),
+    ),
+    Mutation(
+        "inetd-unix-socket-taken",
+        "alfwrapper/activation.py",
+        "    return bool(daemon.is_socket(fd)) and not daemon.is_socket_unix(fd)",
+        "    return bool(daemon.is_socket(fd))",
+        ("tests/integration/test_inetd.py::test_what_fd_0_may_be",),
+    ),
+    Mutation(
+        "inetd-same-socket-twice",
+        "alfwrapper/activation.py",
+        "    if any(_same_file(0, sock.fileno()) for sock in taken):",
+        "    if False:",
+        ("tests/integration/test_inetd.py::test_a_socket_passed_both_ways_is_one_socket",),
+    ),
+    Mutation(
+        "inetd-peer-not-judged",
+        "alfwrapper/wrapper.py",
+        "            if record.inherited and record.fresh and record.loaded is not None:",
+        "            if record.inherited and record.fresh and record.loaded and not record.stdin:",
+        (
+            "tests/integration/test_inetd.py::test_a_peer_gone_before_the_filter_starts_nothing",
+            "tests/integration/test_gallery.py::test_sshd_from_systemd_socket_activate_inetd",
+        ),
+    ),
+    Mutation(
+        "inetd-stderr-to-peer",
+        "alfwrapper/activation.py",
+        "        if not (daemon_socket(0) and _same_file(0, 2)):",
+        "        if True:",
+        ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
+    ),
+    Mutation(
+        "inetd-stderr-not-restored",
+        "alfwrapper/activation.py",
+        "        os.dup2(stderr, 2)\n",
+        "        pass\n",
+        ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
+    ),
+    Mutation(
+        "doctor-for-sshd-inetd",
+        "alfwrapper/daemons.py",
+        '"sshd", r"(^| )-[46DdeqTtGV]*i[46DdeqTtGV]*( |$)", INETD',
+        '"sshd", r"(^| )-\\w*i", INETD',
+        ("tests/unit/test_daemons.py",),
+    ),
+    Mutation(
+        "doctor-for-removed-caps",
+        "alfwrapper/daemons.py",
+        "    lost = needs & removed\n",
+        "    lost = 0\n",
+        ("tests/unit/test_daemons.py",),
     ),
     Mutation(
         "listen-pid",

@@ -1,5 +1,6 @@
-"""The interface watcher against its own application: it cannot be signalled by it, and
-if it dies anyway the socket's interface rules fail closed."""
+"""The interface watcher against its own application: it cannot be signalled by it (not
+even by a root one that keeps CAP_KILL and CAP_SETUID), and if it dies anyway the
+socket's interface rules fail closed."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 from hosts import Network, Probe, Service, check_policy
 from support import ECHO_SERVER, WRAPPER
 
-# Run as the application (uid 0, no capabilities): find the watcher by the name ps shows
-# (alfwrapper-watch SERVICE), try to stop it,
-# say what happened, then become the echo service.
+# Run as the application (uid 0, with the capabilities root's unit gives, CAP_KILL and
+# CAP_SETUID among them): find the watcher by the name ps shows (alfwrapper-watch
+# SERVICE), try to stop it, then again as the watcher's own user, say what happened,
+# then become the echo service.
 APP = """
 import os, signal, sys
 name = sys.argv[1]
@@ -32,6 +34,16 @@ for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):
         results.append(f'{sig.name}:sent')
     except OSError as err:
         results.append(f'{sig.name}:{err.errno}')
+child = os.fork()
+if child == 0:
+    uid = os.stat(f'/proc/{watcher[0]}').st_uid
+    try:
+        os.setresuid(uid, uid, uid)
+        os.kill(watcher[0], signal.SIGSTOP)
+        os._exit(0)
+    except OSError as err:
+        os._exit(err.errno)
+results.append(f'as-its-user:{os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])}')
 print('watcher', watcher[0], ' '.join(results), flush=True)
 os.execv(sys.argv[2], sys.argv[2:])
 """
@@ -72,8 +84,9 @@ def test_application_cannot_stop_the_watcher_and_its_death_closes_the_socket(
     match = svc.wait_for(r"^watcher (\d+) (.*)$")
     svc.wait_for(r"^ready ")
     watcher = int(match.group(1))
-    # EPERM (1) for every signal: the watcher runs under another user.
-    assert match.group(2) == "SIGKILL:1 SIGSTOP:1 SIGTERM:1", svc.output()
+    # EPERM (1) for every signal, even as the watcher's own user: Landlock lets the
+    # application signal only what it started.
+    assert match.group(2) == "SIGKILL:1 SIGSTOP:1 SIGTERM:1 as-its-user:1", svc.output()
     info = status(watcher)
     assert info["State"].split()[0] in ("S", "R"), info["State"]
     assert info["Uid"].split()[0] != "0", info["Uid"]

@@ -3,6 +3,8 @@ with the capabilities its unit gives), try every way to its own filter and maps,
 print what each attempt got as one JSON line, then become the echo service.
 
     reach_filter.py SERVICE BYSTANDER_PID ECHO_SERVER
+
+BYSTANDER_PID "self" looks at the BPF file system as mounted where it runs.
 """
 
 from __future__ import annotations
@@ -42,6 +44,34 @@ def try_open(path: str) -> str:
         return errno.errorcode.get(err.errno or 0, str(err))
 
 
+def tamper(folder: str) -> dict[str, str]:
+    """What file-system changes to the pins get: each must fail."""
+    attempts = {
+        "rename": lambda: os.rename(f"{folder}/slot", f"{folder}/slot.moved"),
+        "unlink": lambda: os.unlink(f"{folder}/counters"),
+        "link": lambda: os.link(f"{folder}/runtime", f"{folder}/runtime.linked"),
+        "symlink": lambda: os.symlink("/etc/passwd", f"{folder}/planted"),
+        "mkdir": lambda: os.mkdir(f"{folder}/planted.d"),
+    }
+    results = {}
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+            results[name] = "done"
+        except OSError as err:
+            results[name] = errno.errorcode.get(err.errno or 0, str(err))
+    return results
+
+
+def view(folder: str) -> str:
+    """What listing a folder gets: "listed", or the errno's name."""
+    try:
+        os.listdir(folder)
+        return "listed"
+    except OSError as err:
+        return errno.errorcode.get(err.errno or 0, str(err))
+
+
 def status(field: str) -> str:
     with open("/proc/self/status", encoding="ascii") as lines:
         return next(line.split()[1] for line in lines if line.startswith(f"{field}:"))
@@ -52,7 +82,7 @@ def main() -> None:
     listener = socket.socket(fileno=3)
     cookie = struct.unpack("=Q", listener.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))[0]
     tail = f"sys/fs/bpf/alfwrapper/{service}/sock-{cookie}"
-    through_host = f"/proc/{bystander}/root/{tail}"
+    through_host = f"/{tail}" if bystander == "self" else f"/proc/{bystander}/root/{tail}"
     try:
         listener.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
         detach = "detached"
@@ -71,9 +101,10 @@ def main() -> None:
         "seccomp": status("Seccomp"),
         "uid": os.getuid(),
         "own_view": os.path.exists(f"/{tail}"),
-        "host_view": os.path.isdir(through_host),
+        "host_view": view(through_host),
         "open": {pin: try_open(f"{through_host}/{pin}") for pin in PINS},
         "obj_get": {pin: obj_get(f"{through_host}/{pin}") for pin in PINS},
+        "tamper": tamper(through_host),
         "next_prog_id": bpf(BPF_PROG_GET_NEXT_ID, bytes(8)),
         "map_by_id": bpf(BPF_MAP_GET_FD_BY_ID, struct.pack("=I", 1)),
         "detach": detach,

@@ -189,14 +189,20 @@ def git_repo() -> Iterator[str]:
             shutil.rmtree(base, ignore_errors=True)
 
 
-def ls_remote(host: Host, address: str, repo: str) -> subprocess.CompletedProcess[str]:
-    url = f"git://[{address}]/{repo}" if ":" in address else f"git://{address}/{repo}"
+def url(scheme: str, address: str, path: str) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"{scheme}://{host}/{path}"
+
+
+def client(host: Host, *argv: str) -> subprocess.CompletedProcess[str]:
+    """A client command on host, bounded in time."""
     return subprocess.run(
-        host.command(["timeout", "10", "git", "ls-remote", url]),
-        capture_output=True,
-        text=True,
-        timeout=30,
+        host.command(["timeout", "10", *argv]), capture_output=True, text=True, timeout=30
     )
+
+
+def ls_remote(host: Host, address: str, repo: str) -> subprocess.CompletedProcess[str]:
+    return client(host, "git", "ls-remote", url("git", address, repo))
 
 
 def test_git_daemon_inetd_style_under_systemd(
@@ -228,13 +234,7 @@ def tftp_file() -> Iterator[tuple[str, str]]:
 
 
 def fetch(host: Host, address: str, name: str) -> str:
-    url = f"tftp://[{address}]/{name}" if ":" in address else f"tftp://{address}/{name}"
-    return subprocess.run(
-        host.command(["curl", "-s", "--max-time", "4", url]),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
+    return client(host, "curl", "-s", "--max-time", "4", url("tftp", address, name)).stdout
 
 
 def test_tftpd_datagram_socket_on_stdin_under_systemd(

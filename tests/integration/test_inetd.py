@@ -10,6 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from hosts import Network, Service
 from managers import ALFWRAPPER, wait_until
 from support import WRAPPER
@@ -45,19 +46,26 @@ def receive(host_command: list[str], address: str, port: int) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.parametrize("case", ["served", "bad option", "exec fails"])
 def test_the_wrappers_messages_never_reach_the_peer(
-    network: Network, services: list[Service]
+    network: Network, services: list[Service], tmp_path: Path, case: str
 ) -> None:
     """With stderr the connection too (a unit that leaves StandardError= to inherit),
-    alfwrapper's own lines (here: the note that the socket has no rules) stay off it;
-    the application's stderr is the connection again, as the unit asked."""
+    alfwrapper's own lines (the note that the socket has no rules, a usage error, a
+    command that cannot be executed) stay off it; the application's stderr is the
+    connection again, as the unit asked."""
     a = network.allowed
-    activate(
-        network, services, 7100,
-        "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", ALFWRAPPER, "--", sys.executable, "-c", APP,
-    )  # fmt: skip
+    broken = tmp_path / "broken"
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    tail = {
+        "served": ["--", sys.executable, "-c", APP],
+        "bad option": ["--no-such-option", "--", "true"],
+        "exec fails": ["--", str(broken)],
+    }[case]
+    activate(network, services, 7100, "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", ALFWRAPPER, *tail)
     got = receive(a.command([]), a.server_v4, 7100)
-    assert got == repr("app stderr\napp stdout\n"), got
+    assert got == repr("app stderr\napp stdout\n" if case == "served" else ""), got
 
 
 def test_a_peer_gone_before_the_filter_starts_nothing(
@@ -119,3 +127,35 @@ def test_what_fd_0_may_be() -> None:
     except TimeoutError:
         data = b""
     assert data == b""
+
+
+def test_a_socket_passed_both_ways_is_one_socket(tmp_path: Path) -> None:
+    """The same UDP socket on fd 0 and, through LISTEN_FDS, on fd 3 is one socket,
+    known by its LISTEN_FDNAMES name (not as stdin); the application gets it at fd 3
+    with LISTEN_FDS, as it was passed."""
+    launcher = (
+        "import os, socket, sys\n"
+        "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+        "s.bind(('::1', 0))\n"
+        "os.dup2(s.fileno(), 0)\n"
+        "os.dup2(s.fileno(), 3)\n"
+        "os.set_inheritable(3, True)\n"
+        "os.environ.update(LISTEN_FDS='1', LISTEN_PID=str(os.getpid()))\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n"
+    )
+    app = "import os; print(os.environ['LISTEN_FDS'], os.environ['LISTEN_FDNAMES'])"
+
+    def run(rule: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", launcher, sys.executable, "-m", "alfwrapper",
+             "--service", f"inetd-{uuid.uuid4().hex[:6]}", "--allow", rule, "--",
+             sys.executable, "-c", app],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    out = run("unknown=192.0.2.0/24")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "1 unknown\n"
+    out = run("stdin=192.0.2.0/24")
+    assert out.returncode == 64, out.stderr
+    assert "rules for stdin: no socket has that name" in out.stderr

@@ -88,7 +88,7 @@ def test_make_install_runs_away_from_the_checkout_and_uninstalls(
     assert "complete -o filenames -F _shtab_alfwrapper alfwrapper" in completion.read_text()
     units = prefix / "lib/systemd/system"
     echo = (units / "alfwrapper-echo.service").read_text()
-    assert f"ExecStart={prefix}/bin/alfwrapper --policy" in echo
+    assert f"ExecStart={prefix}/bin/alfwrapper --no-capabilities --policy" in echo
     assert f"{prefix}/share/alfwrapper/echo_server.py" in echo and "/usr/bin/alfwrapper" not in echo
     env = {"PATH": "/usr/bin:/bin"}
     launcher = str(prefix / "bin/alfwrapper")
@@ -119,6 +119,6 @@ def test_make_install_runs_away_from_the_checkout_and_uninstalls(
     assert "daemon-reload" not in out.stdout and f"installed under {dest}/usr/local" in out.stdout
     assert (dest / "usr/local/bin/alfwrapper").is_file()
     assert (
-        "/usr/local/bin/alfwrapper --policy"
+        "/usr/local/bin/alfwrapper --no-capabilities --policy"
         in (dest / "usr/local/lib/systemd/system/alfwrapper-echo.service").read_text()
     )
