@@ -166,6 +166,9 @@ def deny_bpf_syscall() -> None:
 
     try:
         rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+        # no_new_privs is the capability step's to set (and, without CAP_SYS_ADMIN,
+        # what lets this filter load at all): libseccomp would set it quietly.
+        rules.set_attr(seccomp.Attr.CTL_NNP, 0)
         if seccomp.system_arch() == seccomp.Arch.X86_64:
             for arch in (seccomp.Arch.X86, seccomp.Arch.X32):
                 rules.add_arch(arch)

@@ -39,6 +39,9 @@ ROOT_DAEMON = (
     "tests/integration/test_daemon_privileges.py::"
     "test_a_root_daemon_keeps_its_capabilities_but_cannot_reach_its_filter"
 )
+NO_CAPABILITIES = (
+    "tests/integration/test_daemon_privileges.py::test_no_capabilities_leaves_the_application_none"
+)
 UNPRIVILEGED_DAEMON = (
     "tests/integration/test_daemon_privileges.py::"
     "test_an_unprivileged_daemon_keeps_its_ambient_capabilities_but_cannot_reach_its_filter"
@@ -80,14 +83,14 @@ MUTATIONS = [
         "alfwrapper/privileges.py",
         "        syscalls.capset(keep, keep, 0)\n",
         "        pass\n",
-        ("tests/integration/test_privileges.py",),
+        (NO_CAPABILITIES,),
     ),
     Mutation(
         "no-new-privs",
         "alfwrapper/privileges.py",
         "        keep &= permitted()\n        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)\n",
         "        keep &= permitted()\n",
-        ("tests/integration/test_privileges.py",),
+        (NO_CAPABILITIES,),
     ),
     Mutation(
         "no-new-privs-when-keeping",

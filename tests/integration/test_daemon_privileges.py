@@ -110,6 +110,7 @@ def test_no_capabilities_leaves_the_application_none(
     assert {field: caps_of(report, field) for field in report["caps"]} == dict.fromkeys(
         report["caps"], 0
     )
+    assert report["no_new_privs"] == "1"
     assert report["seccomp"] == "2"
     assert all(result == -errno.EPERM for result in report["obj_get"].values()), report
 

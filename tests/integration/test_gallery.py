@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from hosts import Host, Network, Service
-from managers import ALFWRAPPER, UnitLog, UserManager, installed_unit, wait_until
-from support import ROOT
+from managers import UnitLog, UserManager, installed_unit, wait_until
+from support import ROOT, WRAPPER
 
 GALLERY = ROOT / "examples/units"
 HOST_KEY = Path("/etc/ssh/ssh_host_ed25519_key.pub")
@@ -113,7 +113,7 @@ def test_sshd_from_systemd_socket_activate_inetd(
         network.server,
         ["systemd-socket-activate", "--inetd", "-a", "-l", "2222",
          "-E", f"ALFWRAPPER_POLICY_PATH={ROOT / 'policies'}",
-         ALFWRAPPER, "--policy", "alfwrapper-sshd", "--", "/usr/sbin/sshd", "-i"],
+         *WRAPPER, "--policy", "alfwrapper-sshd", "--", "/usr/sbin/sshd", "-i"],
     )  # fmt: skip
     services.append(svc)
     wait_until(lambda: "Listening on" in svc.errors(), svc.errors)

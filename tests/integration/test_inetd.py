@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from hosts import Network, Service
-from managers import ALFWRAPPER, wait_until
+from managers import wait_until
 from support import WRAPPER
 
 APP = "import sys; sys.stderr.write('app stderr\\n'); sys.stderr.flush(); print('app stdout')"
@@ -63,7 +63,7 @@ def test_the_wrappers_messages_never_reach_the_peer(
         "bad option": ["--no-such-option", "--", "true"],
         "exec fails": ["--", str(broken)],
     }[case]
-    activate(network, services, 7100, "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", ALFWRAPPER, *tail)
+    activate(network, services, 7100, "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *WRAPPER, *tail)
     got = receive(a.command([]), a.server_v4, 7100)
     assert got == repr("app stderr\napp stdout\n" if case == "served" else ""), got
 
@@ -76,7 +76,7 @@ def test_a_peer_gone_before_the_filter_starts_nothing(
     marker = tmp_path / "started"
     svc = activate(
         network, services, 7101,
-        ALFWRAPPER, "--allow", "192.0.2.0/24", "--", sys.executable, "-c",
+        *WRAPPER, "--allow", "192.0.2.0/24", "--", sys.executable, "-c",
         f"open({str(marker)!r}, 'a').write('started\\n')",
     )  # fmt: skip
     resetter = (
