@@ -83,7 +83,10 @@ MUTATIONS = [
         "alfwrapper/privileges.py",
         "        syscalls.capset(keep, keep, 0)\n",
         "        pass\n",
-        (NO_CAPABILITIES,),
+        (
+            "tests/integration/test_privileges.py::"
+            "test_no_capabilities_empties_every_set_even_the_inheritable_one",
+        ),
     ),
     Mutation(
         "no-new-privs",
@@ -97,7 +100,7 @@ MUTATIONS = [
         "alfwrapper/privileges.py",
         "    try:\n        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)\n        for cap in",
         "    try:\n        for cap in",
-        (ROOT_DAEMON,),
+        ("tests/integration/test_privileges.py::test_unprivileged_user_with_cap_bpf",),
     ),
     Mutation(
         "caps-reaching-filter-kept",

@@ -70,6 +70,35 @@ def test_unprivileged_user_with_cap_bpf(
     )
 
 
+def test_no_capabilities_empties_every_set_even_the_inheritable_one(
+    network: Network, readable_copy: Path
+) -> None:
+    """--no-capabilities for an unprivileged user whose unit gave CAP_BPF and
+    CAP_NET_BIND_SERVICE (inheritable and ambient): the application has none left."""
+    caps = "+bpf,+net_bind_service"
+    argv, env = as_nobody(
+        readable_copy,
+        [*NOBODY, f"--inh-caps=-all,{caps}", f"--ambient-caps={caps}"],
+        "--no-capabilities",
+        "--listen",
+        "[::]:8080",
+        "--allow",
+        "192.0.2.0/24",
+        command=[SYSTEM_PYTHON, "-c", "print(open('/proc/self/status').read())"],
+    )
+    out = subprocess.run(
+        network.server.command(argv),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    assert out.returncode == 0, out.stderr
+    for field in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert re.search(rf"^{field}:\s+0+$", out.stdout, re.M), out.stdout
+    assert re.search(r"^NoNewPrivs:\s+1$", out.stdout, re.M), out.stdout
+
+
 @pytest.fixture
 def unprivileged_bpf() -> Iterator[None]:
     """kernel.unprivileged_bpf_disabled=0 for the test, restored afterwards."""
