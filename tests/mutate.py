@@ -117,6 +117,15 @@ MUTATIONS = [
         (ROOT_DAEMON,),
     ),
     Mutation(
+        "seccomp-failure-swallowed",
+        "alfwrapper/privileges.py",
+        "    except (OSError, RuntimeError, ValueError) as err:\n        raise AlfError(\n"
+        '            "denying bpf(2)',
+        "    except (OSError, RuntimeError, ValueError) as err:\n        return\n"
+        '        raise AlfError(\n            "denying bpf(2)',
+        ("tests/integration/test_daemon_privileges.py::test_no_seccomp_no_start",),
+    ),
+    Mutation(
         "bpffs-not-hidden",
         "alfwrapper/privileges.py",
         "        for target in mounts:\n            syscalls.umount_detach(target)\n",

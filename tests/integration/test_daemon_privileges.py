@@ -165,3 +165,28 @@ def test_without_landlock_the_wrapper_says_what_is_left(
         "the application keeps CAP_CHOWN, CAP_DAC_OVERRIDE and Landlock could not confine "
         "it (landlock_create_ruleset: Function not implemented)"
     ) in out.stderr
+
+
+def test_no_seccomp_no_start(network: Network, tmp_path: Path) -> None:
+    """Where seccomp(2) is refused (a unit's SystemCallFilter= without it), the wrapper
+    fails closed: one line, exit 71, and the application never starts."""
+    no_seccomp = (
+        "import errno, os, sys, seccomp\n"
+        "f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)\n"
+        "f.add_rule(seccomp.ERRNO(errno.EPERM), 'seccomp')\n"
+        "f.add_rule(seccomp.ERRNO(errno.EPERM), 'prctl', seccomp.Arg(0, seccomp.EQ, 22))\n"
+        "f.load()\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n"
+    )
+    marker = tmp_path / "started"
+    out = subprocess.run(
+        network.server.command(
+            ["/usr/bin/python3", "-c", no_seccomp, *WRAPPER, "--service", "no-seccomp",
+             "--listen", "[::]:8080", *RULES, "--", "/usr/bin/touch", str(marker)]
+        ),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 71, out.stderr
+    assert out.stderr.startswith("alfwrapper: denying bpf(2) to the application (seccomp): ")
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+    assert not marker.exists()
