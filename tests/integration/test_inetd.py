@@ -114,7 +114,8 @@ def test_what_fd_0_may_be() -> None:
     assert "none inherited (LISTEN_FDS unset, and fd 0 is no TCP or UDP socket)" in out.stderr
     udp = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     udp.bind(("::1", 0))
-    out = run_with_stdin(udp, "--allow", "192.0.2.0/24", "--", sys.executable, "-c",
+    # Named stdin, rules may be scoped to it.
+    out = run_with_stdin(udp, "--allow", "stdin=192.0.2.0/24", "--", sys.executable, "-c",
                          "import os; print(os.environ.get('LISTEN_FDS'))")  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout == "None\n"
