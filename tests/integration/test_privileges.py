@@ -39,8 +39,25 @@ def start_as(
     return svc
 
 
+def run_as(
+    network: Network, argv: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """as_nobody's argv and environment, run to the end in the server's namespace."""
+    return subprocess.run(
+        network.server.command(argv),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+
+
 def assert_no_privileges(pid: int) -> None:
-    status = Path(f"/proc/{pid}/status").read_text()
+    assert_no_privileges_in(Path(f"/proc/{pid}/status").read_text())
+
+
+def assert_no_privileges_in(status: str) -> None:
+    """proc(5)'s status of a process with no capability and no_new_privs set."""
     for field in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
         assert re.search(rf"^{field}:\s+0+$", status, re.M), status
     assert re.search(r"^NoNewPrivs:\s+1$", status, re.M), status
@@ -86,17 +103,9 @@ def test_no_capabilities_empties_every_set_even_the_inheritable_one(
         "192.0.2.0/24",
         command=[SYSTEM_PYTHON, "-c", "print(open('/proc/self/status').read())"],
     )
-    out = subprocess.run(
-        network.server.command(argv),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **env},
-    )
+    out = run_as(network, argv, env)
     assert out.returncode == 0, out.stderr
-    for field in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
-        assert re.search(rf"^{field}:\s+0+$", out.stdout, re.M), out.stdout
-    assert re.search(r"^NoNewPrivs:\s+1$", out.stdout, re.M), out.stdout
+    assert_no_privileges_in(out.stdout)
 
 
 @pytest.fixture
@@ -152,13 +161,7 @@ def test_knocking_needs_cap_bpf_even_then(
         "7001,7002",
         command=["true"],
     )
-    out = subprocess.run(
-        network.server.command(argv),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **env},
-    )
+    out = run_as(network, argv, env)
     assert out.returncode == 77, out.stderr
     assert "knocking needs CAP_BPF even where unprivileged BPF is allowed" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
