@@ -252,7 +252,7 @@ def confine_application(keep_granted: bool) -> str:
     the user ("" if none): what the application keeps that the kernel cannot fully
     hold back from its pinned state."""
     mounts = bpf_mounts()  # before they are hidden: Landlock keeps the host's too
-    hide_bpf_file_systems(mounts)  # while CAP_SYS_ADMIN is still ours
+    not_hidden = hide_bpf_file_systems(mounts)  # while CAP_SYS_ADMIN is still ours
     if keep_granted:
         kept = drop_reaching_filter()
     else:
@@ -262,10 +262,11 @@ def confine_application(keep_granted: bool) -> str:
     unprotected = landlock_application(mounts) if past else ""
     deny_bpf_syscall()
     if unprotected:
+        view = f"in its view ({not_hidden})" if not_hidden else "hidden from its view"
         return (
             f"the application keeps {', '.join(past)} and Landlock could not confine it "
-            f"({unprotected}): it cannot read or change its filter, but could rename or "
-            "remove pinned state, or stop the interface watcher (use --no-capabilities, "
-            "or a newer kernel)"
+            f"({unprotected}); the BPF file system is {view}: it cannot read or change "
+            "its filter, but could rename or remove pinned state, or stop the interface "
+            "watcher (use --no-capabilities, or a newer kernel)"
         )
     return ""
