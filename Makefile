@@ -88,7 +88,6 @@ install: venv completion
 	printf '#!/usr/bin/python3 -I\nimport sys\nsys.path.insert(0, "%s/python")\nfrom alfwrapper.cli import main\nsys.exit(main())\n' \
 		"$(LIBDIR)" > $(DESTDIR)$(PREFIX)/bin/alfwrapper
 	chmod 755 $(DESTDIR)$(PREFIX)/bin/alfwrapper
-	install -m 755 scripts/link-kernel-headers $(DESTDIR)$(LIBDIR)/
 	install -m 644 build/completion/alfwrapper $(DESTDIR)$(PREFIX)/share/bash-completion/completions/
 	install -m 644 policies/*.toml $(DESTDIR)$(LIBDIR)/policy/
 	install -m 644 examples/echo_server.py $(DESTDIR)$(SHAREDIR)/

@@ -175,26 +175,31 @@ def _same_file(fd: int, other: int) -> bool:
     return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
 
 
-def divert_stderr() -> int:
-    """When fd 2 is the inetd socket on fd 0 (StandardError= left to inherit it), the
-    wrapper's own messages would go to the peer: send them to the journal instead
-    (python3-systemd), or nowhere when journald does not run.  Returns the fd to put
-    back as fd 2 for the application (restore_stderr), or -1."""
+def divert_inetd_streams() -> dict[int, int]:
+    """When fd 1 or fd 2 is the inetd socket on fd 0 (StandardOutput=socket, and
+    StandardError= left to inherit it), anything written there would reach the peer:
+    the wrapper's own messages, and whatever a library prints (BCC writes to stdout).
+    Point them at the journal (python3-systemd), or nowhere when journald does not
+    run, for the wrapper's whole life.  Returns the saved fds to put back for the
+    application (exec_with_sockets), by the fd they were."""
+    saved: dict[int, int] = {}
     try:
-        if not (daemon_socket(0) and _same_file(0, 2)):
-            return -1
+        if not daemon_socket(0):
+            return saved
+        streams = [fd for fd in (1, 2) if _same_file(0, fd)]
     except OSError:
-        return -1
-    saved = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, SD_LISTEN_FDS_START)
-    try:
-        from systemd import journal  # noqa: PLC0415
+        return saved
+    for fd in streams:
+        saved[fd] = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, SD_LISTEN_FDS_START)
+        try:
+            from systemd import journal  # noqa: PLC0415
 
-        with journal.stream("alfwrapper") as stream:
-            os.dup2(stream.fileno(), 2)
-    except OSError:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 2)
-        os.close(null)
+            with journal.stream("alfwrapper") as stream:
+                os.dup2(stream.fileno(), fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
     return saved
 
 
@@ -241,15 +246,19 @@ def exec_with_sockets(
     names: Sequence[str],
     argv: Sequence[str],
     environ: Mapping[str, str],
-    stderr: int = -1,
+    diverted: Mapping[int, int] | None = None,
 ) -> NoReturn:
     """Exec argv with the sockets at fds 3, 4, ... and nothing else open above 2 (an
-    inetd socket stays at fds 0 and 1; ``stderr``, from divert_stderr, goes back to 2)."""
+    inetd socket stays at fds 0 and 1).  ``diverted``, from divert_inetd_streams: the
+    streams to give back to the application, which the wrapper kept off the peer."""
     count = len(sockets)
-    diverted = -1  # where the wrapper's messages went, kept in case exec fails
-    if stderr >= 0:
-        diverted = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, SD_LISTEN_FDS_START + count)
-        os.dup2(stderr, 2)
+    diverted = diverted or {}
+    # Where the wrapper's messages went, kept (above the sockets) in case exec fails.
+    kept = {
+        fd: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, SD_LISTEN_FDS_START + count) for fd in diverted
+    }
+    for fd, original in diverted.items():
+        os.dup2(original, fd)
     env = child_environment(environ, names, os.getpid())
     # Park every socket above the target range first, so that no dup2 below
     # overwrites a socket that is still to be moved.
@@ -260,19 +269,19 @@ def exec_with_sockets(
         sock.detach()  # the socket objects must not close fds in the target range
     for i, fd in enumerate(parked):
         os.dup2(fd, SD_LISTEN_FDS_START + i, inheritable=True)
-    if diverted >= 0:
-        os.closerange(SD_LISTEN_FDS_START + count, diverted)
-        os.closerange(diverted + 1, _max_fd())
-    else:
-        os.closerange(SD_LISTEN_FDS_START + count, _max_fd())
+    low = SD_LISTEN_FDS_START + count
+    for keep in sorted(kept.values()):
+        os.closerange(low, keep)
+        low = keep + 1
+    os.closerange(low, _max_fd())
     # Python ignores SIGPIPE and SIGXFSZ, and exec would hand that on.
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
     try:
         os.execvpe(argv[0], list(argv), env)
     except OSError as err:
-        if diverted >= 0:  # the message is not for the peer either
-            os.dup2(diverted, 2)
+        for fd, away in kept.items():  # the message is not for the peer either
+            os.dup2(away, fd)
         # Every other fd is closed by now, so the process must end without the
         # interpreter's clean-up (BCC's would fail on the closed fds).
         raise AlfError(

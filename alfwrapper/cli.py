@@ -246,7 +246,7 @@ def parse_policy(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
 
 
 def wrapper_main(argv: Sequence[str]) -> int:
-    stderr = activation.divert_stderr()  # before any message: it could reach an inetd peer
+    diverted = activation.divert_inetd_streams()  # before any output: it could reach a peer
     options, command = _split_command(argv)
     if "--print-filter" in options:
         raise AlfError(
@@ -259,7 +259,7 @@ def wrapper_main(argv: Sequence[str]) -> int:
     policy = policy_from_args(args, command, os.environ)
     service = state.service_name(args.service, os.environ, policy.command)
     return wrapper.run(
-        policy, service, options, keep_capabilities=not args.no_capabilities, stderr=stderr
+        policy, service, options, keep_capabilities=not args.no_capabilities, diverted=diverted
     )
 
 

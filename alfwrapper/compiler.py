@@ -10,13 +10,14 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from alfwrapper import syscalls
+from alfwrapper import kernel_headers, syscalls
 from alfwrapper.errors import (
     EX_DATAERR,
     EX_NOPERM,
@@ -41,18 +42,33 @@ class LoadedFilter:
 
 
 @contextmanager
-def _stderr_to(sink: list[str]) -> Iterator[None]:
-    """Capture fd 2 while libbcc runs: clang and the verifier write there directly."""
+def _output_to(sink: list[str]) -> Iterator[None]:
+    """Capture fds 1 and 2 while libbcc runs: clang and the verifier write to stderr,
+    BCC's loader to stdout (std::cout, through C stdio: flushed here, before the fds
+    are given back, so that nothing of it comes out later on the real stdout)."""
+    sys.stdout.flush()
     with tempfile.TemporaryFile() as tmp:
-        saved = os.dup(2)
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(tmp.fileno(), 1)
         os.dup2(tmp.fileno(), 2)
         try:
             yield
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            _flush_c_stdio()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
             tmp.seek(0)
             sink.append(tmp.read().decode("utf-8", "replace"))
+
+
+def _flush_c_stdio() -> None:
+    """fflush(NULL): C stdio's buffers (libbcc's std::cout goes through them)."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
 
 
 @contextmanager
@@ -148,18 +164,24 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
     log: list[str] = []
     what = _what(plan)
     _return_freed_memory()  # what parsing and planning freed, before LLVM's peak
+    headers = kernel_headers.find()
+    if headers is None:
+        raise AlfError(
+            f"compiling {what}",
+            f"no kernel headers for BCC ({kernel_headers.searched()})",
+            kernel_headers.HINT,
+            EX_SOFTWARE,
+        )
     try:
-        with _stderr_to(log), _in_root_directory():
-            bpf = bcc.BPF(text=plan.text.encode(), cflags=plan.cflags)
+        with _output_to(log), _in_root_directory(), kernel_headers.for_bcc(headers) as include:
+            bpf = bcc.BPF(text=plan.text.encode(), cflags=[*plan.cflags, *include])
     except Exception as err:  # BCC raises bare Exception
         text = "".join(log).replace("/virtual/main.c", "alfwrapper-composed.c")
-        if "Unable to find kernel headers" in text or "kernel headers" in text.lower():
-            from alfwrapper import doctor  # noqa: PLC0415
-
+        if "Unable to find kernel headers" in text:
             raise AlfError(
                 f"compiling {what}",
-                "BCC found no kernel headers",
-                doctor.headers_hint(),
+                f"BCC found no kernel headers at {headers.where}",
+                kernel_headers.HINT,
                 EX_SOFTWARE,
                 details=text,
             ) from None
@@ -186,7 +208,7 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
         name_maps(bpf, plan.label, {name for name, _ in plan.pinned})
     adopt_pinned(bpf, plan.pinned)
     try:
-        with _stderr_to(log):
+        with _output_to(log):
             fn = bpf.load_func(plan.entry.encode(), bcc.BPF.SOCKET_FILTER)
             if plan.rules.interfaces:
                 body = bpf.load_func(plan.body.encode(), bcc.BPF.SOCKET_FILTER)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from alfwrapper import syscalls
+from alfwrapper import kernel_headers, syscalls
 from alfwrapper.errors import EX_UNAVAILABLE, LIBRARIES, AlfError
 from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
 
@@ -139,40 +139,19 @@ def check_loader(unpriv: str | None, held_text: str) -> Check:
     )
 
 
-def headers_dir(release: str) -> Path | None:
-    """Where BCC will find kernel headers, or None."""
-    source = os.environ.get("BCC_KERNEL_SOURCE")
-    candidates = [Path(source)] if source else []
-    candidates.append(Path("/lib/modules") / release / "build")
-    for path in candidates:
-        if (path / "include").is_dir() or (path / "Makefile").is_file():
-            return path
-    if Path("/sys/kernel/kheaders.tar.xz").exists():
-        return Path("/sys/kernel/kheaders.tar.xz")
-    return None
-
-
-def headers_hint() -> str:
-    """How to give BCC headers: link-kernel-headers, where it is installed."""
-    for path in (
-        Path("/usr/lib/alfwrapper/link-kernel-headers"),  # the Debian package
-        Path("/usr/local/lib/alfwrapper/link-kernel-headers"),  # make install
-        Path(__file__).resolve().parent.parent / "scripts/link-kernel-headers",  # a checkout
-    ):
-        if os.access(path, os.X_OK):
-            return f"as root, run {path} (links Debian's split headers there)"
-    return "apt-get install linux-headers-amd64, and link them there"
-
-
 def check_headers() -> Check:
     release = platform.release()
-    found = headers_dir(release)
+    found = kernel_headers.find(release)
     if found is None:
+        return Check(False, f"no kernel headers for {release} ({kernel_headers.searched()}): "
+                     f"{kernel_headers.HINT}")  # fmt: skip
+    if not found.exact:
         return Check(
-            False,
-            f"no kernel headers for {release} at /lib/modules/{release}/build: {headers_hint()}",
+            True,
+            f"kernel headers of {found.release} at {found.where} for {release} (a socket "
+            "filter needs only the UAPI and basic types, which do not change)",
         )
-    return Check(True, f"kernel headers at {found}")
+    return Check(True, f"kernel headers at {found.where}")
 
 
 # What each library is imported for; errors.LIBRARIES says which package has it.

@@ -414,15 +414,15 @@ def run(
     service: str,
     argv: list[str],
     keep_capabilities: bool = True,
-    stderr: int = -1,
+    diverted: dict[int, int] | None = None,
 ) -> int | NoReturn:
     """Sockets in, filters on, exec.  Returns (0) only when an Accept=yes peer was denied.
 
     ``service`` names the pinned state; ``argv`` (the rule options) is kept in
     it so that `alfwrapper reload` can build the policy again.  The application
     keeps the capabilities the unit gave, but those that reach its filter,
-    unless not ``keep_capabilities`` (privileges.py).  ``stderr``: what
-    activation.divert_stderr saved, for the application."""
+    unless not ``keep_capabilities`` (privileges.py).  ``diverted``: the
+    streams activation.divert_inetd_streams kept off an inetd peer, for the application."""
     check_command(policy.command)
     import seccomp  # noqa: F401, PLC0415  (before any work: privileges.deny_bpf_syscall needs it)
 
@@ -496,5 +496,5 @@ def run(
         if record.stdin:
             record.sock.detach()  # fd 0 (and 1) stay as they are
     activation.exec_with_sockets(
-        [r.sock for r in moved], [r.name for r in moved], policy.command, os.environ, stderr
+        [r.sock for r in moved], [r.name for r in moved], policy.command, os.environ, diverted
     )

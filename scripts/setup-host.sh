@@ -52,10 +52,6 @@ if [ -n "$missing" ]; then
     esac
 fi
 
-# BCC wants /lib/modules/$(uname -r)/build: link Debian's split headers there for
-# a kernel without its own (ours: 6.18).  The Debian package runs the same script.
-./scripts/link-kernel-headers
-
 # Pinned state lives in a BPF file system at /sys/fs/bpf (systemd mounts it at
 # boot; where PID 1 is not systemd, nobody does).
 if [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" != "bpf_fs" ]; then

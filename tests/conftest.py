@@ -4,6 +4,7 @@ BPF; ``network`` (three namespaced hosts), ``services`` (stopped afterwards) and
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -92,3 +93,17 @@ def readable_copy() -> Iterator[Path]:
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def deb() -> Path:
+    """The Debian package, built by `make deb` from this tree once per session."""
+    require(os.geteuid() == 0, "builds and installs a Debian package: needs root")
+    build = subprocess.run(
+        ["make", "-C", str(ROOT), "deb"], capture_output=True, text=True, timeout=900
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    # lintian ran inside `make deb` with --fail-on error; its warnings are printed.
+    debs = sorted((ROOT / "dist").glob("alfwrapper_*_all.deb"))
+    assert debs, build.stdout
+    return debs[-1]

@@ -207,9 +207,10 @@ def test_ring_buffer_read_by_mmap_across_the_wrap(bpf_root: None) -> None:
     record once, in order, also those that wrap around the end of the ring."""
     import bcc  # noqa: PLC0415
 
-    from alfwrapper import syscalls  # noqa: PLC0415
+    from alfwrapper import kernel_headers, syscalls  # noqa: PLC0415
 
-    bpf = bcc.BPF(text=RING_WRITER.encode())
+    with kernel_headers.for_bcc(kernel_headers.find()) as include:
+        bpf = bcc.BPF(text=RING_WRITER.encode(), cflags=include)
     try:
         prog = bpf.load_func(b"write", bcc.BPF.SOCKET_FILTER)
         got: list[bytes] = []

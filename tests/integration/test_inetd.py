@@ -46,24 +46,32 @@ def receive(host_command: list[str], address: str, port: int) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.parametrize("case", ["served", "bad option", "exec fails"])
+@pytest.mark.parametrize("case", ["served", "bad option", "exec fails", "library output"])
 def test_the_wrappers_messages_never_reach_the_peer(
     network: Network, services: list[Service], tmp_path: Path, case: str
 ) -> None:
-    """With stderr the connection too (a unit that leaves StandardError= to inherit),
-    alfwrapper's own lines (the note that the socket has no rules, a usage error, a
-    command that cannot be executed) stay off it; the application's stderr is the
-    connection again, as the unit asked."""
+    """With stdout and stderr the connection (a unit that leaves StandardError= to
+    inherit), alfwrapper's own lines (the note that the socket has no rules, a usage
+    error, a command that cannot be executed) and what a library prints (BCC writes
+    "Unable to find kernel headers" to stdout) stay off it; the application's stdout
+    and stderr are the connection again, as the unit asked."""
     a = network.allowed
     broken = tmp_path / "broken"
     broken.write_text("#!/nonexistent/interpreter\n")
     broken.chmod(0o755)
-    tail = {
-        "served": ["--", sys.executable, "-c", APP],
-        "bad option": ["--no-such-option", "--", "true"],
-        "exec fails": ["--", str(broken)],
-    }[case]
-    activate(network, services, 7100, "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *WRAPPER, *tail)
+    head: list[str] = []
+    tail = ["--allow", "192.0.2.0/24", "--"]
+    if case == "served":
+        tail = ["--", sys.executable, "-c", APP]
+    elif case == "bad option":
+        tail = ["--no-such-option", "--", "true"]
+    elif case == "exec fails":
+        tail = ["--", str(broken)]
+    else:  # BCC finds no headers there, says so on stdout, and the wrapper fails
+        head, tail = ["env", f"BCC_KERNEL_SOURCE={tmp_path}"], [*tail, "true"]
+    activate(
+        network, services, 7100, "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *head, *WRAPPER, *tail
+    )
     got = receive(a.command([]), a.server_v4, 7100)
     assert got == repr("app stderr\napp stdout\n" if case == "served" else ""), got
 
