@@ -206,6 +206,12 @@ def main(
                 if print_filter and not as_json:
                     sys.stdout.write(f"/* ===== {target.label} ===== */\n{program.render(plan)}")
                 loaded[rules] = compiler.load_program(plan, env)
+                refused = compiler.refused_without_perfmon(loaded[rules])
+                if refused:
+                    warnings.append(
+                        f"{target.label}: the verifier refuses its program with CAP_BPF alone, "
+                        f"as the shipped units and the loader load it: {refused}"
+                    )
             lf = loaded[rules]
         summaries.append(summary(target, rules, lf))
         warnings += [w for w in warnings_for(policy, target, rules) if w not in warnings]

@@ -234,6 +234,44 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
     return LoadedFilter(bpf=bpf, fd=fn.fd, plan=plan)
 
 
+def refused_without_perfmon(loaded: LoadedFilter) -> str:
+    """The verifier's complaint when the program, loaded here, would not load with
+    CAP_BPF alone, as the shipped units and the loader load every program; "" when it
+    would (or when this process holds neither CAP_PERFMON nor CAP_SYS_ADMIN: it was
+    just loaded that way).  The same instructions are loaded again in a child that
+    keeps CAP_BPF only."""
+    from alfwrapper import privileges  # noqa: PLC0415
+
+    # What the verifier grants a loader with either (allow_ptr_leaks, bypass_spec_v1).
+    if not privileges.effective() & (1 << privileges.CAP_PERFMON | 1 << privileges.CAP_SYS_ADMIN):
+        return ""
+    cap_bpf = 1 << privileges.CAP_BPF
+    names = [loaded.plan.entry] + ([loaded.plan.body] if loaded.plan.rules.interfaces else [])
+    programs = [(name, bytes(loaded.bpf.dump_func(name.encode()))) for name in names]
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: CAP_BPF alone, the parent's maps by their fds
+        os.close(read_end)
+        complaint = ""
+        try:
+            syscalls.capset(cap_bpf, cap_bpf, 0)
+            for name, insns in programs:
+                fd, log = syscalls.prog_load_logged(insns, name)
+                if fd < 0:
+                    complaint = _verifier_reason(log) if log else os.strerror(-fd)
+                    break
+                os.close(fd)
+        except OSError as err:
+            complaint = f"could not try: {err}"
+        os.write(write_end, complaint.encode()[:4000])
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        complaint = pipe.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    return complaint
+
+
 def _return_freed_memory() -> None:
     """Give freed heap back to the system (glibc's malloc_trim(3)): before compiling,
     what parsing a big rule file freed (about 35 MiB at a million rules); after, what

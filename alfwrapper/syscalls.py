@@ -361,6 +361,33 @@ def load_dispatcher(slot_fd: int, name: str) -> int:
     return int(fd)
 
 
+_NR_BPF = 321  # x86-64
+_BPF_PROG_LOAD = 5
+
+
+def prog_load_logged(insns: bytes, name: str, log_size: int = 1 << 20) -> tuple[int, str]:
+    """Load socket-filter instructions as they are (map fds already in them), with the
+    verifier's log: (fd, "") or (-errno, the log).  bpf(2) itself, with the attribute
+    laid out here: libbpf's bpf_prog_load_opts changes shape between its versions."""
+    code = ctypes.create_string_buffer(insns, len(insns))
+    license_ = ctypes.create_string_buffer(b"GPL")
+    log = ctypes.create_string_buffer(log_size)
+    attr = ctypes.create_string_buffer(
+        struct.pack(
+            "<IIQQIIQII16s",
+            BPF_PROG_TYPE_SOCKET_FILTER, len(insns) // 8, ctypes.addressof(code),
+            ctypes.addressof(license_), 1, log_size, ctypes.addressof(log), 0, 0,
+            name.encode()[:15],
+        ).ljust(128, b"\0")
+    )  # fmt: skip
+    fd = _libc.syscall(
+        ctypes.c_long(_NR_BPF), ctypes.c_long(_BPF_PROG_LOAD), attr, ctypes.c_long(128)
+    )
+    if fd < 0:
+        return -ctypes.get_errno(), log.value.decode(errors="replace")
+    return int(fd), ""
+
+
 _SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
 

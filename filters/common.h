@@ -32,7 +32,8 @@ BPF_PERCPU_ARRAY(alf_counters, u64, ALF_REASONS); /* with pinned state: the sock
 
 static __always_inline int alf_count(u32 reason)
 {
-    u64 *count = alf_counters.lookup(&reason);
+    u64 key = reason; /* a 4-byte key in a word stored whole (below: Keys) */
+    u64 *count = alf_counters.lookup((u32 *)&key);
     if (count)
         *count += 1;
     return reason == ALF_REASON_PASSED ? ALF_PASS : ALF_DROP;
@@ -52,9 +53,10 @@ static __always_inline int alf_count(u32 reason)
 #define ALF_TCP_RST 0x04
 #define ALF_TCP_ACK 0x10
 
-/* One packet's headers, as every part sees them. */
+/* One packet's headers, as every part sees them.  Aligned so that the address
+ * reads as two 64-bit words (alf_addr_words). */
 struct alf_packet {
-    u8 addr[16];   /* source address, network order; IPv4 in the first 4 bytes */
+    u8 addr[16] __attribute__((aligned(8))); /* source address, network order; IPv4 in the first 4 bytes */
     u8 family;     /* 4 or 6 */
     u8 proto;      /* transport protocol: IPPROTO_TCP, IPPROTO_UDP, or another */
     u8 tcp_flags;  /* TCP only: FIN, SYN, RST, PSH, ACK, URG, ... */
@@ -63,6 +65,52 @@ struct alf_packet {
     u16 dport;
     u32 l4_offset; /* transport header, bytes after the network header */
 };
+
+/* What the verifiers of the README's kernels need, the oldest being Debian 12's 6.1,
+ * from a loader without CAP_PERFMON (the shipped units, and the loader for users):
+ *
+ * No pointer moved by a variable offset (map value + index): the verifier then
+ * stops merging paths that differ in any number, for the whole program
+ * (explore_alu_limits), and its work grows a hundredfold.  Index by map lookup.
+ * (6.1 also loses the bound of such an index through `|`.)
+ *
+ * No test of what the verifier already knows on that path (the protocol, tested
+ * again): it explores the other way too, as speculative execution.
+ *
+ * Keys: 6.1 refuses any write of less than 8 bytes into a stack slot that holds
+ * a spilled register ("attempt to corrupt spilled pointer on stack", scalars
+ * too; Linux 6.3 lets scalars be), and the compiler reuses slots freely.  So keys
+ * are built a 64-bit word at a time, in registers, and stored whole
+ * (little-endian words: x86-64 and arm64); a 4-byte key (an array index) is kept
+ * in a u64 and passed as (u32 *); a buffer a helper fills is cleared first
+ * (alf_clear).  The kernel tier (tests/kernel) loads every program alfwrapper
+ * generates in 6.1's verifier and the host's to hold this up. */
+
+/* A helper's write into a stack buffer is checked byte by byte, like a store: so a
+ * buffer a helper fills is zeroed first, by 8-byte stores the compiler must keep
+ * (the asm says the buffer is read), which take the slots back from any register
+ * spilled there. */
+#define alf_clear(buf)                                                          \
+    do {                                                                        \
+        __builtin_memset(buf, 0, sizeof(buf));                                  \
+        asm volatile("" : : "r"(buf) : "memory");                               \
+    } while (0)
+
+/* An address (16 bytes, network order) as the two 64-bit words it is in memory. */
+static __always_inline void alf_addr_words(const u8 addr[16], u64 *hi, u64 *lo)
+{
+    __builtin_memcpy(hi, addr, 8);
+    __builtin_memcpy(lo, addr + 8, 8);
+}
+
+/* The 20-byte key {u8 a; u8 b; u8 pad[2]; u8 addr[16]} (the subnet and knock
+ * keys), as three words stored whole; `words` must be 24 bytes, 8-aligned. */
+static __always_inline void alf_key20(u64 words[3], u8 a, u8 b, u64 hi, u64 lo)
+{
+    words[0] = (u64)a | ((u64)b << 8) | (hi << 32);
+    words[1] = (hi >> 32) | (lo << 32);
+    words[2] = lo >> 32;
+}
 
 /* Read the network header, and the transport header's ports and flags.
  * Returns the family, 4 or 6, or 0 for a packet the filter must drop:
@@ -74,7 +122,13 @@ struct alf_packet {
  * IPv4 packet as it arrived. */
 static __always_inline int alf_parse_packet(struct __sk_buff *skb, struct alf_packet *pkt)
 {
-    u8 head[40];
+    /* Every header is read into this one buffer, whose bytes every path has then
+     * written: a verifier without CAP_PERFMON compares stack bytes exactly when it
+     * prunes, so buffers of their own, written on some paths only, would keep the
+     * paths apart and multiply its work. */
+    u64 words[5];
+    alf_clear(words);
+    u8 *head = (u8 *)words;
     if (skb->protocol == ALF_PROTO_IP4) {
         if (bpf_skb_load_bytes_relative(skb, 0, head, 20, BPF_HDR_START_NET) < 0)
             return 0;
@@ -94,59 +148,65 @@ static __always_inline int alf_parse_packet(struct __sk_buff *skb, struct alf_pa
         if ((head[0] >> 4) != 6)
             return 0;
         __builtin_memcpy(pkt->addr, head + 8, 16);
-        u32 w0 = 0, w1 = 0, w2 = 0;
-        __builtin_memcpy(&w0, head + 8, 4);
-        __builtin_memcpy(&w1, head + 12, 4);
-        __builtin_memcpy(&w2, head + 16, 4);
-        if (w0 == 0 && w1 == 0 && w2 == __builtin_bswap32(0xffff))
-            return 0;
+        if (words[1] == 0 && (u32)words[2] == __builtin_bswap32(0xffff))
+            return 0; /* ::ffff:0:0/96 */
         pkt->family = 6;
         u8 next = head[6];
         u32 offset = 40;
         #pragma unroll
         for (int i = 0; i < ALF_IPV6_EXT_MAX; i++) {
-            u8 ext[2];
             if (next == 0 || next == 43 || next == 60) { /* hop-by-hop, routing, destination */
-                if (bpf_skb_load_bytes_relative(skb, offset, ext, 2, BPF_HDR_START_NET) < 0)
+                if (bpf_skb_load_bytes_relative(skb, offset, head, 2, BPF_HDR_START_NET) < 0)
                     return 0;
-                next = ext[0];
-                offset += ((u32)ext[1] + 1) * 8;
+                next = head[0];
+                offset += ((u32)head[1] + 1) * 8;
             } else if (next == 51) { /* authentication header */
-                if (bpf_skb_load_bytes_relative(skb, offset, ext, 2, BPF_HDR_START_NET) < 0)
+                if (bpf_skb_load_bytes_relative(skb, offset, head, 2, BPF_HDR_START_NET) < 0)
                     return 0;
-                next = ext[0];
-                offset += ((u32)ext[1] + 2) * 4;
+                next = head[0];
+                offset += ((u32)head[1] + 2) * 4;
             } else if (next == 44) { /* fragment: only a first fragment has ports */
-                u8 frag[4];
-                if (bpf_skb_load_bytes_relative(skb, offset, frag, 4, BPF_HDR_START_NET) < 0)
+                if (bpf_skb_load_bytes_relative(skb, offset, head, 4, BPF_HDR_START_NET) < 0)
                     return 0;
-                if ((frag[2] << 5 | frag[3] >> 3) != 0)
+                if ((head[2] << 5 | head[3] >> 3) != 0)
                     return 0;
-                next = frag[0];
+                next = head[0];
                 offset += 8;
             } else {
                 break;
             }
+            /* A longer chain than we walk is dropped, tested here, on the header
+             * just read: a test after the loop would ask again what the verifier
+             * knows on every path out of it (see the transport header below). */
+            if (i == ALF_IPV6_EXT_MAX - 1 &&
+                (next == 0 || next == 43 || next == 60 || next == 51 || next == 44))
+                return 0;
         }
-        if (next == 0 || next == 43 || next == 60 || next == 51 || next == 44)
-            return 0;
         pkt->proto = next;
         pkt->l4_offset = offset;
     } else {
         return 0;
     }
     pkt->has_ports = 0;
-    if (pkt->proto == IPPROTO_TCP || pkt->proto == IPPROTO_UDP) {
-        u8 l4[14] = {};
-        u32 want = pkt->proto == IPPROTO_TCP ? 14 : 4;
-        if (bpf_skb_load_bytes_relative(skb, pkt->l4_offset & 0xffff, l4, want,
+    /* Each protocol on its own path: a test of a value the verifier already knows
+     * (the protocol, again) makes a verifier without CAP_PERFMON explore the other
+     * way too, as speculative execution, and that multiplies its work. */
+    if (pkt->proto == IPPROTO_TCP) {
+        if (bpf_skb_load_bytes_relative(skb, pkt->l4_offset & 0xffff, head, 14,
                                         BPF_HDR_START_NET) < 0)
             return 0;
-        pkt->sport = ((u16)l4[0] << 8) | l4[1];
-        pkt->dport = ((u16)l4[2] << 8) | l4[3];
-        pkt->tcp_flags = pkt->proto == IPPROTO_TCP ? l4[13] : 0;
-        pkt->has_ports = 1;
+        pkt->tcp_flags = head[13];
+    } else if (pkt->proto == IPPROTO_UDP) {
+        if (bpf_skb_load_bytes_relative(skb, pkt->l4_offset & 0xffff, head, 4,
+                                        BPF_HDR_START_NET) < 0)
+            return 0;
+        pkt->tcp_flags = 0;
+    } else {
+        return pkt->family;
     }
+    pkt->sport = ((u16)head[0] << 8) | head[1];
+    pkt->dport = ((u16)head[2] << 8) | head[3];
+    pkt->has_ports = 1;
     return pkt->family;
 }
 
@@ -169,8 +229,8 @@ BPF_ARRAY(alf_log_bucket, struct alf_bucket, 1);
 
 static __always_inline void alf_log(struct __sk_buff *skb, const struct alf_packet *pkt, u32 reason)
 {
-    u32 zero = 0;
-    struct alf_bucket *bucket = alf_log_bucket.lookup(&zero);
+    u64 zero = 0; /* stored whole (common.h) */
+    struct alf_bucket *bucket = alf_log_bucket.lookup((u32 *)&zero);
     if (!bucket)
         return;
     /* The coarse clock (Linux 5.11; jiffies, a few ms) is half the price of

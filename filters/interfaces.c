@@ -36,8 +36,8 @@ BPF_PROG_ARRAY(iface_alive, 1);
 /* Did the packet arrive on an allowed interface? */
 static __always_inline int interfaces_pass(struct __sk_buff *skb)
 {
-    u32 ifindex = skb->ingress_ifindex;
-    return iface_allowed.lookup(&ifindex) != NULL;
+    u64 ifindex = skb->ingress_ifindex; /* stored whole (common.h) */
+    return iface_allowed.lookup((u32 *)&ifindex) != NULL;
 }
 
 #endif /* ALF_INTERFACES_C */

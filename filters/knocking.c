@@ -84,6 +84,15 @@ struct knock_state {
     u32 row;           /* the row of knock_ports being followed */
 };
 
+/* struct knock_state as the three words it is stored as (common.h). */
+static __always_inline void knock_state_words(u64 words[3], u64 last_ns, u64 open_until_ns,
+                                              u32 step, u32 row)
+{
+    words[0] = last_ns;
+    words[1] = open_until_ns;
+    words[2] = (u64)step | ((u64)row << 32);
+}
+
 BPF_ARRAY(knock_config, struct knock_config, 1);
 BPF_ARRAY(knock_ports, u32, KNOCK_ROWS * KNOCK_MAX_STEPS);
 /* With pinned state, these two are shared by the service's sockets with the same
@@ -94,8 +103,8 @@ BPF_HASH(knock_listeners, u64, u8, KNOCK_LISTENERS);
 
 static __always_inline u32 knock_port(u32 row, u32 step)
 {
-    u32 index = row * KNOCK_MAX_STEPS + step;
-    u32 *port = knock_ports.lookup(&index);
+    u64 index = row * KNOCK_MAX_STEPS + step; /* stored whole (common.h) */
+    u32 *port = knock_ports.lookup((u32 *)&index);
     return port ? *port : 0;
 }
 
@@ -132,9 +141,14 @@ static __always_inline int knock_pass(struct __sk_buff *skb, struct alf_packet *
 {
     if (!pkt->has_ports)
         return 0;
-    struct knock_key key = {};
-    key.family = pkt->family;
-    __builtin_memcpy(key.addr, pkt->addr, 16);
+    union {
+        struct knock_key key;
+        u64 words[3];
+    } k; /* stored a word at a time (common.h) */
+    u64 hi, lo;
+    alf_addr_words(pkt->addr, &hi, &lo);
+    alf_key20(k.words, pkt->family, 0, hi, lo);
+    struct knock_key *key = &k.key;
     if (pkt->proto == IPPROTO_TCP &&
         (pkt->tcp_flags & (ALF_TCP_SYN | ALF_TCP_ACK)) != ALF_TCP_SYN) {
         /* Not a new connection.  On the listening socket itself this is the
@@ -144,60 +158,68 @@ static __always_inline int knock_pass(struct __sk_buff *skb, struct alf_packet *
          * it belongs to a connection the filter already admitted. */
         u64 cookie = bpf_get_socket_cookie(skb);
         if (knock_listeners.lookup(&cookie))
-            return knock_is_open(&key);
+            return knock_is_open(key);
         return 1;
     }
     u32 sport = pkt->sport;
 
-    u32 zero = 0;
-    struct knock_config *cfg = knock_config.lookup(&zero);
+    u64 zero = 0; /* stored whole (common.h) */
+    struct knock_config *cfg = knock_config.lookup((u32 *)&zero);
     if (!cfg || cfg->steps == 0 || cfg->steps > KNOCK_MAX_STEPS)
         return 0;
     u64 now = bpf_ktime_get_ns();
-    struct knock_state *old = knock_state.lookup(&key);
+    struct knock_state *old = knock_state.lookup(key);
     if (old && now < old->open_until_ns)
         return 1;
 
-    struct knock_state st = {};
-    if (old)
-        st = *old;
-    if (st.step && now - st.last_ns > cfg->step_timeout_ns)
-        st.step = 0;
-    if (st.step && st.step < KNOCK_MAX_STEPS) {
-        if (sport == knock_port(st.row, st.step)) {
-            st.step++;
-            st.last_ns = now;
-        } else if (sport == knock_port(st.row, st.step - 1)) {
+    /* The state is worked on in registers and stored whole (common.h). */
+    u64 last_ns = old ? old->last_ns : 0, open_until_ns = old ? old->open_until_ns : 0;
+    u32 step = old ? old->step : 0, row = old ? old->row : 0;
+    if (step && now - last_ns > cfg->step_timeout_ns)
+        step = 0;
+    if (step && step < KNOCK_MAX_STEPS) {
+        if (sport == knock_port(row, step)) {
+            step++;
+            last_ns = now;
+        } else if (sport == knock_port(row, step - 1)) {
             return 0; /* the same knock again: a retransmission */
         } else {
-            st.step = 0;
+            step = 0;
         }
     }
-    if (st.step == 0) {
-        s64 row = knock_first_row(cfg, sport);
-        if (row < 0) {
-            if (old)
-                knock_state.update(&key, &st); /* a wrong knock resets progress */
+    union {
+        struct knock_state st;
+        u64 words[3];
+    } s;
+    if (step == 0) {
+        s64 first = knock_first_row(cfg, sport);
+        if (first < 0) {
+            if (old) { /* a wrong knock resets progress */
+                knock_state_words(s.words, last_ns, open_until_ns, 0, row);
+                knock_state.update(key, &s.st);
+            }
             return 0;
         }
-        st.row = row;
-        st.step = 1;
-        st.last_ns = now;
+        row = first;
+        step = 1;
+        last_ns = now;
     }
-    if (st.step >= cfg->steps) {
-        st.step = 0;
+    if (step >= cfg->steps) {
+        step = 0;
 #if KNOCK_SECRET
-        u64 window = cfg->first_window + st.row; /* absolute, so it survives reloads */
-        u32 one = 1;
+        u64 window = cfg->first_window + row; /* absolute, so it survives reloads */
+        u64 one = 1; /* the u32 value 1, stored whole */
         if (knock_used.lookup(&window)) {
-            knock_state.update(&key, &st); /* a replayed sequence opens nothing */
+            knock_state_words(s.words, last_ns, open_until_ns, step, row);
+            knock_state.update(key, &s.st); /* a replayed sequence opens nothing */
             return 0;
         }
         knock_used.update(&window, &one);
 #endif
-        st.open_until_ns = now + cfg->open_ns;
+        open_until_ns = now + cfg->open_ns;
     }
-    knock_state.update(&key, &st);
+    knock_state_words(s.words, last_ns, open_until_ns, step, row);
+    knock_state.update(key, &s.st);
     return 0; /* knocks themselves are dropped */
 }
 

@@ -40,15 +40,20 @@ BPF_ARRAY(alf_runtime_count, u32, 1);
 /* 0 if no runtime rule matches, else ALF_RUNTIME_ALLOW or ALF_RUNTIME_DENY. */
 static __always_inline u32 runtime_verdict(const struct alf_packet *pkt)
 {
-    u32 zero = 0;
-    u32 *count = alf_runtime_count.lookup(&zero);
+    u64 zero = 0; /* stored whole (common.h) */
+    u32 *count = alf_runtime_count.lookup((u32 *)&zero);
     if (!count || !*count)
         return 0;
-    struct alf_runtime_key key = {};
-    key.prefixlen = 32 + (pkt->family == 4 ? 32 : 128);
-    key.family = pkt->family;
-    __builtin_memcpy(key.addr, pkt->addr, 16);
-    u8 *verdict = alf_runtime.lookup(&key);
+    union {
+        struct alf_runtime_key key;
+        u64 words[3];
+    } k; /* stored a word at a time (common.h) */
+    u64 hi, lo;
+    alf_addr_words(pkt->addr, &hi, &lo);
+    k.words[0] = (u64)(32 + (pkt->family == 4 ? 32 : 128)) | ((u64)pkt->family << 32);
+    k.words[1] = hi;
+    k.words[2] = lo;
+    u8 *verdict = alf_runtime.lookup(&k.key);
     return verdict ? *verdict : 0;
 }
 

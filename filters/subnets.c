@@ -10,9 +10,13 @@
  *                  subnet_line), indexed by the first V4_ROOT_BITS bits of a
  *                  source: per block a DESCEND and a PASS bit, and per line
  *                  the index of its first leaf.
- *   subnet_leaves  ARRAY[V4_LEAVES] of V4_LEAF_BYTES-byte bitmaps (mmapable):
- *                  one bit per address of a block the rules split; a block's
- *                  leaf is its line's first plus the DESCEND bits before it.
+ *   subnet_leaves  ARRAY of u64 (mmapable): V4_LEAVES bitmaps of V4_LEAF_BYTES
+ *                  bytes, end to end, one bit per address of a block the rules
+ *                  split; a block's leaf is its line's first plus the DESCEND
+ *                  bits before it.  Read a word at a time, by lookup: a pointer
+ *                  moved by a variable offset into a map value would make a
+ *                  verifier without CAP_PERFMON stop merging paths that differ
+ *                  in any number (explore_alu_limits), for the whole program.
  *   subnet_roots   ARRAY[SUBNET_ROOT_SLOTS] of u32, indexed by the first 16
  *                  bits of an IPv6 source.
  *   subnet_v6      ARRAY[V6_BUCKETS] of one-cache-line buckets (mmapable): the
@@ -52,10 +56,6 @@
 #error "subnets.c is compiled by alfwrapper, which defines its settings"
 #endif
 
-struct subnet_leaf {
-    u8 bits[V4_LEAF_BYTES];
-};
-
 struct subnet_line {
     u64 descend;
     u64 pass;
@@ -64,7 +64,8 @@ struct subnet_line {
 };
 
 BPF_F_TABLE("array", u32, struct subnet_line, subnet_v4, 1 << (V4_ROOT_BITS - 6), BPF_F_MMAPABLE);
-BPF_F_TABLE("array", u32, struct subnet_leaf, subnet_leaves, V4_LEAVES, BPF_F_MMAPABLE);
+#define V4_LEAF_WORDS (V4_LEAF_BYTES / 8)
+BPF_F_TABLE("array", u32, u64, subnet_leaves, V4_LEAVES * V4_LEAF_WORDS, BPF_F_MMAPABLE);
 struct subnet_bucket {
     u64 key[7];
     u64 tail; /* byte i: slot i's value (i < 7); byte 7: how many slots are used */
@@ -78,24 +79,34 @@ static __always_inline int subnets_pass_v4(const u8 addr[16])
 {
     u32 address = ((u32)addr[0] << 24) | ((u32)addr[1] << 16) | ((u32)addr[2] << 8) | addr[3];
     u32 index = address >> (32 - V4_ROOT_BITS);
-    u32 line_index = index >> 6;
-    struct subnet_line *line = subnet_v4.lookup(&line_index);
+    u64 line_index = index >> 6; /* keys are stored whole (common.h) */
+    struct subnet_line *line = subnet_v4.lookup((u32 *)&line_index);
     if (!line)
         return 0;
     u64 block = 1ULL << (index & 63);
     if (!(line->descend & block))
         return (line->pass & block) != 0;
     u32 leaf_index = line->first_leaf + __builtin_popcountll(line->descend & (block - 1));
-    struct subnet_leaf *leaf = subnet_leaves.lookup(&leaf_index);
-    if (!leaf)
+    u64 word_index = leaf_index * V4_LEAF_WORDS + ((address & (V4_LEAF_BYTES * 8 - 1)) >> 6);
+    u64 *word = subnet_leaves.lookup((u32 *)&word_index);
+    if (!word)
         return 0;
-    u32 bit = address & (V4_LEAF_BYTES * 8 - 1);
-    return (leaf->bits[bit >> 3] >> (bit & 7)) & 1;
+    return (*word >> (address & 63)) & 1; /* little-endian: bit i of the leaf */
 }
 
-static __always_inline u32 subnet_child(struct subnet_key *key, u32 node)
+/* The node one level deeper: the entry for the address's first nb bytes (hi and lo
+ * are the address's two words, alf_addr_words), or the node's own verdict.  The key
+ * is stored a word at a time (common.h), its address bytes past nb zero. */
+static __always_inline u32 subnet_child(int family, int nb, u64 hi, u64 lo, u32 node)
 {
-    u32 *child = subnet_nodes.lookup(key);
+    u64 keep_hi = nb >= 8 ? ~0ULL : (1ULL << (8 * nb)) - 1;
+    u64 keep_lo = nb >= 16 ? ~0ULL : nb <= 8 ? 0 : (1ULL << (8 * (nb - 8))) - 1;
+    union {
+        struct subnet_key key;
+        u64 words[3];
+    } k;
+    alf_key20(k.words, nb, family, hi & keep_hi, lo & keep_lo);
+    u32 *child = subnet_nodes.lookup(&k.key);
     return child ? *child : (node & SUBNET_PASS);
 }
 
@@ -113,7 +124,8 @@ static __always_inline u32 subnet_child(struct subnet_key *key, u32 node)
  * is full (the key may be in its second bucket); 0 if it does not. */
 static __always_inline int subnet_in_bucket(u32 index, u64 key, u32 *node)
 {
-    struct subnet_bucket *bucket = subnet_v6.lookup(&index);
+    u64 at = index; /* stored whole (common.h) */
+    struct subnet_bucket *bucket = subnet_v6.lookup((u32 *)&at);
     if (!bucket)
         return 0;
     u64 tail = bucket->tail;
@@ -145,24 +157,21 @@ static __always_inline u64 subnet_prefix(const u8 addr[16], int nb)
     }
 
 #define SUBNET_STEP(NB)                                \
-    if (node & SUBNET_DESCEND) {                       \
-        key.nbytes = NB;                               \
-        __builtin_memcpy(key.addr, addr, NB);          \
-        node = subnet_child(&key, node);               \
-    }
+    if (node & SUBNET_DESCEND)                         \
+        node = subnet_child(family, NB, hi, lo, node);
 
 /* Does the subnet rule set pass a packet from addr? */
 static __always_inline int subnets_pass(int family, const u8 addr[16])
 {
     if (family == 4)
         return subnets_pass_v4(addr);
-    u32 index = ((u32)addr[0] << 8) | addr[1];
-    u32 *root = subnet_roots.lookup(&index);
+    u64 index = ((u32)addr[0] << 8) | addr[1]; /* stored whole (common.h) */
+    u32 *root = subnet_roots.lookup((u32 *)&index);
     if (!root)
         return 0;
     u32 node = *root;
-    struct subnet_key key = {};
-    key.family = family;
+    u64 hi, lo;
+    alf_addr_words(addr, &hi, &lo);
     V6_STEPS
     return node & SUBNET_PASS;
 }

@@ -31,17 +31,21 @@ BPF_ARRAY(port_limits, struct port_limit, 4);
 
 int filter(struct __sk_buff *skb)
 {
-    u8 addr[16] = {};
+    u8 addr[16] __attribute__((aligned(8))) = {};
     int family = alf_source_address(skb, addr);
     u8 *ok = 0;
     if (family == 4) {
-        u32 key = 0;
+        /* Keys are stored a whole 8-byte word at a time (common.h: Keys). */
+        u64 key = 0;
         __builtin_memcpy(&key, addr, 4);
-        ok = allowed4.lookup(&key);
+        ok = allowed4.lookup((u32 *)&key);
     } else if (family == 6) {
-        struct addr6 key = {};
-        __builtin_memcpy(key.bytes, addr, 16);
-        ok = allowed6.lookup(&key);
+        union {
+            struct addr6 key;
+            u64 words[2];
+        } k;
+        alf_addr_words(addr, &k.words[0], &k.words[1]);
+        ok = allowed6.lookup(&k.key);
     }
     if (!ok || !*ok)
         return ALF_DROP;
@@ -51,8 +55,8 @@ int filter(struct __sk_buff *skb)
     u16 dport = ((u16)ports[2] << 8) | ports[3];
     #pragma unroll
     for (u32 i = 0; i < 4; i++) {
-        u32 index = i;
-        struct port_limit *limit = port_limits.lookup(&index);
+        u64 index = i;
+        struct port_limit *limit = port_limits.lookup((u32 *)&index);
         if (limit && limit->open && limit->port == dport)
             return ALF_PASS;
     }

@@ -202,6 +202,26 @@ def test_check_summary_and_warnings(bpf_root: None, tmp_path: Path) -> None:
     assert clean.returncode == 0 and "warning" not in clean.stdout
 
 
+def test_check_loads_programs_as_the_units_do(bpf_root: None) -> None:
+    """Run as root, check also loads each program with CAP_BPF alone, as the shipped units
+    and the loader do: a filter root's verifier takes and theirs refuses is a warning
+    (an error with --strict); the example filters are not."""
+    leaky = run_cli("check", "--filter", str(ROOT / "tests/data/leaky.c"), "--strict")
+    assert leaky.returncode == 78, leaky.stdout + leaky.stderr
+    (warning,) = [line for line in leaky.stdout.splitlines() if line.startswith("warning: ")]
+    assert "refuses its program with CAP_BPF alone" in warning and "leaks addr" in warning
+    for example in ("examples/filters/allowlist.c", "tests/data/allowlist.c"):
+        clean = run_cli("check", "--filter", str(ROOT / example), "--strict")
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+    # Where the caller holds CAP_BPF alone it loaded that way already: an error then.
+    capped = subprocess.run(
+        ["setpriv", "--bounding-set=-all,+bpf", *WRAPPER, "check", "--filter",
+         str(ROOT / "tests/data/leaky.c")],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert capped.returncode == 65 and "leaks addr" in capped.stderr, capped.stderr
+
+
 def add_sources(host: Host, v4: list[str], v6: list[str]) -> None:
     for address in v4:
         ip("-n", host.netns, "addr", "add", f"{address}/24", "dev", host.link)
