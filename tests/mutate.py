@@ -173,16 +173,16 @@ MUTATIONS = [
     Mutation(
         "inetd-exec-failure-to-peer",
         "alfwrapper/activation.py",
-        "        if diverted >= 0:  # the message is not for the peer either\n"
-        "            os.dup2(diverted, 2)\n",
+        "        for fd, away in kept.items():  # the message is not for the peer either\n"
+        "            os.dup2(away, fd)\n",
         "        pass\n",
         ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
         "inetd-usage-error-to-peer",
         "alfwrapper/cli.py",
-        "    stderr = activation.divert_stderr()  # before any message",
-        "    stderr = -1  #",
+        "    diverted = activation.divert_inetd_streams()  # before any output",
+        "    diverted = {}  #",
         ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
@@ -190,7 +190,9 @@ MUTATIONS = [
         "alfwrapper/cli.py",
         "keep_capabilities=not args.no_capabilities",
         "keep_capabilities=False",
-        ("tests/integration/test_gallery.py::test_sshd_inetd_style_under_systemd",),
+        (
+            "tests/boot/test_lifecycle.py::test_sshd_serves_and_needs_the_capabilities_its_unit_gives",
+        ),
     ),
     Mutation(
         "inetd-socket-ignored",
@@ -525,7 +527,7 @@ MUTATIONS = [
         '    sockets = [f"{unit}.socket"]',
         '    sockets = ["the-socket-unit"]',
         (
-            "tests/integration/test_systemd.py::test_a_socket_filtered_under_another_name_names_its_socket_unit",
+            "tests/boot/test_lifecycle.py::test_a_socket_filtered_under_another_name_names_its_socket_unit",
         ),
     ),
 ]
@@ -538,7 +540,7 @@ MUTATIONS += [
         "            state.install(record.state, record.loaded.fd)\n",
         "            if record.fresh:\n"
         "                state.install(record.state, record.loaded.fd)\n",
-        ("tests/integration/test_systemd.py::test_restarts_and_idle_exits_keep_the_current_rules",),
+        ("tests/boot/test_lifecycle.py::test_restarts_and_idle_exits_keep_the_current_rules",),
     ),
     Mutation(
         "runtime-rules-in-force",
@@ -573,14 +575,14 @@ MUTATIONS += [
         "alfwrapper/service.py",
         "        state.install(m.state, loaded[id(m)].fd)\n",
         "        pass\n",
-        ("tests/integration/test_systemd.py::test_reload_changes_rules_without_restarting",),
+        ("tests/boot/test_lifecycle.py::test_reload_keeps_a_long_lived_connection",),
     ),
     Mutation(
         "counters-not-pinned",
         "alfwrapper/program.py",
         '    pinned = [("alf_counters", pins.path("counters"))] if pins is not None else []',
         "    pinned = []",
-        ("tests/integration/test_systemd.py::test_status_counts_across_restarts_and_idle_exits",),
+        ("tests/boot/test_lifecycle.py::test_restarts_and_idle_exits_keep_the_current_rules",),
     ),
     Mutation(
         "counted-under-wrong-reason",
@@ -631,7 +633,7 @@ MUTATIONS += [
         "alfwrapper/companion.py",
         "        theirs, ours = _cgroups(app_pid), _cgroups(os.getpid())",
         "        return",
-        ("tests/integration/test_systemd.py::test_drops_go_to_the_journal_under_the_unit",),
+        ("tests/boot/test_lifecycle.py::test_drops_go_to_the_journal_under_the_unit",),
     ),
     Mutation(
         "loader-trusts-claimed-uid",
@@ -683,25 +685,60 @@ MUTATIONS += [
         ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
     ),
     Mutation(
-        "package-keeps-header-links",
-        "debian/alfwrapper.prerm",
-        "    /usr/lib/alfwrapper/link-kernel-headers --remove || true",
-        "    true",
+        "headers-only-under-modules",
+        "alfwrapper/kernel_headers.py",
+        "    match = _MAKEFILE_INCLUDE.search(makefile)\n",
+        "    match = None\n",
         ("tests/integration/test_package.py",),
     ),
     Mutation(
-        "package-no-header-links",
-        "debian/alfwrapper.postinst",
-        "    /usr/lib/alfwrapper/link-kernel-headers --record || true",
-        "    true",
-        ("tests/integration/test_package.py",),
+        "headers-variable-inherited",
+        "alfwrapper/kernel_headers.py",
+        "        os.environ.pop(SOURCE_VARIABLE, None)",
+        "        pass",
+        ("tests/unit/test_kernel_headers.py",),
+    ),
+    Mutation(
+        "inetd-stdout-to-peer",
+        "alfwrapper/activation.py",
+        "        streams = [fd for fd in (1, 2) if _same_file(0, fd)]",
+        "        streams = [fd for fd in (2,) if _same_file(0, fd)]",
+        ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
+    ),
+    Mutation(
+        "helper-buffer-not-cleared",
+        "filters/common.h",
+        "    u64 words[5];\n    alf_clear(words);\n",
+        "    u64 words[5];\n",
+        ("tests/kernel/test_verifiers.py::test_every_program_loads_in_every_mode[debian]",),
+    ),
+    Mutation(
+        "map-value-indexed-by-pointer",
+        "filters/subnets.c",
+        "    return (*word >> (address & 63)) & 1;",
+        "    return (((u8 *)word)[(address >> 3) & 7 ^ (word_index & 0)] >> (address & 7)) & 1;",
+        ("tests/kernel/test_verifiers.py::test_every_program_loads_in_every_mode[debian]",),
+    ),
+    Mutation(
+        "check-loads-as-root-only",
+        "alfwrapper/compiler.py",
+        "    cap_bpf = 1 << privileges.CAP_BPF\n",
+        "    return \"\"\n",
+        ("tests/integration/test_policy.py::test_check_loads_programs_as_the_units_do",),
+    ),
+    Mutation(
+        "no-start-limit",
+        "units/alfwrapper-echo.service",
+        "StartLimitIntervalSec=300\nStartLimitBurst=10\n",
+        "",
+        ("tests/boot/test_debian_kernel.py::test_a_slow_failing_start_stops_its_socket",),
     ),
     Mutation(
         "units-unsandboxed",
         "units/alfwrapper-echo.service",
         "SystemCallFilter=@system-service bpf\n",
         "",
-        ("tests/integration/test_systemd.py::test_units_verify",),
+        ("tests/unit/test_unit_files.py::test_units_verify",),
         also=(
             ("MemoryDenyWriteExecute=yes\n", ""),
             ("RestrictNamespaces=yes\n", ""),
@@ -742,6 +779,14 @@ MUTATIONS += [
 ]
 
 
+# The boot tier's guest image and the kernel tier's kernel, built once in this checkout
+# and shared by every scratch clone (their keys say when they must be built again).
+CACHES = {
+    "GUEST_DIR": str(ROOT / "build/guest"),
+    "ALF_KERNEL_TIER_DIR": str(ROOT / "build/kernel-tier"),
+}
+
+
 def scratch_clone() -> Path:
     # Not in /tmp: the shipped units under test have PrivateTmp=, and run files of the clone.
     where = Path(tempfile.mkdtemp(prefix="alf-mutate-", dir="/var/lib"))
@@ -766,7 +811,12 @@ def run(mutation: Mutation) -> tuple[str, float]:
         out = subprocess.run(
             [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutation.tests],
             cwd=clone,
-            env={**os.environ, "PYTHONPATH": str(clone), "CI": "true"},  # a skip is no kill
+            env={
+                **os.environ,
+                **CACHES,
+                "PYTHONPATH": str(clone),
+                "CI": "true",
+            },  # a skip is no kill
             capture_output=True,
             text=True,
             timeout=1800,
@@ -789,7 +839,12 @@ def baseline(chosen: list[Mutation]) -> bool:
         out = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests],
             cwd=clone,
-            env={**os.environ, "PYTHONPATH": str(clone), "CI": "true"},  # a skip is no kill
+            env={
+                **os.environ,
+                **CACHES,
+                "PYTHONPATH": str(clone),
+                "CI": "true",
+            },  # a skip is no kill
             capture_output=True,
             text=True,
             timeout=3600,

@@ -1,0 +1,134 @@
+"""A Debian 12 guest booted with systemd as PID 1 (guest.sh), for the boot tier: the
+`.deb` installed there, the shipped units started as shipped, clients outside it."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "guest.sh"
+CLIENT = HERE / "client.py"
+
+# The host side's addresses (guest.sh): allowed and denied by the shipped policies.
+GUEST4, GUEST6 = "192.0.2.2", "2001:db8::2"
+ALLOW4, DENY4, OTHER4 = "192.0.2.1", "198.51.100.1", "203.0.113.1"
+ALLOW6, DENY6 = "2001:db8:a::1", "2001:db8:b::1"
+
+
+@dataclass
+class Guest:
+    """One running guest: ``route`` nspawn (the host's kernel) or qemu (Debian's)."""
+
+    name: str
+    route: str = "nspawn"
+    env: dict[str, str] = field(default_factory=dict)
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "GUEST_NAME": self.name, "GUEST_ROUTE": self.route, **self.env}
+
+    def script(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SCRIPT), *args], env=self._env(), capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        out = self.script("start", timeout=1800)
+        assert out.returncode == 0, f"guest.sh start: {out.stderr[-3000:]}"
+
+    def stop(self) -> None:
+        self.script("stop", timeout=120)
+
+    def run(self, command: str, timeout: float = 300, check: bool = True) -> str:
+        """A shell command as root in the guest; its stdout (and stderr, on failure)."""
+        out = self.script("run", command, timeout=timeout)
+        if check:
+            assert out.returncode == 0, f"in the guest: {command}\n{out.stdout}{out.stderr}"
+        return out.stdout
+
+    def status(self, command: str, timeout: float = 300) -> tuple[int, str]:
+        out = self.script("run", command, timeout=timeout)
+        return out.returncode, out.stdout + out.stderr
+
+    def put(self, local: Path, remote: str) -> None:
+        out = self.script("put", str(local), remote, timeout=300)
+        assert out.returncode == 0, out.stderr
+
+    def client(self, *argv: str, timeout: float = 400) -> str:
+        """client.py on the host side of the guest's link: its one-line answer."""
+        command = " ".join(shlex.quote(a) for a in [sys.executable, str(CLIENT), *argv])
+        out = self.script("client", command, timeout=timeout)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    def journal(self, unit: str, lines: int = 30) -> str:
+        return self.run(
+            f"journalctl -b -u {shlex.quote(unit)} --no-pager -o cat -n {lines}", check=False
+        )
+
+    def wait(self, command: str, seconds: float = 60, every: float = 0.5) -> str:
+        """Run command until it succeeds (a condition, never a bare sleep)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            code, out = self.status(command)
+            if code == 0:
+                return out
+            assert time.monotonic() < deadline, f"not true after {seconds} s: {command}\n{out}"
+            time.sleep(every)
+
+
+# Seconds a first client waits: the service starts and compiles its filter then.
+FIRST = "60"
+
+
+def stop(g: Guest, *units: str) -> None:
+    g.run(f"systemctl stop {' '.join(units)}; systemctl reset-failed", check=False)
+
+
+def expect(g: Guest, unit: str, want: str, *client: str) -> str:
+    """One client; its answer must start with ``want`` (else the unit's journal shows)."""
+    got = g.client(*client)
+    assert got.startswith(want), f"{' '.join(client)}: wanted {want}, got {got}\n" + g.journal(unit)
+    return got
+
+
+def served_and_dropped(
+    g: Guest, unit: str, port: int, udp: bool = True, first: str = FIRST
+) -> None:
+    """Allowed sources are served, denied ones dropped, TCP and UDP, IPv4 and IPv6."""
+    expect(g, unit, "answered", "tcp", ALLOW4, GUEST4, str(port), first)
+    expect(g, unit, "answered", "tcp", ALLOW6, GUEST6, str(port), "20")
+    expect(g, unit, "timeout", "tcp", DENY4, GUEST4, str(port), "4")
+    expect(g, unit, "timeout", "tcp", DENY6, GUEST6, str(port), "4")
+    if udp:
+        expect(g, unit, "answered", "udp", ALLOW4, GUEST4, str(port), "20")
+        expect(g, unit, "answered", "udp", ALLOW6, GUEST6, str(port), "20")
+        expect(g, unit, "timeout", "udp", DENY4, GUEST4, str(port), "3")
+        expect(g, unit, "timeout", "udp", DENY6, GUEST6, str(port), "3")
+
+
+def a_failing_start_stops_its_socket(g: Guest, first: str, seconds: float) -> None:
+    """A broken policy makes alfwrapper-echo.service fail at every start, and a client
+    waits on its socket: after the unit's start limit the socket fails and stops
+    listening (bounded, and closed)."""
+    echo, policy = "alfwrapper-echo.service", "/etc/alfwrapper/policy/alfwrapper-echo.toml.d"
+    since = g.run("date +%s").strip()  # this test's starts only
+    g.run(f"mkdir -p {policy} && echo 'allow = [' > {policy}/broken.toml && "
+          "systemctl start alfwrapper-echo.socket")  # fmt: skip
+    try:
+        g.client("tcp", ALLOW4, GUEST4, "8080", first)  # queued: it starts the service
+        g.wait("systemctl is-failed --quiet alfwrapper-echo.socket", seconds, every=2)
+        starts = g.run(f"journalctl -b -u {echo} --since @{since} -o cat | grep -c '^Started '")
+        assert 1 <= int(starts) <= int(g.run(f"systemctl show -P StartLimitBurst {echo}")), starts
+        assert g.client("tcp", ALLOW4, GUEST4, "8080", "5") in ("refused", "timeout")
+        result = g.run("systemctl show -P Result alfwrapper-echo.socket").strip()
+        assert result == "service-start-limit-hit", result
+    finally:
+        g.run(f"rm -rf {policy}", check=False)
+        stop(g, "alfwrapper-echo.socket", echo)

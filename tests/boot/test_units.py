@@ -1,0 +1,227 @@
+"""The boot tier: alfwrapper's Debian package in a Debian 12 guest booted with the real
+systemd as PID 1 (guest.sh, nspawn: this host's kernel), every shipped and gallery unit
+started exactly as shipped (no drop-in touches their sandboxing), and real clients from
+outside the guest, allowed and denied, TCP and UDP, IPv4 and IPv6.
+
+The tests share one guest and run in order: each starts what it tests and stops it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from guest import (
+    ALLOW4,
+    ALLOW6,
+    DENY4,
+    FIRST,
+    GUEST4,
+    GUEST6,
+    OTHER4,
+    Guest,
+    a_failing_start_stops_its_socket,
+    expect,
+    served_and_dropped,
+    stop,
+)
+
+# The exposure systemd-analyze security gave each unit before this tier existed: none
+# may get worse.
+EXPOSURE = {
+    "alfwrapper-echo.service": 2.3,
+    "alfwrapper-echo-accept@.service": 2.3,
+    "alfwrapper-multi.service": 2.3,
+    "alfwrapper-proxy.service": 2.3,
+    "alfwrapper@.service": 2.3,
+    "alfwrapper-loader.service": 1.6,
+    "alfwrapper-metrics.service": 2.2,
+    "alfwrapper-tftp.service": 5.5,
+    "alfwrapper-git@.service": 4.1,
+    "alfwrapper-sshd@.service": 9.6,
+}
+GALLERY = "/usr/share/alfwrapper/units"
+
+
+def test_the_package_installs_offline_and_doctor_passes(guest: Guest) -> None:
+    assert guest.run("ps -o comm= -p 1").strip() == "systemd"
+    assert guest.run("systemctl is-system-running --wait", check=False).strip() in (
+        "running",
+        "degraded",
+    )
+    code, out = guest.status("alfwrapper doctor")
+    assert code == 0, out
+    assert "kernel headers" in out and "/usr/src/linux-headers-" in out, out
+
+
+def test_units_are_no_more_exposed_than_before(guest: Guest) -> None:
+    guest.run(f"cp {GALLERY}/* /etc/systemd/system/ && systemctl daemon-reload")
+    for unit, before in EXPOSURE.items():
+        out = guest.run(f"systemd-analyze security --no-pager {unit} | tail -n 1")
+        level = float(re.search(r"exposure level for \S+: (\d+\.\d+)", out).group(1))  # type: ignore[union-attr]
+        assert level <= before, f"{unit}: exposure {level}, was {before}"
+
+
+def test_echo_serves_the_allowed_and_drops_the_denied(guest: Guest) -> None:
+    guest.run("systemctl start alfwrapper-echo.socket")
+    try:
+        served_and_dropped(guest, "alfwrapper-echo.service", 8080)
+        status = guest.run("alfwrapper status alfwrapper-echo")
+        assert re.search(r"\(pid \d+; program \d+\)", status), status
+        assert re.search(r"subnets [1-9]", status), status
+    finally:
+        stop(guest, "alfwrapper-echo.socket", "alfwrapper-echo.service")
+
+
+def test_echo_restart_crash_reactivation_and_reload(guest: Guest) -> None:
+    unit = "alfwrapper-echo.service"
+    guest.run("systemctl start alfwrapper-echo.socket")
+    try:
+        expect(guest, unit, "answered", "tcp", ALLOW4, GUEST4, "8080", FIRST)
+        guest.run(f"systemctl restart {unit}")
+        served_and_dropped(guest, unit, 8080, udp=False)
+        guest.run(f"systemctl kill --signal=SIGKILL {unit}")  # a crash: the socket starts it again
+        guest.wait(f"! systemctl is-active --quiet {unit}")
+        served_and_dropped(guest, unit, 8080, udp=False)
+        guest.run(f"systemctl stop {unit}")  # as an idle exit leaves it: the socket listens
+        served_and_dropped(guest, unit, 8080, udp=False)
+        guest.run(f"systemctl stop {unit} && systemctl restart alfwrapper-echo.socket")
+        served_and_dropped(guest, unit, 8080, udp=False)  # a new socket, filtered afresh
+        # An administrator's drop-in, put in force by a reload, with a drop log.
+        guest.run(
+            "mkdir -p /etc/alfwrapper/policy/alfwrapper-echo.toml.d && printf "
+            + shlex.quote(f'deny = ["{ALLOW6}"]\nlog-drops = 100\n')
+            + " > /etc/alfwrapper/policy/alfwrapper-echo.toml.d/test.toml"
+        )
+        guest.run(f"systemctl reload {unit}")
+        expect(guest, unit, "timeout", "tcp", ALLOW6, GUEST6, "8080", "4")
+        expect(guest, unit, "answered", "tcp", ALLOW4, GUEST4, "8080", "20")
+        # The drop log's forwarder writes to the journal under the unit itself.
+        dropped = guest.wait(f"journalctl -b -u {unit} -o cat | grep -F {ALLOW6}", seconds=20)
+        assert "subnets" in dropped, dropped
+    finally:
+        guest.run("rm -rf /etc/alfwrapper/policy/alfwrapper-echo.toml.d", check=False)
+        stop(guest, "alfwrapper-echo.socket", unit)
+
+
+def test_echo_accept_serves_one_instance_per_allowed_connection(guest: Guest) -> None:
+    guest.run("systemctl start alfwrapper-echo-accept.socket")
+    try:
+        unit = "alfwrapper-echo-accept@*"
+        expect(guest, unit, "answered", "tcp", ALLOW4, GUEST4, "8083", FIRST)
+        expect(guest, unit, "answered", "tcp", ALLOW6, GUEST6, "8083", FIRST)
+        # A denied peer is accepted by systemd, judged, and closed: nothing reaches it.
+        assert guest.client("tcp", DENY4, GUEST4, "8083", FIRST) in ("closed b''", "timeout")
+    finally:
+        stop(guest, "alfwrapper-echo-accept.socket")
+
+
+def test_multi_and_proxy(guest: Guest) -> None:
+    guest.run("systemctl start alfwrapper-multi-web.socket alfwrapper-multi-admin.socket")
+    try:
+        unit = "alfwrapper-multi.service"
+        expect(guest, unit, "answered", "tcp", DENY4, GUEST4, "8081", FIRST)
+        expect(guest, unit, "timeout", "tcp", OTHER4, GUEST4, "8081", "4")
+        expect(guest, unit, "answered", "tcp", ALLOW4, GUEST4, "8082", "20")
+        expect(guest, unit, "timeout", "tcp", DENY4, GUEST4, "8082", "4")
+    finally:
+        stop(guest, "alfwrapper-multi-web.socket", "alfwrapper-multi-admin.socket",
+             "alfwrapper-multi.service")  # fmt: skip
+    guest.run(
+        "systemd-run --quiet --unit=alfcheck-backend ncat -lk 127.0.0.1 9000 -e /bin/cat && "
+        "systemctl start alfwrapper-proxy.socket"
+    )
+    try:
+        unit = "alfwrapper-proxy.service"
+        expect(guest, unit, "answered", "tcp", ALLOW4, GUEST4, "8085", FIRST)
+        expect(guest, unit, "timeout", "tcp", DENY4, GUEST4, "8085", "4")
+    finally:
+        stop(guest, "alfwrapper-proxy.socket", "alfwrapper-proxy.service", "alfcheck-backend")
+
+
+def test_the_template_with_an_instance_file(guest: Guest) -> None:
+    guest.run(
+        "printf '[Socket]\\nListenStream=8084\\n' > /etc/systemd/system/alfwrapper@8084.socket && "
+        "mkdir -p /etc/alfwrapper && printf "
+        + shlex.quote(
+            "ALF_RULES=--allow 192.0.2.0/24 --allow 2001:db8:a::/48\n"
+            "ALF_COMMAND=/usr/bin/python3 /usr/share/alfwrapper/echo_server.py\n"
+        )
+        + " > /etc/alfwrapper/8084.env && systemctl daemon-reload && "
+        "systemctl start alfwrapper@8084.socket"
+    )
+    try:
+        served_and_dropped(guest, "alfwrapper@8084.service", 8084, udp=False)
+    finally:
+        stop(guest, "alfwrapper@8084.socket", "alfwrapper@8084.service")
+
+
+def test_an_ordinary_user_filters_a_service_through_the_loader(guest: Guest) -> None:
+    guest.run("id alfcheck >/dev/null 2>&1 || useradd -m alfcheck")
+    guest.run("systemctl start alfwrapper-loader.socket")
+    try:
+        code, out = guest.status("cd / && runuser -u alfcheck -- alfwrapper doctor")
+        assert code == 0 and "through the loader" in out, out
+        # The user's own service: no capability at all, its filter made by the loader.
+        guest.run(
+            "systemd-run --quiet --uid=alfcheck --unit=alfcheck-app "
+            "--property=NoNewPrivileges=yes /usr/bin/alfwrapper --service alfcheck-app "
+            "--listen :8090 --allow 192.0.2.0/24 --allow 2001:db8:a::/48 -- "
+            "/usr/bin/python3 /usr/share/alfwrapper/echo_server.py"
+        )
+        guest.wait("ss -Hltn 'sport = :8090' | grep -q LISTEN", seconds=60)  # bound once filtered
+        served_and_dropped(guest, "alfcheck-app.service", 8090, udp=False)
+        status = guest.run("cd / && runuser -u alfcheck -- alfwrapper status alfcheck-app")
+        assert "alfcheck-app" in status, status
+    finally:
+        stop(guest, "alfcheck-app", "alfwrapper-loader.socket", "alfwrapper-loader.service")
+
+
+def test_the_metrics_timer_writes_the_counters(guest: Guest) -> None:
+    guest.run(
+        "mkdir -p /var/lib/prometheus/node-exporter && "
+        "rm -f /var/lib/prometheus/node-exporter/alfwrapper.prom && "
+        "systemctl start alfwrapper-metrics.timer"
+    )
+    try:
+        out = guest.wait("cat /var/lib/prometheus/node-exporter/alfwrapper.prom", seconds=60)
+        assert "alfwrapper_packets_total" in out, out
+    finally:
+        stop(guest, "alfwrapper-metrics.timer", "alfwrapper-metrics.service")
+
+
+def test_gallery_sshd_tftp_and_git(guest: Guest) -> None:
+    guest.run(f"cp {GALLERY}/* /etc/systemd/system/ && systemctl daemon-reload")
+    guest.run("systemctl start alfwrapper-sshd.socket")
+    try:
+        unit = "alfwrapper-sshd@*"
+        expect(guest, unit, "answered SSH-2.0-", "banner", ALLOW4, GUEST4, "22", FIRST)
+        assert guest.client("banner", DENY4, GUEST4, "22", FIRST) in ("closed b''", "timeout")
+    finally:
+        stop(guest, "alfwrapper-sshd.socket")
+    guest.run(
+        "mkdir -p /srv/tftp && echo 'hello from tftp' > /srv/tftp/hello.txt && "
+        "systemctl start alfwrapper-tftp.socket"
+    )
+    try:
+        unit = "alfwrapper-tftp.service"
+        expect(guest, unit, "answered DATA hello from tftp", "tftp", ALLOW4, GUEST4, FIRST,
+               "hello.txt")  # fmt: skip
+        expect(guest, unit, "timeout", "tftp", DENY4, GUEST4, "3", "hello.txt")
+    finally:
+        stop(guest, "alfwrapper-tftp.socket", "alfwrapper-tftp.service")
+    guest.run(
+        "mkdir -p /srv/git && { [ -d /srv/git/repo.git ] || git init -q --bare "
+        "/srv/git/repo.git; } && touch /srv/git/repo.git/git-daemon-export-ok && "
+        "systemctl start alfwrapper-git.socket"
+    )
+    try:
+        unit = "alfwrapper-git@*"
+        expect(guest, unit, "answered", "git", ALLOW4, GUEST4, "/repo.git", FIRST)
+        # Nothing at all reaches a denied peer: no line of alfwrapper's, none of a library's.
+        assert guest.client("git", DENY4, GUEST4, "/repo.git", FIRST) in ("closed b''", "timeout")
+    finally:
+        stop(guest, "alfwrapper-git.socket")
+
+
+def test_a_unit_that_cannot_start_stops_its_socket(guest: Guest) -> None:
+    a_failing_start_stops_its_socket(guest, "30", 120)
