@@ -723,7 +723,7 @@ MUTATIONS += [
         "check-loads-as-root-only",
         "alfwrapper/compiler.py",
         "    cap_bpf = 1 << privileges.CAP_BPF\n",
-        "    return \"\"\n",
+        '    return ""\n',
         ("tests/integration/test_policy.py::test_check_loads_programs_as_the_units_do",),
     ),
     Mutation(

@@ -86,6 +86,7 @@ def test_every_program_loads_in_every_mode(
         print(f"{release} {mode.name}: {len(loads)} programs, at most {processed(most)} "
               f"instructions processed ({most.case})")  # fmt: skip
 
+
 def processed(outcome: guest_kernel.Outcome) -> int:
     """The instructions the verifier processed ("N insns, M processed")."""
     words = outcome.detail.replace(",", "").split()
