@@ -239,6 +239,13 @@ def read_rule_file(path: str) -> PrefixList:
 # line numbers stay what an editor shows.
 _OTHER_BREAKS = b"\r\x0b\x0c\x1c\x1d\x1e"
 _CHUNK = 1 << 20  # bytes parsed in bulk at a time: bounds the temporaries (a few MiB)
+LINE_LIMIT = 4096  # bytes in a line, comment included: a CIDR needs at most 43
+
+
+def _too_long(origin: str, number: int, start: bytes | str) -> AlfError:
+    text = start[:41].decode(errors="replace") if isinstance(start, bytes) else start
+    return AlfError(f"{origin}:{number}", f"the line {excerpt(text)} is longer than "
+                    f"{LINE_LIMIT} bytes", "write one CIDR per line", EX_DATAERR)  # fmt: skip
 
 
 def parse_rule_bytes(data: bytes, origin: str) -> PrefixList:
@@ -249,7 +256,15 @@ def parse_rule_bytes(data: bytes, origin: str) -> PrefixList:
     parts: list[PrefixList] = []
     first_line, begin = 1, 0
     while begin < len(data):  # about _CHUNK bytes of whole lines at a time
-        end = data.find(b"\n", min(begin + _CHUNK, len(data)) - 1)
+        cut = min(begin + _CHUNK, len(data)) - 1
+        # The line across the cut is looked for within LINE_LIMIT only: a longer one
+        # would make the chunk, and the parse's temporaries (tens of bytes a byte), huge.
+        end = data.find(b"\n", cut, cut + LINE_LIMIT + 1)
+        if end < 0 and cut + LINE_LIMIT + 1 < len(data):
+            start = data.rfind(b"\n", 0, cut) + 1
+            raise _too_long(
+                origin, first_line + data.count(b"\n", begin, start), data[start : start + 41]
+            )
         end = len(data) if end < 0 else end + 1
         chunk = data[begin:end] if data[end - 1 : end] == b"\n" else data[begin:end] + b"\n"
         part, lines = _parse_chunk(chunk, first_line, origin)
@@ -263,6 +278,8 @@ def parse_rule_lines(lines: Iterable[str], origin: str, first: int = 1) -> list[
     """Rule-file lines, one at a time, numbered from ``first``."""
     prefixes = []
     for number, line in enumerate(lines, first):
+        if len(line) > LINE_LIMIT:
+            raise _too_long(origin, number, line)
         text = line.split("#", 1)[0].strip()
         if not text:
             continue

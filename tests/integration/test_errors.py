@@ -455,3 +455,26 @@ def test_a_map_hidden_behind_a_macro_still_names_the_clash(bpf_root: None, tmp_p
                                   "192.0.2.0/24", "--filter", str(path))  # fmt: skip
     assert (returncode, ran) == (65, False), stderr
     assert_one_line(stderr, "two maps are named 'subnet_roots'", "subnet_, iface_, knock_, alf_")
+
+
+def test_a_huge_line_in_a_rule_file_costs_little_memory(tmp_path: Path) -> None:
+    """A rule file of one 50 MB line (under the 64 MiB file limit) is refused with its line
+    number, in a small multiple of the file's size (not the gigabytes a bulk parse of
+    it would take)."""
+    path = tmp_path / "huge.rules"
+    path.write_bytes(b"192.0.2.0/24\n" + b"1" * (50 << 20) + b"\n")
+    measure = (
+        "import resource, subprocess, sys\n"
+        "out = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "print(out.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+        "print(out.stderr, end='')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", measure, *WRAPPER, "check", "--allow-file", str(path)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    code, peak_kib = map(int, out.stdout.split("\n", 1)[0].split())
+    assert code == 65, out.stdout
+    assert f"{path}:2: the line '1111" in out.stdout, out.stdout
+    assert "is longer than 4096 bytes" in out.stdout, out.stdout
+    assert peak_kib < 200 * 1024, f"{peak_kib} KiB"
