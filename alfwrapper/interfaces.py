@@ -9,18 +9,34 @@ only the maps it updates, and, when the wrapper runs as root, runs under
 its own user (WATCHER_USER, else nobody), so the application cannot signal
 or trace it.  It also holds the only reference to the programs' iface_alive
 arrays: if it dies anyway, the kernel empties them and every packet on
-those sockets is dropped (interfaces.c).
+those sockets is dropped (interfaces.c).  And it renews their iface_lease
+every second: stopped (SIGSTOP, by an application that runs as the same user
+where no other can be had), it stops renewing, and every packet is dropped
+too.
 """
 
 from __future__ import annotations
 
+import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from alfwrapper import companion
+from alfwrapper import companion, syscalls
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
 
 RTMGRP_LINK = 1
+# interfaces.c's iface_lease: the watcher renews it every second for LEASE_NS ahead;
+# a start gives it START_LEASE_NS, to cover the time until its watcher runs.
+LEASE_NS = 5_000_000_000
+START_LEASE_NS = 120_000_000_000
+
+
+def renew_lease(lease_fd: int, ahead_ns: int) -> None:
+    """iface_lease's one entry: now (CLOCK_MONOTONIC, the filter's clock) + ahead."""
+    syscalls.map_update(
+        lease_fd, struct.pack("=I", 0), struct.pack("=Q", time.monotonic_ns() + ahead_ns)
+    )
 
 
 def link_names() -> dict[str, int]:
@@ -63,11 +79,13 @@ def resolve(names: Sequence[str]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class WatchedMap:
-    """One program's iface_allowed map, the names it allows, and its iface_alive array."""
+    """One program's iface_allowed map, the names it allows, its iface_alive array and
+    its iface_lease (interfaces.c)."""
 
     allowed_fd: int
     names: tuple[str, ...]
     alive_fd: int
+    lease_fd: int
 
 
 def start_watcher(maps: Sequence[WatchedMap], label: str, app_pid: int = 0) -> int:
@@ -78,6 +96,6 @@ def start_watcher(maps: Sequence[WatchedMap], label: str, app_pid: int = 0) -> i
     the watcher exits with the process ``app_pid`` (default: this one, which
     becomes the application).
     """
-    args = [label] + [f"{m.allowed_fd}:{m.alive_fd}:{','.join(m.names)}" for m in maps]
-    keep = [fd for m in maps for fd in (m.allowed_fd, m.alive_fd)]
+    args = [label] + [f"{m.allowed_fd}:{m.alive_fd}:{m.lease_fd}:{','.join(m.names)}" for m in maps]
+    keep = [fd for m in maps for fd in (m.allowed_fd, m.alive_fd, m.lease_fd)]
     return companion.spawn("alfwrapper.watcher", "interface watcher", args, keep, app_pid)

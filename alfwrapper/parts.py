@@ -338,7 +338,11 @@ def u32s(values: Sequence[int]) -> bytes:
 
 
 def set_interfaces(bpf: Any, allowed: dict[int, str]) -> None:
-    """Make iface_allowed hold exactly these indexes (new ones first, then removals)."""
+    """Make iface_allowed hold exactly these indexes (new ones first, then removals), and
+    hold them current until the watcher takes over renewing the lease (interfaces.c)."""
+    from alfwrapper.interfaces import START_LEASE_NS, renew_lease  # noqa: PLC0415
+
+    renew_lease(bpf[b"iface_lease"].map_fd, START_LEASE_NS)
     table = bpf[b"iface_allowed"]
     for index in allowed:
         table[table.Key(index)] = table.Leaf(1)

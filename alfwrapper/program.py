@@ -45,6 +45,7 @@ MAP_ROLES = {
     "alf_runtime_count": "rtn",
     "iface_allowed": "ifok",
     "iface_alive": "ifup",
+    "iface_lease": "ifls",
     "knock_config": "kcfg",
     "knock_ports": "kprt",
     "knock_used": "kuse",

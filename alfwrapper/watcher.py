@@ -10,7 +10,9 @@ events in the service's network namespace:
   interface that later reuses the index is not allowed by mistake.
 
 It resynchronises from a full dump on start and whenever netlink reports
-lost events, and exits when the application does (its pidfd, Linux 5.3).
+lost events, renews every program's iface_lease every second (a watcher that
+is stopped stops renewing, and the filter then drops every packet:
+interfaces.c), and exits when the application does (its pidfd, Linux 5.3).
 It never loads BCC: the maps are updated through libbpf (syscalls.py).
 Started as root, it first moves to its own user, so that the application
 (root or not, with no capabilities) cannot signal it, and makes itself
@@ -24,13 +26,15 @@ import pwd
 import select
 import struct
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from alfwrapper import privileges, syscalls
+from alfwrapper.interfaces import LEASE_NS, RTMGRP_LINK, renew_lease
 
-RTMGRP_LINK = 1
 WATCHER_USERS = ("alfwrapper", "nobody")  # the first that exists
+RENEW_SECONDS = 1.0  # the lease is renewed this often, LEASE_NS ahead
 _U32 = struct.Struct("=I")
 
 
@@ -38,10 +42,14 @@ class Target:
     """One program's map: the names it allows, and what it holds now."""
 
     def __init__(self, spec: str) -> None:
-        allowed, alive, names = spec.split(":", 2)
+        allowed, alive, lease, names = spec.split(":", 3)
         self.map_fd = int(allowed)
         self.alive_fd = int(alive)  # held open, never used: its life is the filter's
+        self.lease_fd = int(lease)
         self.names = frozenset(names.split(","))
+
+    def renew(self) -> None:
+        renew_lease(self.lease_fd, LEASE_NS)
 
     def publish(self, state: dict[int, str]) -> None:
         """Make the map hold exactly the allowed indexes: additions first, then removals."""
@@ -93,12 +101,21 @@ def watch(targets: Sequence[Target], pidfd: int, ready_w: int, events: Any, dump
     with events, dump:
         # Events between the wrapper's first look and bind() are caught by this dump.
         publish({i: n for n, i in link_names(dump).items() if n in wanted})
+        for target in targets:
+            target.renew()
         os.write(ready_w, b"ready")
         os.close(ready_w)
+        renewed = time.monotonic()
         while True:
-            ready, _, _ = select.select([events.fileno(), pidfd], [], [])
+            ready, _, _ = select.select([events.fileno(), pidfd], [], [], RENEW_SECONDS)
             if pidfd in ready:
                 return
+            if time.monotonic() - renewed >= RENEW_SECONDS:
+                for target in targets:
+                    target.renew()
+                renewed = time.monotonic()
+            if events.fileno() not in ready:
+                continue
             state = dict(current)
             try:
                 messages: list[Any] = list(events.get())

@@ -40,6 +40,7 @@ import varied  # noqa: E402
 from varied import load_text, map_memory  # noqa: E402
 
 from alfwrapper import compiler, program  # noqa: E402
+from alfwrapper.interfaces import START_LEASE_NS, renew_lease  # noqa: E402
 from alfwrapper.parts import FillEnv  # noqa: E402
 from alfwrapper.rules import (  # noqa: E402
     KnockRules,
@@ -128,6 +129,7 @@ def interfaces_program(count: int) -> compiler.LoadedFilter:
     indexes = [0, 1] + list(range(1000, 1000 + max(0, count - 2)))
     for index in indexes[: max(count, 2)]:
         table[table.Key(index)] = table.Leaf(1)
+    renew_lease(loaded.bpf[b"iface_lease"].map_fd, START_LEASE_NS)  # as the watcher would
     return loaded
 
 
@@ -370,9 +372,9 @@ def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> 
             out["revoke_ms"] = statistics.median(revoke) * 1000
             rules_file = Path(tmp) / "rules"
             rules_file.write_text("\n".join(str(p) for p in prefixes) + "\n")
-            state.write_meta(where, {"name": "bench", "protocol": "udp", "pid": os.getpid(), "argv":
-                                     ["--allow-file", str(rules_file)], "cwd": tmp,
-                                     "netns": state.netns_cookie()})  # fmt: skip
+            state.write_meta(where, {"name": "bench", "service": name, "protocol": "udp",
+                                     "pid": os.getpid(), "argv": ["--allow-file", str(rules_file)],
+                                     "cwd": tmp, "netns": state.netns_cookie()})  # fmt: skip
             begin = time.perf_counter()
             service.reload(name, None, parse_policy)
             out["reload_s"] = time.perf_counter() - begin

@@ -17,8 +17,14 @@
  *                  the kernel empties a program array when its last user
  *                  reference goes: if the watcher dies, no interface passes
  *                  (fail closed) rather than the map freezing as it was.
+ *   iface_lease    ARRAY[1] u64: until when (CLOCK_MONOTONIC, ns) the map is
+ *                  known to be current.  The watcher renews it every second
+ *                  for IFACE_LEASE_NS ahead; a watcher that is stopped
+ *                  (SIGSTOP, by an application of its own user) stops
+ *                  renewing, and after that no interface passes either.
  *
  * Macros: IFACE_SLOTS, max_entries of iface_allowed (default 4096).
+ * The coarse clock read per packet (Linux 5.11) is a jiffy behind at most.
  * alfwrapper composes it: interfaces_pass() says whether the packet's
  * interface is allowed.
  */
@@ -32,11 +38,16 @@
 
 BPF_HASH(iface_allowed, u32, u32, IFACE_SLOTS);
 BPF_PROG_ARRAY(iface_alive, 1);
+BPF_ARRAY(iface_lease, u64, 1);
 
-/* Did the packet arrive on an allowed interface? */
+/* Did the packet arrive on an allowed interface, by a map that is current? */
 static __always_inline int interfaces_pass(struct __sk_buff *skb)
 {
-    u64 ifindex = skb->ingress_ifindex; /* stored whole (common.h) */
+    u64 zero = 0; /* stored whole (common.h) */
+    u64 *until = iface_lease.lookup((u32 *)&zero);
+    if (!until || bpf_ktime_get_coarse_ns() > *until)
+        return 0;
+    u64 ifindex = skb->ingress_ifindex;
     return iface_allowed.lookup((u32 *)&ifindex) != NULL;
 }
 

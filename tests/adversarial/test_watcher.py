@@ -100,3 +100,48 @@ def test_application_cannot_stop_the_watcher_and_its_death_closes_the_socket(
     time.sleep(0.2)  # the kernel empties the program array from a work queue
     check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "tcp", 6, 8080)])
     assert svc.proc.poll() is None, "the application itself is untouched"
+
+
+def test_a_stopped_watcher_closes_the_socket(
+    network: Network, services: list[Service], readable_copy: Path
+) -> None:
+    """As a DynamicUser= unit runs it (an unprivileged user with CAP_BPF alone), the
+    watcher runs as the application's own user, which may signal it.  Stopped
+    (SIGSTOP), it stops renewing its lease, and within the lease every packet is
+    dropped; continued, it renews, and the allowed interface is served again."""
+    a = network.allowed
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+              "--inh-caps=-all,+bpf", "--ambient-caps=+bpf"]  # fmt: skip
+    svc = Service(
+        network.server,
+        [*nobody, "/usr/bin/python3", "-m", "alfwrapper", "--service", "stoppable", "--listen",
+         "[::]:8080", "--interface", a.server_if, "--", "/usr/bin/python3",
+         str(readable_copy / "echo_server.py")],
+        env={"PYTHONPATH": str(readable_copy)},
+    )  # fmt: skip
+    services.append(svc)
+    svc.wait_for(r"^ready ")
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[])
+    (watcher,) = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and cmdline(p) == b"alfwrapper-watch stoppable"
+    ]
+    assert status(watcher)["Uid"].split()[0] == "65534"  # the application's own user
+    os.kill(watcher, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 15
+        while a.probe("tcp", 4, 8080, "stopped", timeout=1.0) == "echo":
+            assert time.monotonic() < deadline, "a stopped watcher left the socket open"
+    finally:
+        os.kill(watcher, signal.SIGCONT)
+    deadline = time.monotonic() + 15
+    while a.probe("tcp", 4, 8080, "again", timeout=1.0) != "echo":
+        assert time.monotonic() < deadline, "the watcher, continued, did not open it again"
+
+
+def cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return b""
