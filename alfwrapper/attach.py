@@ -31,6 +31,11 @@ def has_filter(sock: socket.socket) -> bool:
         raise
 
 
+def is_locked(sock: socket.socket) -> bool:
+    """Is the socket's filter locked (SO_LOCK_FILTER reads back as a flag)?"""
+    return bool(sock.getsockopt(socket.SOL_SOCKET, SO_LOCK_FILTER))
+
+
 def socket_cookie(sock: socket.socket) -> int:
     """The socket's cookie: what bpf_get_socket_cookie() returns for its packets."""
     return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little")
@@ -54,9 +59,11 @@ def describe(sock: socket.socket) -> str:
 
 
 def attach_filter(sock: socket.socket, prog_fd: int, lock: bool = True) -> None:
-    """Attach the program to the socket and, by default, lock it there."""
+    """Attach the program to the socket and, by default, lock it there (prog_fd -1:
+    only lock the filter it carries)."""
     try:
-        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_BPF, prog_fd)
+        if prog_fd >= 0:
+            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_BPF, prog_fd)
         if lock:
             sock.setsockopt(socket.SOL_SOCKET, SO_LOCK_FILTER, 1)
     except OSError as err:

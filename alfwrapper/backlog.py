@@ -11,14 +11,24 @@ kernel's, for every part.  What cannot be judged is treated as denied.
   the peer has closed (CLOSE_WAIT), and connections the peer has reset
   (CLOSE: gone from the tables sock_diag reads, but still queued with their
   data, and accept() still returns them).  sock_diag (pyroute2) lists the
-  first two; the listener's queue length (TCP_INFO) counts all three.  If
-  every queued connection is listed and allowed, the queue is left alone and
-  the application serves them, the triggering client included.  Otherwise
-  the wrapper accepts connections in queue order (accept() is the only way
-  to reach a reset one) until none that is denied or unjudgeable is left,
-  and resets each one it took: denied ones, reset ones (their peer is gone),
-  and allowed ones that were queued ahead of a denied one (an accepted
-  connection cannot be put back).  The rest stay queued for the application.
+  first two; the listener's queue length (TCP_INFO) counts all three.  Only
+  this listener's are listed: its family (an IPv4 client of a dual-stack
+  socket is an IPv6 socket with a mapped address, which a v6-only listener
+  never has) and its address; where another listener of the family shares the
+  port and address (SO_REUSEPORT), none can be told whose, and none is listed.
+  The listing comes first and the queue length after it, so a connection that
+  arrives in between can only make the count of unlisted ones too high, never
+  too low.  If every queued connection is listed and allowed, the queue is
+  left alone and the application serves them, the triggering client included.
+  Otherwise the wrapper accepts connections in queue order (accept() is the
+  only way to reach a reset one) until none that is denied or unjudgeable is
+  left, and resets each one it took: denied ones, reset ones (their peer is
+  gone), and allowed ones that were queued ahead of a denied one (an accepted
+  connection cannot be put back).  A connection that carries the filter was
+  made after it was attached (a connection inherits its listener's filter when
+  it is made), so the kernel judged it, and the queue is in arrival order:
+  nothing unjudged is behind it, and the wrapper stops there.  The rest stay
+  queued for the application.
 - Half-open handshakes (SYN_RECV) need nothing here: the packet that
   completes one reaches the listener, whose filter judges it like a SYN.
 - UDP: peeks at the queued datagrams one by one (SO_PEEK_OFF) and judges
@@ -29,8 +39,10 @@ kernel's, for every part.  What cannot be judged is treated as denied.
   application is not started.
 
 Interface rules need the interface a packet came in on, which nothing
-records for a queued connection: with them, every queued connection or
-datagram is unjudgeable, so it is removed (fail closed).
+records for a queued connection; a developer's filter may read any header,
+and a test run can give it only headers made up from the addresses and the
+payload: with either, every queued connection or datagram is unjudgeable, so
+it is removed (fail closed).
 """
 
 from __future__ import annotations
@@ -42,10 +54,11 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from alfwrapper.attach import has_filter
 from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame
 
 SO_PEEK_OFF = 42
-TCP_ESTABLISHED, TCP_CLOSE, TCP_CLOSE_WAIT = 1, 7, 8
+TCP_ESTABLISHED, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LISTEN = 1, 7, 8, 10
 # Queued connections sock_diag can list: established, or half-closed by the peer.
 LISTED_STATES = (1 << TCP_ESTABLISHED) | (1 << TCP_CLOSE_WAIT)
 _TCPI_UNACKED = struct.Struct("=B7xIIIII")  # struct tcp_info up to tcpi_unacked
@@ -108,11 +121,12 @@ def endpoint(sockaddr: tuple[str, int] | tuple[str, int, int, int]) -> Endpoint:
     return Endpoint(address.version, int(address), sockaddr[1])
 
 
-def program_judge(prog_fd: int, interfaces: bool) -> Judge:
-    """Judge with the loaded program; with interface rules nothing can be judged."""
+def program_judge(prog_fd: int, unjudgeable: bool) -> Judge:
+    """Judge with the loaded program; where a test run cannot give the socket's verdict
+    (interface rules, a developer's filter), nothing can be judged."""
 
     def judge(peer: Endpoint, local: Endpoint, payload: bytes | None) -> bool | None:
-        if interfaces:
+        if unjudgeable:
             return None
         # A dual-stack socket's own address is "::" for its IPv4 clients too.
         to = local.address if local.family == peer.family else 0
@@ -136,27 +150,47 @@ def tcp_state(sock: socket.socket) -> int:
 
 
 def waiting_connections(sock: socket.socket) -> list[tuple[Endpoint, Endpoint]]:
-    """(peer, local) of the listed connections on this listener's port not yet accepted.
-
-    A connection not yet accepted has no inode.  Others on the same port (a
-    second listener) may be listed too; the caller checks the count.
-    """
+    """(peer, local) of this listener's connections that sock_diag lists and nobody has
+    accepted yet (no inode): those of its family (a v6-only listener has no IPv4
+    clients) and address.  None at all where another listener of the family shares
+    the port and address (SO_REUSEPORT): whose they are cannot be told."""
     from pyroute2 import DiagSocket  # noqa: PLC0415
 
-    bound = endpoint(sock.getsockname())
+    family = sock.family
+    v6only = family == socket.AF_INET6 and bool(
+        sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
+    )
+    bound_text, port = sock.getsockname()[:2]
+    bound = ipaddress.ip_address(bound_text)
+
+    def overlaps(text: str) -> bool:
+        address = ipaddress.ip_address(text)
+        return bound.is_unspecified or address.is_unspecified or address == bound
+
     found = []
     with DiagSocket() as diag:
         diag.bind()
-        for family in (socket.AF_INET, socket.AF_INET6):
-            for msg in diag.get_sock_stats(
-                family=family, states=LISTED_STATES, protocol=socket.IPPROTO_TCP
-            ):
-                if msg["idiag_sport"] != bound.port or msg["idiag_inode"] != 0:
-                    continue
-                local = endpoint((msg["idiag_src"], msg["idiag_sport"]))
-                if bound.address and local != bound:
-                    continue  # accepted by a listener on another address
-                found.append((endpoint((msg["idiag_dst"], msg["idiag_dport"])), local))
+        others = [
+            msg for msg in diag.get_sock_stats(
+                family=family, states=1 << TCP_LISTEN, protocol=socket.IPPROTO_TCP
+            )
+            if msg["idiag_sport"] == port and overlaps(msg["idiag_src"])
+        ]  # fmt: skip
+        if len(others) > 1:  # ours and another
+            return []
+        for msg in diag.get_sock_stats(
+            family=family, states=LISTED_STATES, protocol=socket.IPPROTO_TCP
+        ):
+            if msg["idiag_sport"] != port or msg["idiag_inode"] != 0:
+                continue
+            local_address = ipaddress.ip_address(msg["idiag_src"])
+            mapped = isinstance(local_address, ipaddress.IPv6Address) and local_address.ipv4_mapped
+            if v6only and mapped:
+                continue  # a dual-stack listener's IPv4 client
+            if not bound.is_unspecified and local_address != bound:
+                continue  # accepted by a listener on another address
+            local = endpoint((msg["idiag_src"], msg["idiag_sport"]))
+            found.append((endpoint((msg["idiag_dst"], msg["idiag_dport"])), local))
     return found
 
 
@@ -171,11 +205,11 @@ def reset(conn: socket.socket) -> None:
 def purge_listener(sock: socket.socket, judge: Judge) -> Report:
     """Judge the accept queue; remove in queue order until nothing denied is left."""
     report = Report("connections")
+    listed = waiting_connections(sock)  # first: see waiting_connections and the module
     queued = accept_queue_length(sock)
     report.waiting = queued
     if queued == 0:
         return report
-    listed = waiting_connections(sock)
     verdicts = {(peer, local): judge(peer, local, None) for peer, local in listed}
     bad = {key for key, ok in verdicts.items() if ok is not True}
     if len(listed) == queued and not bad:
@@ -193,6 +227,12 @@ def purge_listener(sock: socket.socket, judge: Judge) -> Report:
             except BlockingIOError:
                 break
             taken += 1
+            if has_filter(conn):
+                # Made after the filter was attached: the kernel judged it, and
+                # nothing unjudged is queued behind it.  It cannot be put back.
+                report.collateral += 1
+                reset(conn)
+                break
             peer = endpoint(address)
             try:
                 local = endpoint(conn.getsockname())

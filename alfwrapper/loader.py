@@ -335,6 +335,16 @@ class Broker(state.Store):
     def remove(self, where: state.SocketState) -> None:
         self.request({"op": "remove", "service": where.service, "cookie": where.cookie})
 
+    def check_pins(self, where: state.SocketState) -> str:
+        answer, _ = self.request({"op": "check", "service": where.service, "cookie": where.cookie})
+        return str(answer.get("problem", ""))
+
+    def attach_pinned(self, where: state.SocketState, sock: socket.socket) -> None:
+        """The loader attaches the dispatcher itself: it never leaves the loader."""
+        self.request(
+            {"op": "attach", "service": where.service, "cookie": where.cookie}, [sock.fileno()]
+        )
+
     def open_pin(self, where: state.SocketState, name: str) -> int:
         _, fds = self.request(
             {"op": "open", "service": where.service, "cookie": where.cookie, "name": name}
@@ -625,6 +635,15 @@ def handle(
         return {}, [tree.open_pin(where, name)]
     if op == "remove":
         tree.remove(_where(message, who))
+        return {}, []
+    if op == "check":
+        return {"problem": tree.check_pins(_where(message, who))}, []
+    if op == "attach":  # the pinned dispatcher onto the socket it was made for
+        where = _where(message, who)
+        with _socket_of(fds) as sock:
+            if state.socket_cookie(sock) != where.cookie:
+                raise _bad("that socket is not the one this state was made for")
+            tree.attach_pinned(where, sock)
         return {}, []
     if op in ("find", "create"):
         service = state.check_service(_field(message, "service", str))

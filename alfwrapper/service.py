@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from alfwrapper import interfaces, program, state, syscalls
-from alfwrapper.errors import EX_CANTCREAT, EX_NOPERM, EX_USAGE, AlfError, excerpt
+from alfwrapper.errors import EX_CANTCREAT, EX_CONFIG, EX_NOPERM, EX_USAGE, AlfError, excerpt
+from alfwrapper.faults import crash_point
 from alfwrapper.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_key
 from alfwrapper.policy import Policy
 from alfwrapper.rules import Prefix, SocketRules, address_text, parse_prefix
@@ -101,9 +102,18 @@ def reload(
     from alfwrapper import wrapper  # noqa: PLC0415  (BCC only where programs load)
 
     found = members(service)
-    stored = found[0].meta.get("argv")
-    options = argv if argv is not None else list(stored) if isinstance(stored, list) else []
+    for m in found:  # what is read is checked before anything is changed
+        problem = state.store().check_pins(m.state)
+        if problem:
+            raise AlfError(
+                f"reloading {service}",
+                f"the pinned state of socket {m.label()} is damaged: {problem}",
+                "nothing was changed; restart the service's socket unit",
+                EX_CONFIG,
+            )
+    options = argv if argv is not None else stored_options(service, found)
     cwd = str(found[0].meta.get("cwd", "/"))
+    state.check_meta_room(options, os.getcwd() if argv is not None else cwd)
     here = os.getcwd()
     try:
         if argv is None and os.path.isdir(cwd):
@@ -119,9 +129,11 @@ def reload(
     # follows renames there, and its drop log forwarder names interfaces there.
     with service_netns(service, found[0].meta.get("netns"), app):
         loaded, watcher = load_members(service, found, rules, app)
+        crash_point("reload-loaded")
         for m in found:
             state.clear_runtime(m.state)  # runtime rules last until the next reload
             state.install(m.state, loaded[id(m)].fd)
+            crash_point("reload-installed")
         old_watchers = {int(str(m.meta.get("watcher", 0)) or 0) for m in found} - {0, watcher}
         for pid in old_watchers:
             try:
@@ -153,6 +165,29 @@ def reload(
         state.write_meta(m.state, m.meta)
     collect()  # knock state no socket uses any more
     return found
+
+
+def stored_options(service: str, found: list[Member]) -> list[str]:
+    """The rule options the service was started with, as its sockets' meta keep them:
+    the same list in every socket's meta, or the reload is refused (a rule-less program
+    must never come of a meta that is damaged, cut short or someone else's)."""
+    kept = [m.meta.get("argv") for m in found]
+    first = kept[0]
+    if not (
+        isinstance(first, list)
+        and all(isinstance(a, str) for a in first)
+        and all(k == first for k in kept)
+        and all(m.meta.get("service") == service for m in found)
+    ):
+        raise AlfError(
+            f"reloading {service}",
+            "the options it was started with are not in its pinned state (damaged, cut "
+            "short, or not alfwrapper's)",
+            "nothing was changed; give the rule options (alfwrapper reload SERVICE "
+            "--policy NAME ...), or restart the service",
+            EX_CONFIG,
+        )
+    return list(first)
 
 
 def load_members(

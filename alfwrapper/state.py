@@ -45,8 +45,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from alfwrapper import syscalls
+from alfwrapper import attach, syscalls
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.faults import crash_point
 from alfwrapper.program import object_name
 
 BPFFS = Path("/sys/fs/bpf")
@@ -292,6 +293,23 @@ def install(state: SocketState, prog_fd: int) -> None:
         os.close(slot)
 
 
+# What a socket's meta holds besides the options and the folder: counts, ids and
+# names of bounded size (wrapper.describe_sockets), well within this.
+META_FIXED = 1024
+
+
+def check_meta_room(argv: list[str], cwd: str) -> None:
+    """Refuse, before anything is changed, options that its meta could not hold."""
+    if len(json.dumps({"argv": argv, "cwd": cwd}).encode()) + META_FIXED > META_SIZE:
+        raise AlfError(
+            "the rule options",
+            f"are too long to keep for reload (at most about {META_SIZE - META_FIXED} bytes "
+            "with the working directory)",
+            "put the rules in a policy file or a rule file (--policy, --allow-file)",
+            EX_USAGE,
+        )
+
+
 def write_meta(state: SocketState, meta: dict[str, object]) -> None:
     data = json.dumps(meta, sort_keys=True).encode()
     if len(data) > META_SIZE:
@@ -354,8 +372,11 @@ def set_runtime(where: SocketState, key: bytes, verdict: int | None) -> bool:
         if verdict is None:
             return syscalls.map_delete(fd, key)
         old = syscalls.map_lookup(fd, key, 1)
-        syscalls.map_update(fd, key, bytes([verdict]))
+        # The flag first: a kill between the two leaves a flag with no rule (a trie
+        # walk for nothing), never a rule the filter does not look at.
         syscalls.map_update(flag, _U32.pack(0), _U32.pack(1))
+        crash_point("rule-flagged")
+        syscalls.map_update(fd, key, bytes([verdict]))
         return old != bytes([verdict])
     except OSError as err:
         raise _fail(f"changing the runtime rules of {where.dir}", err) from None
@@ -424,9 +445,15 @@ class Store:
         return SocketState(service, cookie, self.base)
 
     def find(self, service: str, sock: socket.socket) -> SocketState | None:
-        """This socket's state, if an earlier start of this service left it."""
+        """This socket's state, if an earlier start of this service left all of it (the
+        dispatcher is pinned last), its folders checked as any start checks them."""
         state = self.state(service, socket_cookie(sock))
-        return state if (state.dir / "dispatch").exists() else None
+        if not (state.dir / "dispatch").exists():
+            return None
+        self.root(create=False)
+        trusted_dir(state.service_dir, False)
+        trusted_dir(state.dir, False)
+        return state
 
     def create(
         self, service: str, sock: socket.socket, label: str, pid: int = 0
@@ -456,13 +483,62 @@ class Store:
             raise _fail(f"pinning the state of {service} in {state.dir}", err) from None
         own(state.dir)
         # Until this socket is bound, sock_diag does not list it: gc keeps it by this pid.
+        # Its queue is not judged yet (take_socket).
         write_meta(
             state,
-            {"pid": pid or os.getpid(), "netns": socket_netns_cookie(sock), "service": service},
-        )
+            {"pid": pid or os.getpid(), "netns": socket_netns_cookie(sock), "service": service,
+             "judged": False},
+        )  # fmt: skip
         return state, dispatch
 
+    def check_pins(self, where: SocketState) -> str:
+        """What is wrong with a socket's pins, or "": the dispatcher a socket filter, its
+        slot the very program array it calls into, the meta an array of META_SIZE."""
+        try:
+            dispatch = self.open_pin(where, "dispatch")
+        except AlfError as err:
+            return err.why
+        try:
+            if syscalls.prog_type(dispatch) != syscalls.BPF_PROG_TYPE_SOCKET_FILTER:
+                return "the dispatcher is not a socket filter"
+            calls = syscalls.prog_map_ids(dispatch)
+            for name, shape in (
+                ("slot", (syscalls.BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 1)),
+                ("meta", (syscalls.BPF_MAP_TYPE_ARRAY, 4, META_SIZE, 1)),
+            ):
+                try:
+                    fd = self.open_pin(where, name)
+                except AlfError as err:
+                    return f"{name}: {err.why}"
+                try:
+                    if syscalls.map_shape(fd)[:4] != shape:
+                        return f"{name} is not the map alfwrapper makes"
+                    if name == "slot" and syscalls.map_info_id(fd) not in calls:
+                        return "the slot is not the one the dispatcher calls into"
+                finally:
+                    os.close(fd)
+        except OSError as err:
+            return err.strerror or str(err)
+        finally:
+            os.close(dispatch)
+        return ""
+
+    def attach_pinned(self, where: SocketState, sock: socket.socket) -> None:
+        """Attach and lock the socket's pinned dispatcher (take_socket's repair)."""
+        dispatch = self.open_pin(where, "dispatch")
+        try:
+            attach.attach_filter(sock, dispatch)
+        finally:
+            os.close(dispatch)
+
     def remove(self, state: SocketState) -> None:
+        """Forget a socket's state: the dispatcher's pin first, so that a kill half-way
+        leaves a state no start takes for complete (find)."""
+        try:
+            (state.dir / "dispatch").unlink()
+        except OSError:
+            pass
+        crash_point("removing")
         shutil.rmtree(state.dir, ignore_errors=True)
 
     def open_pin(self, state: SocketState, name: str) -> int:
@@ -533,10 +609,12 @@ class Store:
                 if known and where.cookie not in live and not owner_alive:
                     self.remove(where)
                     removed.append(where)
-                else:
-                    kept_knock.add(str(meta.get("knock", "")))
+                elif "knock" in meta:
+                    kept_knock.add(str(meta["knock"]))
+                else:  # a start in progress: its knock state may be pinned, not named yet
+                    kept_knock.add("*")
             for knock in service_dir.glob("knock-*"):
-                if knock.name in kept_knock:
+                if knock.name in kept_knock or "*" in kept_knock:
                     continue
                 if knock.is_dir():
                     shutil.rmtree(knock, ignore_errors=True)
@@ -581,6 +659,86 @@ def gc_everywhere() -> list[SocketState]:
     for tree in [Store(ROOT), *user_stores()]:
         removed += tree._collect(live, seen)  # noqa: SLF001
     return removed
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A socket of a service's, as take_socket left it: filtered by the dispatcher pinned
+    in ``state``, and ``judged`` if what was queued on it has been judged since."""
+
+    state: SocketState
+    judged: bool
+    made: bool  # its state was made by this start
+
+
+def take_socket(tree: Store, service: str, sock: socket.socket, label: str) -> Taken:
+    """Bring a socket to "filtered by our locked dispatcher", from wherever a start
+    before this one left it.
+
+    The kernel says whether the socket carries a filter (SO_GET_FILTER); the pins are
+    a cache, and what they say is checked against it:
+
+        no pins, no filter  a new socket: pin its state (the dispatcher last), then
+                            attach and lock the dispatcher; its empty slot drops
+        pins, no filter     a start died between the two: attach the pinned one
+        pins, filter        ours (only the holder of the socket can attach, and our
+                            pins for its cookie say who did): lock it if a start died
+                            before it could
+        no pins, filter     someone else's filter: refused
+
+    The invariant: a socket with pinned state carries the dispatcher pinned there,
+    attached and locked, or gets it from the next start before anything else is done
+    with it.  A kill at any point between the steps leaves one of these four, each
+    of which the next start settles.  What was queued on the socket counts as judged
+    only once the meta says so (mark_judged, after the judgement), so a start that died
+    before that leaves it to the next one.  The pinned dispatcher's own slot is checked
+    too (check_pins): a damaged state refuses rather than fill a slot nobody calls.
+    """
+    filtered = attach.has_filter(sock)
+    found = tree.find(service, sock)
+    if found is not None:
+        problem = tree.check_pins(found)
+        if problem and filtered:
+            raise AlfError(
+                f"the pinned state of {attach.describe(sock)} in {found.dir}",
+                f"is damaged: {problem}",
+                f"nothing was changed; {socket_unit_restart()}",
+                EX_CONFIG,
+            )
+        if problem:  # no filter yet: nothing relies on it; made anew below
+            tree.remove(found)
+            found = None
+    if found is None:
+        if filtered:
+            raise AlfError(
+                f"filtering {attach.describe(sock)}",
+                f"it carries a filter that alfwrapper did not attach for service {service}",
+                "start with the --service name it was filtered under, or, for fresh "
+                f"sockets, {socket_unit_restart()}",
+                EX_CONFIG,
+            )
+        made, dispatch = tree.create(service, sock, label)
+        crash_point("pinned")
+        try:
+            attach.attach_filter(sock, dispatch)
+        finally:
+            os.close(dispatch)
+        crash_point("attached")
+        return Taken(made, judged=False, made=True)
+    if not filtered:  # a start died between pinning and attaching
+        tree.attach_pinned(found, sock)
+        crash_point("attached")
+        return Taken(found, judged=False, made=False)
+    if not attach.is_locked(sock):  # ... or between attaching and locking
+        attach.attach_filter(sock, -1)
+    return Taken(found, judged=read_meta(found).get("judged") is True, made=False)
+
+
+def mark_judged(where: SocketState) -> None:
+    """Write down that what was queued on the socket has been judged (take_socket)."""
+    meta = read_meta(where)
+    meta["judged"] = True
+    write_meta(where, meta)
 
 
 _store: Store = Store(ROOT)

@@ -221,6 +221,22 @@ def prog_info(prog_fd: int) -> ProgInfo:
     return ProgInfo(prog_id, xlated // 8, jited)
 
 
+@_fd_call("prog_fd")
+def prog_map_ids(prog_fd: int) -> list[int]:
+    """The ids of the maps a program uses (struct bpf_prog_info's map_ids)."""
+    ids = (ctypes.c_uint32 * 64)()
+    info = ctypes.create_string_buffer(256)
+    struct.pack_into("=IQ", info, 52, 64, ctypes.addressof(ids))  # nr_map_ids, map_ids
+    size = ctypes.c_uint32(len(info))
+    _bpf_check(
+        libbpf().bpf_obj_get_info_by_fd(prog_fd, info, ctypes.byref(size)),
+        "BPF_OBJ_GET_INFO_BY_FD",
+        f"prog fd {prog_fd}",
+    )
+    count = struct.unpack_from("=I", info, 52)[0]
+    return list(ids[: min(count, 64)])
+
+
 def map_info_id(fd: int) -> int:
     """The kernel's id of a map (struct bpf_map_info's second word)."""
     return int.from_bytes(_info(fd, "map")[4:8], "little")

@@ -1,16 +1,18 @@
 """The wrapper's life, one socket record each: sockets, state, programs, backlog, exec.
 
-    Policy -> sockets (inherited, created) -> pinned state (found by cookie, or new)
-      -> programs (planned, loaded, filled) -> into each socket's slot; a new socket
-      gets the fixed dispatcher, attached and locked -> judge what was queued on new
-      inherited sockets -> bind created sockets -> interface watcher
-      -> drop privileges -> exec COMMAND
+    Policy -> sockets (inherited, created) -> each taken: its pinned state found by
+      cookie or made, and the fixed dispatcher attached and locked (state.take_socket;
+      its empty slot drops) -> programs (planned, loaded, filled) -> into each
+      socket's slot -> judge what was queued on inherited sockets not judged yet ->
+      bind created sockets -> interface watcher -> drop privileges -> exec COMMAND
 
 Created sockets are bound only after their filter is attached, so no packet
 reaches them unfiltered.  Inherited sockets may hold connections and
 datagrams that arrived before; backlog.py judges them.  A socket an earlier
 start filtered (a restart, an idle exit and a new activation) keeps its
-dispatcher: the new program takes over the slot in one update.
+dispatcher: the new program takes over the slot in one update.  Each step that
+changes the kernel's or the pinned state is a crash point (faults.py): a start
+killed anywhere leaves a state the next start settles (state.take_socket).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from alfwrapper import (
     state,
 )
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.faults import crash_point
 from alfwrapper.parts import FillEnv, Pins, knock_key
 from alfwrapper.policy import Policy
 from alfwrapper.rules import ListenSpec, SocketRules
@@ -50,8 +53,8 @@ class SocketRecord:
     spec: ListenSpec | None = None  # created by us (bound after attaching), else inherited
     loaded: compiler.LoadedFilter | None = None
     state: state.SocketState | None = None  # its pinned state, unless Accept=yes
-    dispatch: int | None = None  # a new socket's dispatcher, until attached
-    fresh: bool = True  # no earlier start filtered it
+    judged: bool = False  # what was queued on it is judged (state.take_socket)
+    made: bool = False  # its pinned state was made by this start
 
     @property
     def stdin(self) -> bool:
@@ -221,43 +224,27 @@ def load_pinned_here(
     return loaded
 
 
-def pin_sockets(records: list[SocketRecord], service: str) -> None:
-    """Find each kept socket's state again by its cookie, or make it for a new one.
-
-    A connected (Accept=yes) socket lives as long as its one connection: no state."""
+def take_sockets(records: list[SocketRecord], service: str) -> None:
+    """Each kept socket filtered by its pinned dispatcher (state.take_socket), found again
+    by its cookie or made.  A connected (Accept=yes) socket lives as long as its one
+    connection: no state."""
     for record in records:
         if record.connected:
             continue
-        found = state.store().find(service, record.sock)
-        if found is not None:
-            record.state, record.fresh = found, False
-        elif attach.has_filter(record.sock):
-            raise AlfError(
-                f"filtering {attach.describe(record.sock)}",
-                f"it carries a filter that alfwrapper did not attach for service {service}",
-                "start with the --service name it was filtered under, or, for fresh "
-                f"sockets, {state.socket_unit_restart()}",
-                EX_CONFIG,
-            )
-        else:
-            record.state, record.dispatch = state.store().create(
-                service, record.sock, record.label(service)
-            )
+        taken = state.take_socket(state.store(), service, record.sock, record.label(service))
+        record.state, record.judged, record.made = taken.state, taken.judged, taken.made
 
 
 def install_programs(records: list[SocketRecord]) -> None:
-    """Programs into slots (atomically, on kept sockets), dispatchers onto new sockets."""
+    """Programs into slots (atomically), or, where no state is kept, onto the sockets."""
     for record in records:
         if record.state is not None:
             assert record.loaded is not None
             state.clear_runtime(record.state)  # runtime rules last until the next start
             state.install(record.state, record.loaded.fd)
-            if record.dispatch is not None:
-                attach.attach_filter(record.sock, record.dispatch)
-                os.close(record.dispatch)
-                record.dispatch = None
         elif record.loaded is not None:
             attach.attach_filter(record.sock, record.loaded.fd)
+    crash_point("installed")
 
 
 def rule_counts(rules: SocketRules) -> dict[str, int]:
@@ -317,6 +304,7 @@ def describe_sockets(
                 "knock": knock_key(record.rules) if record.rules.knock else "",
                 "started": int(time.time()),
                 "program": compiler.prog_id(record.loaded) if record.loaded else 0,
+                "judged": True,
             },
         )
 
@@ -330,10 +318,12 @@ def judge_backlog(record: SocketRecord, command: str) -> bool:
     assert record.loaded is not None
     sock, rules = record.sock, record.rules
     where = attach.describe(sock)
-    judge = backlog.program_judge(record.loaded.fd, bool(rules.interfaces))
+    judge = backlog.program_judge(record.loaded.fd, bool(rules.interfaces or rules.custom))
     if activation.is_connected_stream(sock):
-        if rules.knock or rules.interfaces:
-            kind = "knocking" if rules.knock else "--interface"
+        if rules.knock or rules.interfaces or rules.custom:
+            # Their verdict needs packets this connection's were not: its handshake
+            # (knocking), its interface, or any header a developer's filter reads.
+            kind = "knocking" if rules.knock else "--interface" if rules.interfaces else "--filter"
             raise AlfError(
                 where,
                 f"{kind} cannot check a connection handed over already accepted (Accept=yes)",
@@ -380,6 +370,7 @@ def start_watcher(loaded: list[compiler.LoadedFilter], label: str, app_pid: int 
                 lf.bpf[b"iface_allowed"].map_fd,
                 lf.plan.rules.interfaces,
                 lf.bpf[b"iface_alive"].map_fd,
+                lf.bpf[b"iface_lease"].map_fd,
             )
             for lf in following
         ],
@@ -424,6 +415,7 @@ def run(
     unless not ``keep_capabilities`` (privileges.py).  ``diverted``: the
     streams activation.divert_inetd_streams kept off an inetd peer, for the application."""
     check_command(policy.command)
+    state.check_meta_room(argv, os.getcwd())
     import seccomp  # noqa: F401, PLC0415  (before any work: privileges.deny_bpf_syscall needs it)
 
     records = gather_sockets(policy)
@@ -447,19 +439,28 @@ def run(
     pinned = any(not r.connected for r in records) and not unpinned
     try:
         if pinned:
-            pin_sockets(records, service)
+            take_sockets(records, service)
         loaded = load_programs(records, service)
+        crash_point("loaded")
         install_programs(records)
         for record in records:
-            if record.inherited and record.fresh and record.loaded is not None:
+            if record.inherited and not record.judged and record.loaded is not None:
                 if not judge_backlog(record, policy.command[0]):
                     return 0
+        crash_point("judged")
+        for record in records:
+            if record.state is not None and not record.judged:
+                state.mark_judged(record.state)
         for record in records:
             if record.spec is not None:
                 bind_socket(record.sock, record.spec)
+        crash_point("bound")
     except BaseException:
-        for record in records:  # a failed start leaves no state of new sockets behind
-            if record.fresh and record.state is not None:
+        # A created socket dies with this process, and its state is of no use; an
+        # inherited one keeps its state (its dispatcher is attached: the next start
+        # takes it from there).
+        for record in records:
+            if record.made and record.spec is not None and record.state is not None:
                 state.store().remove(record.state)
         raise
     if pinned:
@@ -488,6 +489,7 @@ def run(
         service,
     )
     describe_sockets(records, service, argv, watcher, forwarder)
+    crash_point("described")
     note = privileges.confine_application(keep_capabilities)
     if note:
         print(f"alfwrapper: note: {note}", file=sys.stderr)

@@ -67,7 +67,7 @@ MUTATIONS = [
     Mutation(
         "mapped-source-packets",
         "filters/common.h",
-        "if (w0 == 0 && w1 == 0 && w2 == __builtin_bswap32(0xffff))",
+        "if (words[1] == 0 && (u32)words[2] == __builtin_bswap32(0xffff))",
         "if (0)",
         ("tests/adversarial/test_same_verdict.py::test_test_run_and_socket_agree",),
     ),
@@ -218,8 +218,9 @@ MUTATIONS = [
     Mutation(
         "inetd-peer-not-judged",
         "alfwrapper/wrapper.py",
-        "            if record.inherited and record.fresh and record.loaded is not None:",
-        "            if record.inherited and record.fresh and record.loaded and not record.stdin:",
+        "            if record.inherited and not record.judged and record.loaded is not None:",
+        "            if record.inherited and not record.judged and record.loaded"
+        " and not record.stdin:",
         (
             "tests/integration/test_inetd.py::test_a_peer_gone_before_the_filter_starts_nothing",
             "tests/integration/test_gallery.py::test_sshd_from_systemd_socket_activate_inetd",
@@ -228,14 +229,14 @@ MUTATIONS = [
     Mutation(
         "inetd-stderr-to-peer",
         "alfwrapper/activation.py",
-        "        if not (daemon_socket(0) and _same_file(0, 2)):",
-        "        if True:",
+        "        streams = [fd for fd in (1, 2) if _same_file(0, fd)]",
+        "        streams = []",
         ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
         "inetd-stderr-not-restored",
         "alfwrapper/activation.py",
-        "        os.dup2(stderr, 2)\n",
+        "        os.dup2(original, fd)\n",
         "        pass\n",
         ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
@@ -298,7 +299,7 @@ MUTATIONS = [
     Mutation(
         "knock-timeout",
         "filters/knocking.c",
-        "    if (st.step && now - st.last_ns > cfg->step_timeout_ns)\n        st.step = 0;\n",
+        "    if (step && now - last_ns > cfg->step_timeout_ns)\n        step = 0;\n",
         "",
         ("tests/integration/test_parts.py::test_knock_step_timeout",),
     ),
@@ -312,15 +313,15 @@ MUTATIONS = [
     Mutation(
         "knock-reads-at-offset-0",
         "filters/common.h",
-        "bpf_skb_load_bytes_relative(skb, pkt->l4_offset & 0xffff, l4, want,\n"
+        "bpf_skb_load_bytes_relative(skb, pkt->l4_offset & 0xffff, head, 14,\n"
         "                                        BPF_HDR_START_NET)",
-        "bpf_skb_load_bytes(skb, 0, l4, want)",
+        "bpf_skb_load_bytes(skb, 0, head, 14)",
         ("tests/adversarial/test_same_verdict.py::test_knocking_agrees_on_crafted_knocks",),
     ),
     Mutation(
         "knock-handshake",
         "filters/knocking.c",
-        "        if (knock_listeners.lookup(&cookie))\n            return knock_is_open(&key);\n",
+        "        if (knock_listeners.lookup(&cookie))\n            return knock_is_open(key);\n",
         "",
         ("tests/adversarial/test_queued.py",),
     ),
@@ -734,6 +735,121 @@ MUTATIONS += [
         ("tests/boot/test_debian_kernel.py::test_a_slow_failing_start_stops_its_socket",),
     ),
     Mutation(
+        "pins-taken-for-a-filter",
+        "alfwrapper/state.py",
+        "    if not filtered:  # a start died between pinning and attaching\n",
+        "    if False:  # a start died between pinning and attaching\n",
+        ("tests/adversarial/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
+    ),
+    Mutation(
+        "queue-judged-once-pinned",
+        "alfwrapper/state.py",
+        '    return Taken(found, judged=read_meta(found).get("judged") is True, made=False)',
+        "    return Taken(found, judged=True, made=False)",
+        ("tests/adversarial/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
+    ),
+    Mutation(
+        "backlog-lists-every-family",
+        "alfwrapper/backlog.py",
+        "    family = sock.family\n",
+        "    family = socket.AF_INET6\n",
+        (
+            "tests/adversarial/test_queued.py::"
+            "test_two_listeners_on_one_port_judge_their_own_queues",
+        ),
+    ),
+    Mutation(
+        "backlog-counts-before-listing",
+        "alfwrapper/backlog.py",
+        "    listed = waiting_connections(sock)  # first: see waiting_connections and the module\n"
+        "    queued = accept_queue_length(sock)\n",
+        "    queued = accept_queue_length(sock)\n"
+        "    import time; time.sleep(1.0)\n"
+        "    listed = waiting_connections(sock)  # first: see waiting_connections and the module\n",
+        (
+            "tests/adversarial/test_queued.py::"
+            "test_allowed_clients_arriving_during_the_start_hide_no_reset_connection",
+        ),
+    ),
+    Mutation(
+        "developer-filter-judged-on-made-up-headers",
+        "alfwrapper/wrapper.py",
+        "bool(rules.interfaces or rules.custom))",
+        "bool(rules.interfaces))",
+        (
+            "tests/adversarial/test_queued.py::test_a_developer_filter_is_not_judged_on_made_up_headers",
+        ),
+    ),
+    Mutation(
+        "reload-takes-no-options",
+        "alfwrapper/service.py",
+        "    if not (\n        isinstance(first, list)",
+        "    if False and not (\n        isinstance(first, list)",
+        (
+            "tests/integration/test_state.py::test_reload_refuses_damaged_state_and_the_old_rules_stay",
+        ),
+    ),
+    Mutation(
+        "slot-not-checked",
+        "alfwrapper/state.py",
+        '                    if name == "slot" and syscalls.map_info_id(fd) not in calls:',
+        "                    if False and syscalls.map_info_id(fd) not in calls:",
+        (
+            "tests/integration/test_state.py::test_a_restart_refuses_a_slot_that_is_not_the_dispatchers",
+        ),
+    ),
+    Mutation(
+        "restart-trusts-folders",
+        "alfwrapper/state.py",
+        "        trusted_dir(state.service_dir, False)\n        trusted_dir(state.dir, False)\n",
+        "",
+        ("tests/integration/test_state.py::test_a_restart_checks_the_folders_again",),
+    ),
+    Mutation(
+        "watcher-lease-ignored",
+        "filters/interfaces.c",
+        "    if (!until || bpf_ktime_get_coarse_ns() > *until)\n        return 0;\n",
+        "",
+        ("tests/adversarial/test_watcher.py::test_a_stopped_watcher_closes_the_socket",),
+    ),
+    Mutation(
+        "options-checked-after-attaching",
+        "alfwrapper/wrapper.py",
+        "    state.check_meta_room(argv, os.getcwd())\n",
+        "",
+        (
+            "tests/integration/test_state.py::"
+            "test_options_too_long_to_keep_are_refused_before_anything_is_attached",
+        ),
+    ),
+    Mutation(
+        "huge-line-parsed-in-bulk",
+        "alfwrapper/prefix_list.py",
+        '        end = data.find(b"\\n", cut, cut + LINE_LIMIT + 1)\n'
+        "        if end < 0 and cut + LINE_LIMIT + 1 < len(data):\n",
+        '        end = data.find(b"\\n", cut)\n        if False:\n',
+        ("tests/integration/test_errors.py::test_a_huge_line_in_a_rule_file_costs_little_memory",),
+    ),
+    Mutation(
+        "live-rule-before-its-flag",
+        "alfwrapper/state.py",
+        "        syscalls.map_update(flag, _U32.pack(0), _U32.pack(1))\n"
+        '        crash_point("rule-flagged")\n'
+        "        syscalls.map_update(fd, key, bytes([verdict]))\n",
+        "        syscalls.map_update(fd, key, bytes([verdict]))\n"
+        '        crash_point("rule-flagged")\n'
+        "        syscalls.map_update(flag, _U32.pack(0), _U32.pack(1))\n",
+        ("tests/adversarial/test_crash.py::test_a_live_deny_killed_midway_is_in_force_or_absent",),
+    ),
+    Mutation(
+        "half-removed-state-taken",
+        "alfwrapper/state.py",
+        '        try:\n            (state.dir / "dispatch").unlink()\n'
+        "        except OSError:\n            pass\n",
+        "",
+        ("tests/adversarial/test_crash.py::test_gc_killed_midway_leaves_nothing_a_start_takes",),
+    ),
+    Mutation(
         "units-unsandboxed",
         "units/alfwrapper-echo.service",
         "SystemCallFilter=@system-service bpf\n",
@@ -775,6 +891,13 @@ MUTATIONS += [
         "    if sep and not (length_text.isdigit() and length_text.isascii()):",
         "    if False:",
         ("tests/unit/test_rules.py",),
+    ),
+    Mutation(
+        "gc-removes-starting-knock-state",
+        "alfwrapper/state.py",
+        '                if knock.name in kept_knock or "*" in kept_knock:',
+        "                if knock.name in kept_knock:",
+        ("tests/integration/test_state.py::test_gc_keeps_the_knock_state_of_a_start_in_progress",),
     ),
 ]
 

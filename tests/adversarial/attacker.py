@@ -10,6 +10,10 @@
     attacker.py flood ADDR TCPPORT UDPPORT STOP TAG
         datagrams and connections (each carrying TAG-n) every 10 ms until the
         file STOP exists; prints how many
+    attacker.py stream ADDR PORT RATE SECONDS TAG
+        RATE connections a second for SECONDS, each sending TAG-n and closing
+        without waiting (an allowed client arriving while the wrapper starts);
+        prints "sent N"
     attacker.py udpflood ADDR PORT COUNT TAG
         COUNT datagrams as fast as they go; prints how many were sent
     attacker.py raw IP_VERSION SRC DST udp|syn PORT DATA [EXT,...] [SPORT]
@@ -169,6 +173,22 @@ def udpflood(address: str, port: int, count: int, tag: str) -> str:
     return f"sent {sent}"
 
 
+def stream(address: str, port: int, rate: float, seconds: float, tag: str) -> str:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sent, begin = 0, time.monotonic()
+    while time.monotonic() - begin < seconds:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.settimeout(0.5)
+                sock.connect((address, port))
+                sock.sendall(f"{tag}-{sent}\n".encode())
+        except OSError:
+            pass  # a SYN the filter's empty slot dropped: the next one comes anyway
+        sent += 1
+        time.sleep(max(0.0, begin + sent / rate - time.monotonic()))
+    return f"sent {sent}"
+
+
 def main() -> str:
     args = sys.argv[1:]
     if args[0] == "tcp":
@@ -176,6 +196,8 @@ def main() -> str:
         return tcp(args[1], args[2], int(args[3]), args[4], hold)
     if args[0] == "halfopen":
         return halfopen(args[1], int(args[2]), args[3], args[4], float(args[5]))
+    if args[0] == "stream":
+        return stream(args[1], int(args[2]), float(args[3]), float(args[4]), args[5])
     if args[0] == "udpflood":
         return udpflood(args[1], int(args[2]), int(args[3]), args[4])
     if args[0] == "flood":

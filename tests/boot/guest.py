@@ -104,13 +104,14 @@ def served_and_dropped(
     """Allowed sources are served, denied ones dropped, TCP and UDP, IPv4 and IPv6."""
     expect(g, unit, "answered", "tcp", ALLOW4, GUEST4, str(port), first)
     expect(g, unit, "answered", "tcp", ALLOW6, GUEST6, str(port), "20")
-    expect(g, unit, "timeout", "tcp", DENY4, GUEST4, str(port), "4")
-    expect(g, unit, "timeout", "tcp", DENY6, GUEST6, str(port), "4")
+    # A dropped SYN or datagram: 2 s of silence (an answer comes in milliseconds).
+    expect(g, unit, "timeout", "tcp", DENY4, GUEST4, str(port), "2")
+    expect(g, unit, "timeout", "tcp", DENY6, GUEST6, str(port), "2")
     if udp:
         expect(g, unit, "answered", "udp", ALLOW4, GUEST4, str(port), "20")
         expect(g, unit, "answered", "udp", ALLOW6, GUEST6, str(port), "20")
-        expect(g, unit, "timeout", "udp", DENY4, GUEST4, str(port), "3")
-        expect(g, unit, "timeout", "udp", DENY6, GUEST6, str(port), "3")
+        expect(g, unit, "timeout", "udp", DENY4, GUEST4, str(port), "2")
+        expect(g, unit, "timeout", "udp", DENY6, GUEST6, str(port), "2")
 
 
 def a_failing_start_stops_its_socket(g: Guest, first: str, seconds: float) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from hosts import Network, Probe, all_probes, check_policy
-from managers import OwnManager, UnitLog, UserManager, ordinary_user, start_loader
+from managers import OwnManager, UnitLog, UserManager, ordinary_user, start_loader, wait_until
 from support import ROOT
 
 from alfwrapper import compiler, syscalls
@@ -138,6 +138,10 @@ def test_ordinary_users_service_behind_their_own_policy(
     # The first connection starts the service through the loader; it is served.
     assert a.probe("tcp", 4, 8080, "first", timeout=30) == "echo", app.output()
     check_policy(app, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
+    # A developer filter cannot judge what queued before it (README, "Activation"): the
+    # datagram that starts the service is purged; once it runs, the policy holds.
+    a.probe("udp", 4, 8082, "wake", timeout=0.5)
+    wait_until(lambda: "ready fds" in dev.output(), dev.output, timeout=60)
     check_policy(dev, served=[Probe(a, "udp", 4, 8082), Probe(a, "udp", 6, 8082)],
                  dropped=[Probe(b, "udp", 4, 8082), Probe(b, "udp", 6, 8082)])  # fmt: skip
     # The application has nothing; the loader has CAP_BPF and nothing else.

@@ -1,0 +1,51 @@
+"""Named crash points, for the fault-injection tests: inert unless ALFWRAPPER_CRASH_AT
+names one.
+
+Every step that changes the kernel's or the pinned state is followed by
+``crash_point(NAME)``.  With ``ALFWRAPPER_CRASH_AT=NAME`` in its environment the
+process kills itself there with SIGKILL, as the OOM killer, a `systemctl kill` or a
+power cut would: no clean-up runs.  ``NAME@DIR`` crashes only if it can make the
+directory DIR (so once), so that a restarted process gets past: systemd keeps a
+unit's environment across its restarts, and a sandboxed unit may write nowhere but
+the BPF file system.  The tests (tests/integration/test_crash.py,
+tests/boot/test_crash.py) kill at each point in turn and check, with real traffic,
+that the next start leaves the socket filtered.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+VARIABLE = "ALFWRAPPER_CRASH_AT"
+
+# Every crash point, in the order a start (then a reload, a live rule, gc) meets them.
+POINTS = (
+    "pinned",  # a new socket's state is pinned; no filter on the socket yet
+    "attached",  # the dispatcher is attached and locked; its slot is empty: it drops
+    "loaded",  # the program is compiled and loaded, not yet in the slot
+    "installed",  # the program is in the slot; what was queued is not judged yet
+    "judged",  # what was queued is judged; not yet written down
+    "bound",  # created sockets are bound
+    "described",  # the meta is written; the application is not started yet
+    "reload-loaded",  # reload: the new programs are loaded, none in a slot yet
+    "reload-installed",  # reload: one socket has its new program
+    "rule-flagged",  # a live rule: the socket's "may have rules" flag is set
+    "removing",  # gc (or a start): a socket's state is half removed, its dispatcher first
+)
+
+
+def crash_point(name: str) -> None:
+    """Die here if the environment says so (tests only)."""
+    wanted = os.environ.get(VARIABLE)
+    if not wanted:
+        return
+    point, _, once = wanted.partition("@")
+    if point != name:
+        return
+    if once:
+        try:
+            os.mkdir(once, 0o700)
+        except OSError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,187 @@
+"""Pinned state that is damaged, cut short or not alfwrapper's is refused, with one line,
+and the rules in force stay: by reload (a meta of garbage, a meta without the options,
+a foreign map in the slot) and by a restart (a slot that is not the dispatcher's, a
+folder someone else could have made).  And what is checked before anything changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hosts import Network, Probe, Service, check_policy
+from support import ECHO_SERVER, ROOT, WRAPPER
+
+from alfwrapper import state, syscalls
+
+ACTIVATE = ROOT / "tests/integration/activate.py"
+ALLOW_A = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WRAPPER, *argv], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)  # fmt: skip
+
+
+def one_socket(service: str) -> state.SocketState:
+    (found,) = state.store().sockets_of(service)
+    return found
+
+
+def write_meta_raw(where: state.SocketState, data: bytes) -> None:
+    fd = state.open_pin(where, "meta")
+    try:
+        syscalls.map_update(fd, struct.pack("=I", 0), data.ljust(state.META_SIZE, b"\0"))
+    finally:
+        os.close(fd)
+
+
+def garbage(where: state.SocketState) -> None:
+    write_meta_raw(where, b"\x8f{not json" * 100)
+
+
+def no_argv(where: state.SocketState) -> None:
+    meta = state.read_meta(where)
+    del meta["argv"]
+    write_meta_raw(where, json.dumps(meta).encode())
+
+
+HELD: list[int] = []  # the real slot, held open while a foreign map takes its pin's place
+
+
+def foreign_slot(where: state.SocketState) -> None:
+    """Another program array where the slot's pin was.  The real slot is held open
+    meanwhile: the last reference to a program array going empties it (so a socket
+    whose slot lost its only pin drops everything; see the restart test)."""
+    HELD.append(state.open_pin(where, "slot"))
+    Path(where.path("slot")).unlink()
+    other = syscalls.map_create(syscalls.BPF_MAP_TYPE_PROG_ARRAY, "foreign", 4, 4, 1)
+    try:
+        syscalls.obj_pin(other, where.path("slot"))
+    finally:
+        os.close(other)
+
+
+@pytest.mark.parametrize("damage", [garbage, no_argv, foreign_slot])
+def test_reload_refuses_damaged_state_and_the_old_rules_stay(
+    network: Network, services: list[Service], damage: Callable[[state.SocketState], None]
+) -> None:
+    a, b = network.allowed, network.denied
+    service = f"damaged-{damage.__name__}"
+    svc = Service(network.server, [*WRAPPER, "--service", service, "--listen", "[::]:8080",
+                                   *ALLOW_A, "--", *ECHO_SERVER])  # fmt: skip
+    services.append(svc)
+    svc.wait_for(r"^ready ")  # its meta is written before the application starts
+    damage(one_socket(service))
+    # A stored reload, and one that would let the denied host in: both refused.
+    for extra in ([], ["--allow", "198.51.100.0/24", "--allow", "2001:db8:b::/48"]):
+        if damage is not foreign_slot and extra:
+            continue  # with options given, a meta without them is not read
+        out = run("reload", service, *extra)
+        assert out.returncode == 78, out.stdout + out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "nothing was changed" in out.stderr, out.stderr
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080), Probe(a, "tcp", 6, 8080)],
+                 dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)])  # fmt: skip
+    while HELD:
+        os.close(HELD.pop())
+
+
+def supervised(network: Network, services: list[Service], tmp: Path, service: str) -> Service:
+    """A supervised service (activate.py): its first start runs 6 s and is killed; the
+    supervisor waits for tmp/resume before the next start."""
+    go = tmp / "go"
+    svc = Service(
+        network.server,
+        [sys.executable, str(ACTIVATE), "--go", str(go), "--supervise", "--kill-after", "6",
+         "--pause", str(tmp / "resume"), "--generations", "2", "tcp:[::]:8080:echo", "--",
+         *WRAPPER, "--service", service, *ALLOW_A, "--", *ECHO_SERVER],
+    )  # fmt: skip
+    services.append(svc)
+    svc.wait_for(r"^listening$")
+    go.touch()
+    svc.wait_for(r"^ready ", timeout=60)
+    svc.wait_for(r"^generation 1 exited", timeout=30)
+    return svc
+
+
+def test_a_restart_refuses_a_slot_that_is_not_the_dispatchers(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """Its pins would have the new program go where no packet looks: refused, with one
+    line.  The real slot, its pin gone and nothing else holding it, is emptied by the
+    kernel, and the socket drops everything: closed, not open."""
+    svc = supervised(network, services, tmp_path, "restart-foreign")
+    foreign_slot(one_socket("restart-foreign"))
+    os.close(HELD.pop())
+    (tmp_path / "resume").touch()
+    svc.wait_for(r"^generation 2 exited", timeout=60)
+    assert "is damaged: the slot is not the one the dispatcher calls into" in svc.errors()
+    a, b = network.allowed, network.denied
+    assert b.probe("tcp", 4, 8080, "after", timeout=2) == "timeout"
+    assert a.probe("tcp", 4, 8080, "after", timeout=2) == "timeout"
+
+
+def test_a_restart_checks_the_folders_again(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """A service's folder whose mode lets others in (someone may have made or changed
+    it) is refused on a restart too, not only on the first start."""
+    svc = supervised(network, services, tmp_path, "restart-mode")
+    where = one_socket("restart-mode")
+    os.chmod(where.service_dir, 0o755)
+    try:
+        (tmp_path / "resume").touch()
+        svc.wait_for(r"^generation 2 exited", timeout=60)
+        assert "with mode 755" in svc.errors(), svc.errors()
+    finally:
+        os.chmod(where.service_dir, 0o700)
+
+
+def test_options_too_long_to_keep_are_refused_before_anything_is_attached(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """More rule options than a socket's meta can keep for reload: the error comes before
+    the socket is touched (it carries no filter after), exit 64."""
+    go = tmp_path / "go"
+    many = [arg for i in range(600) for arg in ("--allow", f"10.{i // 256}.{i % 256}.0/24")]
+    argv = [sys.executable, str(ACTIVATE), "--go", str(go), "--supervise", "--generations", "1",
+            "tcp:[::]:8080:echo", "--", *WRAPPER, "--service", "long-options", *many, "--",
+            *ECHO_SERVER]  # fmt: skip
+    svc = Service(network.server, argv)
+    services.append(svc)
+    svc.wait_for(r"^listening$")
+    go.touch()
+    svc.wait_for(r"^generation 1 exited 16384", timeout=60)  # exit status 64
+    assert "the rule options: are too long to keep" in svc.errors(), svc.errors()
+    assert not (state.ROOT / "long-options").exists()
+
+
+def test_gc_keeps_the_knock_state_of_a_start_in_progress(bpf_root: None) -> None:
+    """A start pins its knock state before its meta names it (the meta is written last);
+    a gc by any other command meanwhile (a wrapper, status, reload) must leave it, or
+    the start's next socket cannot pin its share of it.  Once the meta says the socket
+    knocks no more, gc removes it."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+        sock.bind(("::1", 0))
+        tree = state.store()
+        where, dispatch = tree.create("gc-knock", sock, "x_u1")
+        os.close(dispatch)
+        knock = where.service_dir / "knock-0123456789abcdef"
+        try:
+            state.trusted_dir(knock, create=True)
+            tree.gc()
+            assert knock.is_dir(), "the knock state of a start in progress was removed"
+            state.write_meta(where, {**state.read_meta(where), "knock": ""})
+            tree.gc()
+            assert not knock.exists(), "knock state no socket uses was kept"
+        finally:
+            tree.remove(where)
+            shutil.rmtree(where.service_dir, ignore_errors=True)
