@@ -611,7 +611,9 @@ class Store:
                     removed.append(where)
                 elif "knock" in meta:
                     kept_knock.add(str(meta["knock"]))
-                else:  # a start in progress: its knock state may be pinned, not named yet
+                elif meta.get("pid") != os.getpid():
+                    # Another process's start in progress: its knock state may be pinned
+                    # and not named yet.  (This process's own is named once it runs.)
                     kept_knock.add("*")
             for knock in service_dir.glob("knock-*"):
                 if knock.name in kept_knock or "*" in kept_knock:

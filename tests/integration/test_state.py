@@ -172,7 +172,7 @@ def test_gc_keeps_the_knock_state_of_a_start_in_progress(bpf_root: None) -> None
     with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
         sock.bind(("::1", 0))
         tree = state.store()
-        where, dispatch = tree.create("gc-knock", sock, "x_u1")
+        where, dispatch = tree.create("gc-knock", sock, "x_u1", os.getppid())  # another's
         os.close(dispatch)
         knock = where.service_dir / "knock-0123456789abcdef"
         try:
