@@ -211,7 +211,7 @@ def test_a_live_deny_killed_midway_is_in_force_or_absent(
     services.append(svc)
     svc.wait_for(r"^ready ")
     killed(["deny", "denied-live", a.v4], "rule-flagged")
-    listed = a.v4 in subprocess.run([*WRAPPER, "status", "denied-live"], capture_output=True,
+    listed = a.v4 in subprocess.run([*WRAPPER, "show", "denied-live"], capture_output=True,
                                     text=True, timeout=60, cwd=ROOT).stdout  # fmt: skip
     answer = a.probe("tcp", 4, 8080, "after-deny", timeout=2)
     assert answer == ("timeout" if listed else "echo"), (listed, answer)
