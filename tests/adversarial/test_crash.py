@@ -30,6 +30,7 @@ RULES = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]
 # The points a start meets (the rest are reload's, live rules' and gc's).
 START_POINTS = ("pinned", "attached", "loaded", "installed", "judged", "described")
 SEED = 20261123
+SYSTEM_PYTHON = "/usr/bin/python3"  # with BCC; the users run the readable copy with it
 LOADER_LOG: list[Path] = []
 RANDOM_KILLS = 50
 
@@ -37,6 +38,7 @@ RANDOM_KILLS = 50
 def trial(
     network: Network, services: list[Service], tmp: Path, proto: str, crash: str = "",
     kill: float = -1, wrapper: tuple[str, ...] = tuple(WRAPPER), env: dict[str, str] | None = None,
+    app: tuple[str, ...] = tuple(ECHO_SERVER),
 ) -> Service:  # fmt: skip
     """One supervised service whose first start is killed; the denied host queues its
     attacks before that start.  Returns the service once a later start serves."""
@@ -47,7 +49,7 @@ def trial(
             *(["--crash", crash] if crash else []),
             *(["--kill-after", f"{kill:.3f}"] if kill >= 0 else []),
             f"{proto}:[::]:{port}:echo", "--", *wrapper, "--service", f"crash-{proto}",
-            *RULES, "--", *ECHO_SERVER]  # fmt: skip
+            *RULES, "--", *app]  # fmt: skip
     svc = Service(network.server, argv, env)
     services.append(svc)
     svc.wait_for(r"^listening$")
@@ -115,7 +117,7 @@ def test_every_crash_point_is_met() -> None:
 
 
 @pytest.fixture
-def loader_for() -> Iterator[dict[str, str]]:
+def loader_for(readable_copy: Path) -> Iterator[dict[str, str]]:
     """The loader, run as it runs in its unit (the user alfwrapper with CAP_BPF alone,
     the pinned tree bound where it can reach it) but by a plain supervisor: the
     loader's code under test, not its unit (the boot tier has the unit).  Its socket
@@ -128,16 +130,17 @@ def loader_for() -> Iterator[dict[str, str]]:
         "mount -t tmpfs -o mode=0700,uid=$(id -u alfwrapper),gid=$(id -g alfwrapper) tmpfs "
         "/run/alfwrapper-loader; mkdir /run/alfwrapper-loader/pins; "
         "mount --bind /sys/fs/bpf/alfwrapper /run/alfwrapper-loader/pins; "
-        f"exec systemd-socket-activate -l {path} setpriv --reuid=alfwrapper "
+        f"exec systemd-socket-activate -E PYTHONPATH -l {path} setpriv --reuid=alfwrapper "
         "--regid=alfwrapper --init-groups --inh-caps=-all,+bpf --ambient-caps=+bpf "
-        f"--bounding-set=-all,+bpf {' '.join(WRAPPER)} loader --pins /run/alfwrapper-loader/pins"
+        f"--bounding-set=-all,+bpf {SYSTEM_PYTHON} -m alfwrapper loader "
+        "--pins /run/alfwrapper-loader/pins"
     )
     subprocess.run([*WRAPPER, "loader", "--prepare"], check=True, timeout=60)
     log = folder / "loader.log"
     with log.open("w") as errors:
         proc = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=errors,
+            env={**os.environ, "PYTHONPATH": str(readable_copy)}, stderr=errors,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
@@ -146,7 +149,7 @@ def loader_for() -> Iterator[dict[str, str]]:
             time.sleep(0.05)
         path.chmod(0o666)  # systemd-socket-activate makes it 0644 whatever the umask
         LOADER_LOG[:] = [log]
-        yield {"ALFWRAPPER_LOADER": str(path)}
+        yield {"ALFWRAPPER_LOADER": str(path), "PYTHONPATH": str(readable_copy)}
     finally:
         proc.terminate()
         proc.wait(10)
@@ -160,11 +163,12 @@ def test_through_the_loader_too(
 ) -> None:  # fmt: skip
     """An ordinary user's wrapper (no capability: its state is the loader's) killed at
     the points of a start that change state: the next start still filters."""
-    user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", *WRAPPER]  # fmt: skip
+    user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", SYSTEM_PYTHON, "-m", "alfwrapper"]  # fmt: skip
     try:
         svc = trial(network, services, tmp_path, "tcp", crash=point, wrapper=tuple(user),
-                    env={**loader_for, "PYTHONPATH": str(ROOT)})  # fmt: skip
+                    env=loader_for,
+                    app=(SYSTEM_PYTHON, f"{loader_for['PYTHONPATH']}/echo_server.py"))  # fmt: skip
     except AssertionError as err:
         raise AssertionError(
             f"{err}\nthe loader said: {LOADER_LOG[0].read_text()[-2000:]}"
