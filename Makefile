@@ -91,6 +91,8 @@ install: venv completion
 	install -m 644 build/completion/alfwrapper $(DESTDIR)$(PREFIX)/share/bash-completion/completions/
 	install -m 644 policies/*.toml $(DESTDIR)$(LIBDIR)/policy/
 	install -m 644 examples/echo_server.py $(DESTDIR)$(SHAREDIR)/
+	install -d $(DESTDIR)$(PREFIX)/lib/sysusers.d
+	install -m 644 sysusers/alfwrapper.conf $(DESTDIR)$(PREFIX)/lib/sysusers.d/
 	install -m 644 man/alfwrapper.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/alfwrapper.policy.5 $(DESTDIR)$(PREFIX)/share/man/man5/
 	install -m 644 man/alfwrapper-loader.8 $(DESTDIR)$(PREFIX)/share/man/man8/
@@ -100,8 +102,7 @@ install: venv completion
 			> $(DESTDIR)$(UNITDIR)/$$(basename "$$u"); \
 	done
 	@if [ -z "$(DESTDIR)" ]; then \
-		getent passwd alfwrapper >/dev/null || \
-			adduser --system --group --no-create-home --home /nonexistent alfwrapper >/dev/null; \
+		systemd-sysusers $(CURDIR)/sysusers/alfwrapper.conf; \
 		echo "installed in $(PREFIX); now: systemctl daemon-reload && systemctl start alfwrapper-echo.socket"; \
 	else \
 		echo "installed under $(DESTDIR)$(PREFIX)"; \
@@ -112,6 +113,7 @@ uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/alfwrapper $(DESTDIR)$(PREFIX)/share/man/man1/alfwrapper.1 \
 		$(DESTDIR)$(PREFIX)/share/man/man5/alfwrapper.policy.5 \
 		$(DESTDIR)$(PREFIX)/share/man/man8/alfwrapper-loader.8 \
-		$(DESTDIR)$(PREFIX)/share/bash-completion/completions/alfwrapper
+		$(DESTDIR)$(PREFIX)/share/bash-completion/completions/alfwrapper \
+		$(DESTDIR)$(PREFIX)/lib/sysusers.d/alfwrapper.conf
 	for u in $(UNITS); do rm -f $(DESTDIR)$(UNITDIR)/$$(basename "$$u"); done
-	@echo "removed alfwrapper from $(DESTDIR)$(PREFIX) (the system user alfwrapper stays)"
+	@echo "removed alfwrapper from $(DESTDIR)$(PREFIX) (the system users alfwrapper and alfwrapper-loader stay)"

@@ -76,11 +76,10 @@ def _in_root_directory() -> Iterator[None]:
     """Compile from /: BCC's include path has entries relative to the working directory,
     and clang stops at one it may not read (a service started in a directory its user
     cannot enter)."""
-    saved = (
-        os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        if os.access(".", os.R_OK | os.X_OK)
-        else None
-    )
+    try:  # O_PATH: a folder it may enter but not read (or that Landlock hides) comes back too
+        saved: int | None = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        saved = None
     os.chdir("/")
     try:
         yield
@@ -118,6 +117,13 @@ def _import_bcc() -> Any:
     except ImportError as err:
         raise missing_library(err) or err from None
     return bcc
+
+
+def prepare_to_compile() -> None:
+    """Load now what compiling loads lazily (BCC, libbpf, which ctypes finds by running
+    ld): for a process about to lose the right to read them (the loader's confine)."""
+    _import_bcc()
+    syscalls.libbpf()
 
 
 def _first_error(log: str) -> str:

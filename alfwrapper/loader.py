@@ -57,6 +57,7 @@ from alfwrapper.errors import (
     EX_DATAERR,
     EX_NOPERM,
     EX_SOFTWARE,
+    EX_TEMPFAIL,
     EX_UNAVAILABLE,
     EX_USAGE,
     AlfError,
@@ -76,7 +77,9 @@ READ_SECONDS = 10.0
 WORK_SECONDS = 120.0
 WORKERS = 8  # connections served at once
 WORKERS_PER_USER = 2
-PENDING = 256  # connections waiting for a worker, at most
+PENDING_PER_USER = 16  # connections of one user waiting for a worker, at most
+PENDING = 1024  # of everyone's
+BUSY_SECONDS = 60.0  # how long a client retries while the loader says it is busy
 DEFAULT_PROGRAMS = 64
 DEFAULT_MAP_MEMORY = 256 << 20
 _LENGTH = struct.Struct("!I")
@@ -103,8 +106,27 @@ def socket_path() -> str:
 # -- framing ------------------------------------------------------------------------
 
 
+def connect(conn: socket.socket, path: str) -> None:
+    """Connect, waiting (up to READ_SECONDS) while the listen queue is full: a Unix
+    socket with a timeout says EAGAIN at once where a plain one would wait."""
+    deadline = time.monotonic() + READ_SECONDS
+    while True:
+        try:
+            conn.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise AlfError(f"the loader ({path})", "its queue stayed full",
+                               "try again", EX_TEMPFAIL) from None  # fmt: skip
+            time.sleep(0.01)
+
+
 def send(conn: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
     data = json.dumps(message).encode()
+    if len(data) > REQUEST_LIMIT:
+        raise AlfError("a request to the loader", f"is {len(data) >> 20} MiB, more than the "
+                       f"{REQUEST_LIMIT >> 20} MiB it takes", "use fewer rules, or run "
+                       "the service with CAP_BPF", EX_DATAERR)  # fmt: skip
     frame = _LENGTH.pack(len(data)) + data
     sent = socket.send_fds(conn, [frame[:65536]], list(fds))
     conn.sendall(frame[sent:])
@@ -120,6 +142,9 @@ def receive(
     try:
         conn.settimeout(max(0.01, deadline - time.monotonic()))
         data, fds, flags, _ = socket.recv_fds(conn, 65536, max_fds)
+        if not data:
+            raise AlfError("the loader", "closed the connection without an answer",
+                           "see journalctl -u alfwrapper-loader", EX_SOFTWARE)  # fmt: skip
         if flags & socket.MSG_CTRUNC:
             raise _bad("too many file descriptors")
         if len(data) < _LENGTH.size:
@@ -290,11 +315,29 @@ class Broker(state.Store):
     def request(
         self, message: dict[str, Any], fds: Sequence[int] = (), seconds: float = WORK_SECONDS
     ) -> tuple[dict[str, Any], list[int]]:
+        """One request, sent again while the loader is busy (it says so, or closes an
+        over-full queue's connection unanswered), for at most BUSY_SECONDS."""
+        deadline, pause = time.monotonic() + BUSY_SECONDS, 0.05
+        while True:
+            try:
+                return self._request_once(message, fds, seconds)
+            except AlfError as err:
+                if err.exit_code != EX_TEMPFAIL or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+    def _request_once(
+        self, message: dict[str, Any], fds: Sequence[int], seconds: float
+    ) -> tuple[dict[str, Any], list[int]]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             try:
                 conn.settimeout(READ_SECONDS)
-                conn.connect(self.path)
-                send(conn, message, fds)
+                connect(conn, self.path)
+                try:
+                    send(conn, message, fds)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # refused before it was all read: the answer says why
                 answer, got = receive(conn, REQUEST_LIMIT, seconds, 8)
             except (FileNotFoundError, ConnectionRefusedError):
                 raise unavailable(self.path) from None
@@ -453,7 +496,7 @@ class Limits:
     programs: int = DEFAULT_PROGRAMS
     map_memory: int = DEFAULT_MAP_MEMORY
     ledger: str = "/run/alfwrapper-loader"
-    pins: Path = state.ROOT  # where the loader sees the pinned tree
+    pins: Path = state.USERS_ROOT  # where the loader sees the users' tree
 
 
 @dataclass(frozen=True)
@@ -461,14 +504,14 @@ class Caller:
     pid: int
     uid: int
     gid: int
-    pins: Path = state.ROOT
+    pins: Path = state.USERS_ROOT
 
     @property
     def store(self) -> state.Store:
         return state.Store(state.user_base(self.uid, self.pins), self.pins)
 
 
-def peer(conn: socket.socket, pins: Path = state.ROOT) -> Caller:
+def peer(conn: socket.socket, pins: Path = state.USERS_ROOT) -> Caller:
     pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     return Caller(pid, uid, gid, pins)
 
@@ -508,7 +551,8 @@ def serve(listener: socket.socket, limits: Limits) -> None:
                 running[_fork_worker(listener, conn, who, limits)] = who.uid
                 conn.close()
             elif time.monotonic() - since > READ_SECONDS:
-                _refuse(conn, "loader", "busy with too many requests of yours", "try again")
+                _refuse(conn, "loader", "busy with too many requests of yours", "try again",
+                        EX_TEMPFAIL)  # fmt: skip
                 conn.close()
             else:
                 waiting.append((conn, who, since))
@@ -517,19 +561,55 @@ def serve(listener: socket.socket, limits: Limits) -> None:
             ready, _, _ = select.select([listener], [], [], 0.02 if pending else 0.5)
         except InterruptedError:
             continue
-        if not ready:
-            continue
+        if ready:
+            pending = _accept_all(listener, pending, limits)
+    for conn, _, _ in pending:
+        conn.close()
+
+
+def _accept_all(
+    listener: socket.socket, pending: list[tuple[socket.socket, Caller, float]], limits: Limits
+) -> list[tuple[socket.socket, Caller, float]]:
+    """Everything the listen queue holds (up to PENDING at a time), so that one user's
+    flood does not fill the kernel's queue in front of another user's connection."""
+    queued: dict[int, int] = {}
+    for _, other, _ in pending:
+        queued[other.uid] = queued.get(other.uid, 0) + 1
+    for _ in range(PENDING):
         try:
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
-            continue
-        if len(pending) >= PENDING:
-            _refuse(conn, "loader", "busy", "try again")
+            break
+        who = peer(conn, limits.pins)
+        # Bounded per user: a user's flood fills only that user's share of the queue;
+        # the rest is told "busy" in one non-blocking send, and closed.
+        if queued.get(who.uid, 0) >= PENDING_PER_USER or len(pending) >= PENDING:
+            try:
+                conn.send(BUSY, socket.MSG_DONTWAIT)
+            except OSError:
+                pass
             conn.close()
             continue
-        pending.append((conn, peer(conn, limits.pins), time.monotonic()))
-    for conn, _, _ in pending:
-        conn.close()
+        queued[who.uid] = queued.get(who.uid, 0) + 1
+        pending.append((conn, who, time.monotonic()))
+    return pending
+
+
+def _busy_answer() -> bytes:
+    data = json.dumps(
+        {
+            "error": {
+                "what": "the loader",
+                "why": "busy with too many connections of yours",
+                "hint": "try again",
+                "code": EX_TEMPFAIL,
+            }
+        }
+    )
+    return _LENGTH.pack(len(data)) + data.encode()  # fmt: skip
+
+
+BUSY = _busy_answer()
 
 
 def _fork_worker(listener: socket.socket, conn: socket.socket, who: Caller, limits: Limits) -> int:
@@ -547,10 +627,42 @@ def _fork_worker(listener: socket.socket, conn: socket.socket, who: Caller, limi
     return child
 
 
+_ANSWERED: list[int] = []  # in a compile's own process: the pipe that says it answered
+
+
+def _answered() -> None:
+    for fd in _ANSWERED:
+        os.write(fd, b"1")
+
+
+def _compile_apart(conn: socket.socket) -> bool:
+    """In the worker: the load goes on in a child of its own, so that a compiler that
+    dies (LLVM aborts on some input) still leaves the user an answer.  False in the
+    child, which serves the request; True in the worker once it has been answered."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read)
+        _ANSWERED[:] = [write]
+        signal.alarm(int(WORK_SECONDS))
+        return False
+    os.close(write)
+    _, status = os.waitpid(child, 0)
+    answered = os.read(read, 1)
+    os.close(read)
+    if not answered:
+        how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+               else f"exit status {os.waitstatus_to_exitcode(status)}")  # fmt: skip
+        _refuse(conn, "compiling the filter", f"the compiler ended without an answer ({how})",
+                "check the filter's asm statements and includes", EX_DATAERR)  # fmt: skip
+    return True
+
+
 def _refuse(conn: socket.socket, what: str, why: str, hint: str, code: int = EX_DATAERR) -> None:
     try:
         conn.settimeout(1)
         send(conn, {"error": {"what": what, "why": why, "hint": hint, "code": code}})
+        _answered()
     except OSError:
         pass
 
@@ -560,9 +672,12 @@ def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
     fds: list[int] = []
     try:
         message, fds = receive(conn, REQUEST_LIMIT, READ_SECONDS, 2)
+        if message.get("op") == "load" and _compile_apart(conn):
+            return  # answered by the compile's own process, or for it
         answer, out = handle(message, fds, who, limits)
         try:
             send(conn, answer, out)
+            _answered()
         except OSError:
             pass  # the caller left; what was made for it goes with this process
     except AlfError as err:
@@ -801,8 +916,7 @@ def _load(
     _check_quota(who, limits, extra_programs=0 if where is not None else 1)
     probe = _fresh_map_id()
     ledger = _open_ledger(who, limits)  # before confine(): written after the load
-    if rules.custom:
-        confine(tree)
+    confine(tree, rules.custom is not None)
     if where is not None:
         from alfwrapper.wrapper import load_pinned_here  # noqa: PLC0415
 
@@ -866,26 +980,53 @@ def _check_objects(maps: dict[str, int], prog: int, probe: int, own: set[int]) -
             )
 
 
-def confine(tree: state.Store) -> None:
-    """From here on this process may make or remove files only in the user's own
-    tree (Landlock, Linux 5.13): a developer's filter cannot have BCC pin a map
-    anywhere else, such as another user's tree."""
+def compile_readable() -> list[str]:
+    """What a compile may read: alfwrapper's filter headers, the kernel headers BCC
+    uses (Debian keeps them in /usr/src), the count of possible CPUs (per-CPU maps),
+    and this process's own fd tables.  Everything else (the loader's files, other
+    users' ledgers, /etc, /run, /proc) is out of reach, however a source names it."""
+    from alfwrapper import kernel_headers, program  # noqa: PLC0415
+
+    paths = {str(program.filter_dir()), "/usr/src", "/sys/devices/system/cpu/possible",
+             f"/proc/{os.getpid()}/fd", f"/proc/{os.getpid()}/fdinfo"}  # fmt: skip
+    tree = kernel_headers.find()
+    for extra in (tree.source, *tree.include) if tree and tree.source else ():
+        paths.add(str(extra))
+    if tree and tree.source is None and not tree.where.startswith("/usr/src/"):
+        paths.add(tree.where.split(" ")[0])  # a tree BCC finds by itself (/lib/modules)
+    return sorted(p for p in paths if os.path.exists(p))
+
+
+def confine(tree: state.Store, custom: bool) -> None:
+    """From here on this process may read only what compiling needs (compile_readable)
+    and write only in the user's own tree and a scratch folder (Landlock, Linux 5.13;
+    Debian 12's kernel enables it).  So no spelling of #include, no .incbin, nothing a
+    source can name reads a file of the loader's, and no map is pinned elsewhere.  The
+    text check (program.checked_source) comes first, for a friendly message; this is
+    the guard.  Where Landlock is missing a developer's filter is refused; a built-in
+    one (alfwrapper's own C, the user's data only) is compiled all the same."""
     import tempfile  # noqa: PLC0415
 
+    from alfwrapper import compiler  # noqa: PLC0415
+
     tree.root(create=True)
+    compiler.prepare_to_compile()  # what BCC and libbpf load lazily, loaded now
+    readable = compile_readable()
     scratch = tempfile.mkdtemp(prefix="alfwrapper-loader-")  # the compiler's, this request's
     tempfile.tempdir = scratch
     os.environ["TMPDIR"] = scratch
     try:
-        syscalls.landlock_write_only_beneath([str(tree.base), scratch])
+        syscalls.landlock_restrict([str(tree.base), scratch], readable)
     except OSError as err:
-        raise AlfError(
-            "a developer's filter through the loader",
-            f"Landlock is not available ({err.strerror or err})",
-            "boot with Landlock enabled (lsm=landlock,...; Linux 5.13), or use the "
-            "built-in filters",
-            EX_UNAVAILABLE,
-        ) from None
+        if custom:
+            raise AlfError(
+                "a developer's filter through the loader",
+                f"Landlock is not available ({err.strerror or err}): it would be compiled "
+                "unconfined",
+                "boot with Landlock enabled (lsm=landlock,...; Linux 5.13), or use the "
+                "built-in filters",
+                EX_UNAVAILABLE,
+            ) from None
 
 
 # Per-user accounting: the programs and map memory handed out whose sockets exist.
@@ -984,15 +1125,20 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help=f"per user (default {DEFAULT_PROGRAMS})")  # fmt: skip
     p.add_argument("--max-map-memory", type=int, default=DEFAULT_MAP_MEMORY >> 20, metavar="MIB",
                    help=f"per user, in MiB (default {DEFAULT_MAP_MEMORY >> 20})")  # fmt: skip
-    p.add_argument("--pins", metavar="DIR", default=str(state.ROOT),
-                   help=f"where {state.ROOT} is seen (the unit binds it there)")  # fmt: skip
+    p.add_argument("--pins", metavar="DIR", default=str(state.USERS_ROOT),
+                   help=f"where {state.USERS_ROOT} is seen (the unit binds it there)")  # fmt: skip
     p.add_argument("--prepare", action="store_true",
-                   help=f"as root, before the loader starts: make {state.ROOT}")  # fmt: skip
+                   help=f"as root, before the loader starts: make {state.ROOT} and "
+                        f"{state.USERS_ROOT}")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
     if args.prepare:
-        state.Store().root(create=True)
+        # Root's tree too: the loader's unit hides it under a tmpfs, which needs it there
+        # (a manager that runs this inside the unit's namespace shows the tmpfs: skipped).
+        if not state.hidden(state.ROOT):
+            state.Store().root(create=True)
+        state.Store(state.USERS_ROOT, state.USERS_ROOT).root(create=True)
         return 0
     if os.geteuid() == 0:
         raise AlfError(
@@ -1001,6 +1147,7 @@ def main(args: argparse.Namespace) -> int:
             "run it as the user alfwrapper with CAP_BPF only, as alfwrapper-loader.service does",
             EX_USAGE,
         )
+    state.see_users_tree(Path(args.pins))
     limits = Limits(
         args.max_programs,
         args.max_map_memory << 20,
@@ -1034,7 +1181,7 @@ def main(args: argparse.Namespace) -> int:
         raise AlfError(
             f"alfwrapper loader: its pinned tree {args.pins}",
             err.why,
-            f"run it from alfwrapper-loader.service, which binds {state.ROOT} to "
+            f"run it from alfwrapper-loader.service, which binds {state.USERS_ROOT} to "
             "/run/alfwrapper-loader/pins (--pins) after `alfwrapper loader --prepare`",
             err.exit_code,
         ) from None

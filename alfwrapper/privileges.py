@@ -241,7 +241,7 @@ def landlock_application(mounts: list[str]) -> str:
     outside their own tree; and may signal none of those either (the interface
     watcher, the log forwarder).  "" once done, else why not."""
     try:
-        syscalls.landlock_write_only_beneath(writable_outside(mounts), scope_signals=True)
+        syscalls.landlock_restrict(writable_outside(mounts), scope_signals=True)
     except OSError as err:
         return err.strerror or str(err)
     return ""

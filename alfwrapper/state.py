@@ -5,7 +5,7 @@ socket gets a fixed dispatcher that tail-calls the program in its slot, and
 a new policy goes into the slot (one atomic map update).  Restarts, reloads,
 live allow/deny, status and gc all find a socket's state here by its cookie.
 
-    /sys/fs/bpf/alfwrapper/             0700, owned by the alfwrapper user
+    /sys/fs/bpf/alfwrapper/             0700, owned by the alfwrapper user (root's services)
       SERVICE/                          0700
         knock-HASH/                     knock state of the sockets sharing knock rules
         sock-COOKIE/                    one socket, by its SO_COOKIE
@@ -14,17 +14,20 @@ live allow/deny, status and gc all find a socket's state here by its cookie.
           meta                          ARRAY[1]: JSON about the socket, for status and reload
           counters                      PERCPU_ARRAY: verdicts by reason
           runtime, runtime_count        LPM_TRIE and ARRAY[1]: live allow and deny
-      %users/UID/SERVICE/...            the same, for the services of user UID, kept by
+    /sys/fs/bpf/alfwrapper-users/       0700, owned by the alfwrapper-loader user
+      UID/SERVICE/...                   the same, for the services of user UID, kept by
                                         the loader (loader.py) on that user's requests
 
 Pinned objects are guarded by file permissions alone (since Linux 6.5 the
 unprivileged_bpf_disabled check covers only creating maps and loading
 programs): an application running as uid 0 without capabilities could open a
 root-owned pin.  So the tree belongs to a user the application never is, and
-every directory on the path is checked before it is trusted.
+every directory on the path is checked before it is trusted.  The users' tree
+belongs to the loader's own user, and root's is not even in the loader's mount
+namespace: a loader taken over by a local user's filter reaches no root service.
 
 A Store is one such tree and what can be done to it: the root's, or a user's
-(%users/UID).  A wrapper or command that cannot reach the tree itself uses the
+(alfwrapper-users/UID).  A wrapper or command that cannot reach the tree itself uses the
 loader's Store instead (loader.Broker), which asks the loader to do the same
 things in the user's tree; store() is the one in use.
 """
@@ -32,6 +35,7 @@ things in the user's tree; store() is the one in use.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import pwd
@@ -53,7 +57,12 @@ from alfwrapper.program import object_name
 BPFFS = Path("/sys/fs/bpf")
 ROOT = BPFFS / "alfwrapper"
 OWNER = "alfwrapper"
+USERS_ROOT = BPFFS / "alfwrapper-users"
+LOADER_OWNER = "alfwrapper-loader"
+# Where the users' tree is seen: here, and where the loader's unit binds it (--pins).
+_USERS_VIEWS = [USERS_ROOT]
 BPF_FS_MAGIC = 0xCAFE4A11
+TMPFS_MAGIC = 0x01021994
 META_SIZE = 8192
 SO_NETNS_COOKIE = 71  # Linux 5.14
 _SERVICE = re.compile(r"^[A-Za-z0-9_.@:\\-]{1,200}$")
@@ -70,15 +79,33 @@ def _fail(what: str, err: OSError) -> AlfError:
     return AlfError(what, err.strerror or str(err), hint, code)
 
 
-def owner() -> tuple[int, int]:
-    """The uid and gid the state belongs to."""
+def see_users_tree(at: Path) -> None:
+    """The users' tree is (also) seen at ``at``: its folders belong to LOADER_OWNER."""
+    _USERS_VIEWS.append(at)
+
+
+@functools.cache
+def _account(name: str) -> pwd.struct_passwd:
+    """A system user's entry, read once (the loader's compile may not read /etc then)."""
+    return pwd.getpwnam(name)
+
+
+def owner_name(path: Path | None = None) -> str:
+    users = path is not None and any(path.is_relative_to(v) for v in _USERS_VIEWS)
+    return LOADER_OWNER if users else OWNER
+
+
+def owner(path: Path | None = None) -> tuple[int, int]:
+    """The uid and gid the state at ``path`` belongs to: the loader's user in the users'
+    tree, alfwrapper in root's."""
+    name = owner_name(path)
     try:
-        user = pwd.getpwnam(OWNER)
+        user = _account(name)
     except KeyError:
         raise AlfError(
             "pinned state",
-            f"the system user {OWNER} does not exist",
-            f"create it (adduser --system --group {OWNER}), or run `make setup`",
+            f"the system user {name} does not exist",
+            "create it (systemd-sysusers /usr/lib/sysusers.d/alfwrapper.conf), or run `make setup`",
             EX_CONFIG,
         ) from None
     return user.pw_uid, user.pw_gid
@@ -98,6 +125,14 @@ def check_bpffs(where: Path = BPFFS) -> None:
         )
 
 
+def hidden(path: Path) -> bool:
+    """Is ``path`` covered by a tmpfs (the loader's unit hides root's tree so)?"""
+    try:
+        return _statfs_magic(str(path)) == TMPFS_MAGIC
+    except OSError:
+        return False
+
+
 def _statfs_magic(path: str) -> int:
     import ctypes  # noqa: PLC0415
 
@@ -111,7 +146,7 @@ def _statfs_magic(path: str) -> int:
 
 def trusted_dir(path: Path, create: bool) -> None:
     """A directory of ours: made if asked, then checked (no link, our owner, mode 0700)."""
-    uid, gid = owner()
+    uid, gid = owner(path)
     if create:
         try:
             path.mkdir(mode=0o700)
@@ -132,7 +167,7 @@ def trusted_dir(path: Path, create: bool) -> None:
         raise AlfError(
             f"{path}",
             f"belongs to uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):o}, not to "
-            f"{OWNER} with mode 700: someone else may have made it",
+            f"{owner_name(path)} with mode 700: someone else may have made it",
             f"inspect it, then remove it as root (rm -r {path})",
             EX_CONFIG,
         )
@@ -140,9 +175,9 @@ def trusted_dir(path: Path, create: bool) -> None:
 
 def state_root(create: bool = True, base: Path = ROOT, top: Path = ROOT) -> Path:
     """The tree at ``base`` (``top``, or a user's under it), each folder on the way
-    checked.  ``top`` is ROOT but in the loader, which sees it elsewhere (its unit
-    binds it to a path the loader's user can reach)."""
-    check_bpffs(top.parent if top == ROOT else top)
+    checked.  ``top`` is ROOT, or USERS_ROOT where the loader sees it (its unit binds
+    it to a path the loader's user can reach)."""
+    check_bpffs(top.parent if top in (ROOT, USERS_ROOT) else top)
     folder = top
     trusted_dir(folder, create)
     for part in base.relative_to(top).parts:
@@ -155,12 +190,9 @@ def state_root(create: bool = True, base: Path = ROOT, top: Path = ROOT) -> Path
     return base
 
 
-USERS = "%users"  # no service's folder name has a "%" but before "2E"
-
-
-def user_base(uid: int, top: Path = ROOT) -> Path:
+def user_base(uid: int, top: Path = USERS_ROOT) -> Path:
     """Where the state of user ``uid``'s services is kept."""
-    return top / USERS / str(uid)
+    return top / str(uid)
 
 
 def folder_name(service: str) -> str:
@@ -277,7 +309,7 @@ def netns_cookie() -> int:
 
 def own(path: Path) -> None:
     """Give everything below path to the state's owner (BCC pins as whoever loads)."""
-    uid, gid = owner()
+    uid, gid = owner(path)
     for entry in [path, *path.rglob("*")]:
         os.chown(entry, uid, gid, follow_symlinks=False)
 
@@ -636,12 +668,11 @@ def _service_folder(path: Path) -> bool:
 
 def user_stores() -> list[Store]:
     """The trees of users' services (kept by the loader), for root's gc."""
-    folder = ROOT / USERS
     try:
-        uids = [p.name for p in folder.iterdir() if p.name.isdigit()]
+        uids = [p.name for p in USERS_ROOT.iterdir() if p.name.isdigit()]
     except OSError:
         return []
-    return [Store(folder / uid) for uid in sorted(uids)]
+    return [Store(USERS_ROOT / uid, USERS_ROOT) for uid in sorted(uids)]
 
 
 def gc_everywhere() -> list[SocketState]:

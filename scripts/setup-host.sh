@@ -67,13 +67,10 @@ if [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" != "bpf_fs" ]; then
     fi
 fi
 
-# The interface watcher's own user, and the owner of the pinned state (interfaces.py): the application cannot signal
-# a process of another user.
-if ! getent passwd alfwrapper >/dev/null; then
-    if [ "$(id -u)" = 0 ]; then
-        adduser --system --group --no-create-home --home /nonexistent alfwrapper >/dev/null 2>&1
-        echo "setup: created the system user alfwrapper"
-    fi
+# alfwrapper's system users (sysusers/alfwrapper.conf says what each is for).
+if [ "$(id -u)" = 0 ] && ! { getent passwd alfwrapper && getent passwd alfwrapper-loader; } >/dev/null; then
+    systemd-sysusers "$PWD/sysusers/alfwrapper.conf"
+    echo "setup: created the system users alfwrapper and alfwrapper-loader"
 fi
 
 venv

@@ -902,6 +902,13 @@ MUTATIONS += [
         ("tests/unit/test_rules.py",),
     ),
     Mutation(
+        "loader-compile-reads-anything",
+        "alfwrapper/loader.py",
+        "        syscalls.landlock_restrict([str(tree.base), scratch], readable)",
+        "        syscalls.landlock_restrict([str(tree.base), scratch], None)",
+        ("tests/integration/test_confine.py",),
+    ),
+    Mutation(
         "gc-removes-starting-knock-state",
         "alfwrapper/state.py",
         '                if knock.name in kept_knock or "*" in kept_knock:',

@@ -118,8 +118,8 @@ def test_every_crash_point_is_met() -> None:
 
 @pytest.fixture
 def loader_for(readable_copy: Path) -> Iterator[dict[str, str]]:
-    """The loader, run as it runs in its unit (the user alfwrapper with CAP_BPF alone,
-    the pinned tree bound where it can reach it) but by a plain supervisor: the
+    """The loader, run as it runs in its unit (the user alfwrapper-loader with CAP_BPF
+    alone, the users' tree bound where it can reach it) but by a plain supervisor: the
     loader's code under test, not its unit (the boot tier has the unit).  Its socket
     is one any user may connect to, as the unit's is (SocketMode=0666)."""
     folder = Path(tempfile.mkdtemp(prefix="alf-loader-", dir="/run"))
@@ -127,11 +127,12 @@ def loader_for(readable_copy: Path) -> Iterator[dict[str, str]]:
     path = folder / "loader.sock"
     script = (
         "set -e; mkdir -p /run/alfwrapper-loader; "  # its RuntimeDirectory=, its own
-        "mount -t tmpfs -o mode=0700,uid=$(id -u alfwrapper),gid=$(id -g alfwrapper) tmpfs "
-        "/run/alfwrapper-loader; mkdir /run/alfwrapper-loader/pins; "
-        "mount --bind /sys/fs/bpf/alfwrapper /run/alfwrapper-loader/pins; "
-        f"exec systemd-socket-activate -E PYTHONPATH -l {path} setpriv --reuid=alfwrapper "
-        "--regid=alfwrapper --init-groups --inh-caps=-all,+bpf --ambient-caps=+bpf "
+        "mount -t tmpfs -o mode=0700,uid=$(id -u alfwrapper-loader),"
+        "gid=$(id -g alfwrapper-loader) tmpfs /run/alfwrapper-loader; "
+        "mkdir /run/alfwrapper-loader/pins; "
+        "mount --bind /sys/fs/bpf/alfwrapper-users /run/alfwrapper-loader/pins; "
+        f"exec systemd-socket-activate -E PYTHONPATH -l {path} setpriv --reuid=alfwrapper-loader "
+        "--regid=alfwrapper-loader --init-groups --inh-caps=-all,+bpf --ambient-caps=+bpf "
         f"--bounding-set=-all,+bpf {SYSTEM_PYTHON} -m alfwrapper loader "
         "--pins /run/alfwrapper-loader/pins"
     )

@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     path = loader.socket_path()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(60)
-        conn.connect(path)
+        loader.connect(conn, path)
         if argv[0] == "--raw":
             conn.sendall(bytes.fromhex(argv[1]))
             conn.shutdown(socket.SHUT_WR)
