@@ -79,7 +79,8 @@ def readable_copy() -> Iterator[Path]:
 
     import pyroute2
 
-    root = Path(tempfile.mkdtemp(prefix="alf-readable-"))
+    # Not in /tmp: the loader's unit, which runs it, has PrivateTmp=.
+    root = Path(tempfile.mkdtemp(prefix="alf-readable-", dir="/var/lib"))
     root.chmod(0o755)
     skip = shutil.ignore_patterns("__pycache__")
     shutil.copytree(ROOT / "alfwrapper", root / "alfwrapper", ignore=skip)
@@ -87,6 +88,8 @@ def readable_copy() -> Iterator[Path]:
     shutil.copytree(Path(pyroute2.__file__).parent, root / "pyroute2", ignore=skip)
     shutil.copy(ROOT / "examples/echo_server.py", root / "echo_server.py")
     shutil.copy(ROOT / "tests/data/allowlist.c", root / "allowlist.c")
+    for client in ("loader_client.py", "loader_flood.py"):  # run as the test's users
+        shutil.copy(ROOT / "tests/integration" / client, root / client)
     for path in root.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     try:

@@ -133,16 +133,19 @@ class UserManager(Manager):
         shutil.rmtree(self.shared, ignore_errors=True)
 
 
-def start_loader(manager: UserManager, options: str = "") -> Path:
+def start_loader(manager: UserManager, copy: Path, options: str = "") -> Path:
     """Start the shipped alfwrapper-loader.socket (with ``options`` added to the
-    loader's command line); returns its log file."""
+    loader's command line); returns its log file.  The loader runs alfwrapper from
+    ``copy`` (readable_copy) with the system Python: its user cannot read a checkout
+    in root's home, and the unit has ProtectHome=."""
     dropin = manager.units / "alfwrapper-loader.service.d"
     dropin.mkdir(exist_ok=True)
     log = manager.logs / "alfwrapper-loader.log"
-    text = f"[Service]\nStandardError=append:{log}\n"
-    if options:
-        pins = "/run/alfwrapper-loader/pins"
-        text += f"ExecStart=\nExecStart={ALFWRAPPER} loader --pins {pins} {options}\n"
+    pins = "/run/alfwrapper-loader/pins"
+    text = (
+        f"[Service]\nStandardError=append:{log}\nEnvironment=PYTHONPATH={copy}\n"
+        f"ExecStart=\nExecStart=/usr/bin/python3 -m alfwrapper loader --pins {pins} {options}\n"
+    )
     (dropin / "here.conf").write_text(text)
     manager.run("daemon-reload")
     manager.run("stop", "alfwrapper-loader.service", "alfwrapper-loader.socket", check=False)

@@ -27,8 +27,6 @@ from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
 
 USER_A, USER_B = "alfuser1", "alfuser2"
 PYTHON = "/usr/bin/python3"  # the system's, with BCC; alfwrapper from the readable copy
-FLOOD = ROOT / "tests/integration/loader_flood.py"
-CLIENT = ROOT / "tests/integration/loader_client.py"
 PINS = Path("/sys/fs/bpf/alfwrapper-users")
 ECHO_RULES = "--allow 192.0.2.0/24 --allow 2001:db8:a::/48"
 # Before Linux 6.5 (Debian 12's kernel is 6.1) every bpf(2) call needs CAP_BPF while
@@ -43,8 +41,8 @@ DEV_RULES = (
 
 
 @pytest.fixture
-def loader(manager: UserManager) -> Path:
-    return start_loader(manager)
+def loader(manager: UserManager, readable_copy: Path) -> Path:
+    return start_loader(manager, readable_copy)
 
 
 @pytest.fixture
@@ -98,7 +96,7 @@ def as_user(
 
 def raw(own: OwnManager, copy: Path, request: dict[str, Any] | None, *extra: str) -> Any:
     """One request through the raw client, as the user; its printed result."""
-    argv = [f"PYTHONPATH={copy}", PYTHON, str(CLIENT)]
+    argv = [f"PYTHONPATH={copy}", PYTHON, str(copy / "loader_client.py")]
     text = json.dumps(request)
     if len(text) > 100_000:  # more than a command line takes
         path = own.config / "request.json"
@@ -411,7 +409,7 @@ def test_includes_leak_nothing(
 def test_quota_is_enforced_and_said(
     manager: UserManager, users: Callable[[str], OwnManager], readable_copy: Path
 ) -> None:
-    start_loader(manager, "--max-programs 2 --max-map-memory 4")
+    start_loader(manager, readable_copy, "--max-programs 2 --max-map-memory 4")
     own = users(USER_B)
     three = [a for port in (9302, 9303, 9304) for a in ("--listen-datagram", f"[::1]:{port}")]
     out = as_user(own, readable_copy, "--service", "many", *three, "--allow", "::1",
@@ -496,7 +494,7 @@ def test_root_services_pins_are_out_of_the_loaders_reach(
     out = subprocess.run(
         ["nsenter", f"--target={pid.strip()}", "--mount", "setpriv", "--reuid=alfwrapper-loader",
          "--regid=alfwrapper-loader", "--init-groups", "--inh-caps=-all,+bpf",
-         "--ambient-caps=+bpf", "--bounding-set=-all,+bpf", "env", f"PYTHONPATH={ROOT}",
+         "--ambient-caps=+bpf", "--bounding-set=-all,+bpf", "env", f"PYTHONPATH={readable_copy}",
          PYTHON, "-c", probe, where.path("meta")],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -518,8 +516,8 @@ def test_one_users_flood_never_keeps_another_waiting(
     assert raw(own_b, readable_copy, {"op": "services"})["answer"] == {"services": []}
     alone = time.monotonic() - begin
     flood = subprocess.Popen(
-        own_a.command([f"PYTHONPATH={readable_copy}", PYTHON, str(FLOOD),
-                       loader_mod.SOCKET_PATH, "25"]),
+        own_a.command([f"PYTHONPATH={readable_copy}", PYTHON,
+                       str(readable_copy / "loader_flood.py"), loader_mod.SOCKET_PATH, "25"]),
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
