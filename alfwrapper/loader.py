@@ -981,14 +981,16 @@ def _check_objects(maps: dict[str, int], prog: int, probe: int, own: set[int]) -
 
 
 def compile_readable() -> list[str]:
-    """What a compile may read: alfwrapper's filter headers, the kernel headers BCC
-    uses (Debian keeps them in /usr/src), the count of possible CPUs (per-CPU maps),
-    and this process's own fd tables.  Everything else (the loader's files, other
+    """What a compile may read: alfwrapper's filter headers and its own modules (some
+    are imported on first use), the kernel headers BCC uses (Debian keeps them in
+    /usr/src), the count of possible CPUs (per-CPU maps), and this process's own fd
+    tables.  Everything else (the loader's files, other
     users' ledgers, /etc, /run, /proc) is out of reach, however a source names it."""
     from alfwrapper import kernel_headers, program  # noqa: PLC0415
 
-    paths = {str(program.filter_dir()), "/usr/src", "/sys/devices/system/cpu/possible",
-             f"/proc/{os.getpid()}/fd", f"/proc/{os.getpid()}/fdinfo"}  # fmt: skip
+    paths = {str(program.filter_dir()), str(Path(__file__).parent), "/usr/src",
+             "/sys/devices/system/cpu/possible", f"/proc/{os.getpid()}/fd",
+             f"/proc/{os.getpid()}/fdinfo"}  # fmt: skip
     tree = kernel_headers.find()
     for extra in (tree.source, *tree.include) if tree and tree.source else ():
         paths.add(str(extra))

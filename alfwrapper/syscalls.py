@@ -255,15 +255,14 @@ def map_shape(map_fd: int) -> tuple[int, int, int, int, int]:
 
 
 def fd_memlock(fd: int) -> int:
-    """The kernel memory a map or program holds (its fdinfo's memlock), in bytes."""
-    try:
-        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
-            for line in info:
-                if line.startswith("memlock:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    """The kernel memory a map or program holds (its fdinfo's memlock), in bytes.
+    Read as bytes: no codec to import (the loader reads it under Landlock, where
+    Python's lazily imported modules are out of reach).  OSError if unreadable."""
+    with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+        for line in info:
+            if line.startswith(b"memlock:"):
+                return int(line.split()[1])
+    raise OSError(errno.ENODATA, f"fd {fd} has no memlock in its fdinfo")
 
 
 BPF_MAP_TYPE_ARRAY = 2
