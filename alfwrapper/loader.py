@@ -34,6 +34,8 @@ map that existed before (fresh ids only).
 from __future__ import annotations
 
 import argparse
+import base64
+import dataclasses
 import errno
 import fcntl
 import inspect
@@ -52,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alfwrapper import state, syscalls
+from alfwrapper import cgroups, state, syscalls
 from alfwrapper.errors import (
     EX_DATAERR,
     EX_NOPERM,
@@ -66,13 +68,15 @@ from alfwrapper.rules import (
     CustomFilter,
     KnockRules,
     MapSetting,
+    Prefix,
     SocketRules,
     SubnetRules,
     parse_prefix,
 )
 
 SOCKET_PATH = "/run/alfwrapper/loader.sock"
-REQUEST_LIMIT = 16 << 20  # a million IPv4 rules written out fit, with room
+REQUEST_LIMIT = 16 << 20  # packed rules: 5 bytes an IPv4 rule, at most 17 an IPv6 one
+RULES_LIMIT = 2_000_000  # allow or deny rules in one request
 READ_SECONDS = 10.0
 WORK_SECONDS = 120.0
 WORKERS = 8  # connections served at once
@@ -192,11 +196,13 @@ def _bad(why: str) -> AlfError:
 def encode_rules(rules: SocketRules) -> dict[str, Any]:
     """Rules as the loader takes them: everything already read (a filter's text, a
     knock secret), nothing for the loader to open."""
+    from alfwrapper.prefix_list import PrefixList  # noqa: PLC0415
+
     out: dict[str, Any] = {
-        "allow": [str(p) for p in rules.subnets.allow],
-        "deny": [str(p) for p in rules.subnets.deny],
-        "log_rate": rules.log_rate,
+        key: {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}
+        for key, prefixes in (("allow", rules.subnets.allow), ("deny", rules.subnets.deny))
     }
+    out["log_rate"] = rules.log_rate
     if rules.interfaces:
         out["interfaces"] = list(rules.interfaces)
     if rules.knock:
@@ -240,6 +246,27 @@ def _number(d: dict[str, Any], key: str, kind: type, low: float, high: float) ->
     return value
 
 
+def _prefixes(d: dict[str, Any], key: str) -> Sequence[Prefix]:
+    """A rule list: packed (PrefixList.packed, base64; what encode_rules sends) or a
+    list of CIDR strings (for hand-written requests), of at most RULES_LIMIT rules."""
+    items = d.get(key, [])
+    try:
+        if isinstance(items, dict) and set(items) == {"packed"}:
+            from alfwrapper.prefix_list import PrefixList  # noqa: PLC0415
+
+            data = base64.b64decode(_field(items, "packed", str), validate=True)
+            return PrefixList.unpacked(data, RULES_LIMIT)
+        if (
+            not isinstance(items, list)
+            or len(items) > RULES_LIMIT
+            or not all(isinstance(t, str) for t in items)
+        ):
+            raise _bad(f"'{key}' must be packed rules or a list of CIDR strings")
+        return tuple(parse_prefix(t) for t in items)
+    except (ValueError, TypeError) as err:  # binascii.Error is a ValueError
+        raise _bad(f"'{key}': {err}") from None
+
+
 def decode_rules(d: Any) -> SocketRules:
     """The rules of a request, checked as strictly as the command line checks them."""
     if not isinstance(d, dict):
@@ -247,15 +274,9 @@ def decode_rules(d: Any) -> SocketRules:
     allowed = {"allow", "deny", "log_rate", "interfaces", "knock", "filter"}
     if set(d) - allowed:
         raise _bad(f"unknown rule keys {sorted(set(d) - allowed)}")
-    prefixes = {}
+    prefixes: dict[str, Sequence[Prefix]] = {}
     for key in ("allow", "deny"):
-        items = _field(d, key, list, [])
-        if len(items) > 2_000_000 or not all(isinstance(t, str) for t in items):
-            raise _bad(f"'{key}' must be a list of CIDR strings")
-        try:
-            prefixes[key] = tuple(parse_prefix(t) for t in items)
-        except ValueError as err:
-            raise _bad(f"'{key}': {err}") from None
+        prefixes[key] = _prefixes(d, key)
     if d.get("interfaces"):
         raise AlfError(
             "--interface",
@@ -497,6 +518,7 @@ class Limits:
     map_memory: int = DEFAULT_MAP_MEMORY
     ledger: str = "/run/alfwrapper-loader"
     pins: Path = state.USERS_ROOT  # where the loader sees the users' tree
+    memory: cgroups.UserMemory | None = None  # the kernel counts map_memory, if set
 
 
 @dataclass(frozen=True)
@@ -620,6 +642,13 @@ def _fork_worker(listener: socket.socket, conn: socket.socket, who: Caller, limi
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.alarm(int(WORK_SECONDS))
+            if limits.memory is not None:  # all this request makes is charged to its user
+                try:
+                    limits.memory.enter(who.uid, limits.map_memory)
+                except OSError as err:
+                    _refuse(conn, "loader", f"cannot count your memory ({err})",
+                            "the administrator: see the loader's log", EX_SOFTWARE)  # fmt: skip
+                    raise
             serve_one(conn, who, limits)
         except BaseException:  # noqa: BLE001  (a child never returns to the loop)
             code = 1
@@ -635,27 +664,50 @@ def _answered() -> None:
         os.write(fd, b"1")
 
 
-def _compile_apart(conn: socket.socket) -> bool:
+def _compile_apart(conn: socket.socket, who: Caller, limits: Limits) -> bool:
     """In the worker: the load goes on in a child of its own, so that a compiler that
     dies (LLVM aborts on some input) still leaves the user an answer.  False in the
     child, which serves the request; True in the worker once it has been answered."""
     read, write = os.pipe()
+    before = _limited(who, limits)
     child = os.fork()
     if child == 0:
         os.close(read)
         _ANSWERED[:] = [write]
         signal.alarm(int(WORK_SECONDS))
+        try:  # the compile, not the worker that answers for it, goes at the quota
+            Path("/proc/self/oom_score_adj").write_text("1000")
+        except OSError:
+            pass
         return False
     os.close(write)
     _, status = os.waitpid(child, 0)
     answered = os.read(read, 1)
     os.close(read)
     if not answered:
+        if _limited(who, limits) > before:
+            error = _quota_reached(limits)
+            _refuse(conn, error.what, error.why, error.hint, error.exit_code)
+            return True
         how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                else f"exit status {os.waitstatus_to_exitcode(status)}")  # fmt: skip
         _refuse(conn, "compiling the filter", f"the compiler ended without an answer ({how})",
                 "check the filter's asm statements and includes", EX_DATAERR)  # fmt: skip
     return True
+
+
+def _limited(who: Caller, limits: Limits) -> int:
+    return limits.memory.limited(who.uid) if limits.memory is not None else 0
+
+
+def _quota_reached(limits: Limits) -> AlfError:
+    return AlfError(
+        "loader quota",
+        f"your filters and this request would take more than the {limits.map_memory >> 20} "
+        "MiB of memory allowed",
+        "use fewer rules, stop a service, or ask the administrator to raise --max-map-memory",
+        EX_NOPERM,
+    )
 
 
 def _refuse(conn: socket.socket, what: str, why: str, hint: str, code: int = EX_DATAERR) -> None:
@@ -672,7 +724,7 @@ def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
     fds: list[int] = []
     try:
         message, fds = receive(conn, REQUEST_LIMIT, READ_SECONDS, 2)
-        if message.get("op") == "load" and _compile_apart(conn):
+        if message.get("op") == "load" and _compile_apart(conn, who, limits):
             return  # answered by the compile's own process, or for it
         answer, out = handle(message, fds, who, limits)
         try:
@@ -916,15 +968,24 @@ def _load(
     _check_quota(who, limits, extra_programs=0 if where is not None else 1)
     probe = _fresh_map_id()
     ledger = _open_ledger(who, limits)  # before confine(): written after the load
+    limited = limits.memory.watch(who.uid) if limits.memory is not None else lambda: 0
+    before = limited()
+    if limits.memory is not None and limits.memory.current(who.uid) >= limits.map_memory:
+        raise _quota_reached(limits)
     confine(tree, rules.custom is not None)
-    if where is not None:
-        from alfwrapper.wrapper import load_pinned_here  # noqa: PLC0415
+    try:
+        if where is not None:
+            from alfwrapper.wrapper import load_pinned_here  # noqa: PLC0415
 
-        loaded = load_pinned_here(rules, where, FillEnv(), label, cookies)
-    else:
-        loaded = compiler.load_program(program.plan_program(rules, label_=label), FillEnv())
-        if cookies and rules.knock:
-            compiler.set_knock_listeners(loaded.bpf, cookies)
+            loaded = load_pinned_here(rules, where, FillEnv(), label, cookies)
+        else:
+            loaded = compiler.load_program(program.plan_program(rules, label_=label), FillEnv())
+            if cookies and rules.knock:
+                compiler.set_knock_listeners(loaded.bpf, cookies)
+    except AlfError:
+        if limited() > before:  # the kernel refused an allocation over the quota
+            raise _quota_reached(limits) from None
+        raise
     maps = compiler.map_fds(loaded.bpf)
     info = syscalls.prog_info(loaded.fd)
     _check_objects(maps, loaded.fd, probe, set(_pinned_ids(where)) if where else set())
@@ -1187,9 +1248,18 @@ def main(args: argparse.Namespace) -> int:
             "/run/alfwrapper-loader/pins (--pins) after `alfwrapper loader --prepare`",
             err.exit_code,
         ) from None
+    memory = cgroups.delegated()
+    limits = dataclasses.replace(limits, memory=memory)
+    counted = (
+        f"counted by the kernel in {memory.base}/u<UID>: all a user's requests made and "
+        "the one being served"
+        if memory is not None
+        else "counted from the maps of live sockets only: a program kept by its fd after "
+        "its socket is gone is not counted (the unit's Delegate=memory needs cgroup v2)"
+    )
     print(
         f"alfwrapper loader: serving (at most {limits.programs} programs and "
-        f"{limits.map_memory >> 20} MiB of maps per user)",
+        f"{limits.map_memory >> 20} MiB of memory per user, {counted})",
         file=sys.stderr,
         flush=True,
     )

@@ -16,6 +16,7 @@ one clear line (cli).
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
@@ -25,6 +26,7 @@ from alfwrapper.rules import RULE_FILE_LIMIT, Prefix, parse_prefix, read_input
 Array = Any  # numpy arrays (typed loosely: Debian's numpy 1.24 and pip's 2.x check alike)
 
 _LOW = (1 << 64) - 1
+_PACKED = struct.Struct("<II")  # packed(): the counts of IPv4 and IPv6 rules
 
 
 class PrefixList(Sequence[Prefix]):
@@ -142,6 +144,76 @@ class PrefixList(Sequence[Prefix]):
         import numpy as np  # noqa: PLC0415
 
         return self.take(np.flatnonzero(self.family == family))
+
+    def packed(self) -> bytes:
+        """The list in the loader's compact form: counts, then per family the lengths
+        and the values (IPv4: 5 bytes a rule; IPv6: 17), zlib-compressed."""
+        import zlib  # noqa: PLC0415
+
+        import numpy as np  # noqa: PLC0415
+
+        v4, v6 = self.of_family(4), self.of_family(6)
+        parts = [
+            _PACKED.pack(len(v4), len(v6)),
+            np.ascontiguousarray(v4.length, np.uint8).tobytes(),
+            np.ascontiguousarray(v4.low, "<u4").tobytes(),
+            np.ascontiguousarray(v6.length, np.uint8).tobytes(),
+            np.ascontiguousarray(v6.high, "<u8").tobytes(),
+            np.ascontiguousarray(v6.low, "<u8").tobytes(),
+        ]
+        return zlib.compress(b"".join(parts), 1)
+
+    @classmethod
+    def unpacked(cls, data: bytes, most: int) -> PrefixList:
+        """A packed() list, checked as strictly as parse_prefix checks text (lengths
+        within the family's width, no host bits, no IPv4-mapped IPv6), of at most
+        ``most`` rules: ValueError otherwise.  Decompresses no more than that takes."""
+        import zlib  # noqa: PLC0415
+
+        import numpy as np  # noqa: PLC0415
+
+        inflate = zlib.decompressobj()
+        try:
+            head = inflate.decompress(data, _PACKED.size)
+            n4, n6 = _PACKED.unpack(head) if len(head) == _PACKED.size else (-1, -1)
+            if n4 < 0 or n4 + n6 > most:
+                raise ValueError(f"more than {most} rules, or no counts")
+            size = n4 * 5 + n6 * 17
+            body = inflate.decompress(inflate.unconsumed_tail, size) if size else b""
+        except zlib.error as err:
+            raise ValueError(f"not zlib data ({err})") from None
+        if len(body) != size or inflate.unconsumed_tail or not inflate.eof:
+            raise ValueError("the counts and the data differ in length")
+        at = 0
+
+        def column(dtype: str, count: int) -> Array:
+            nonlocal at
+            width = np.dtype(dtype).itemsize * count
+            out = np.frombuffer(body, dtype, count, at)
+            at += width
+            return out.astype(dtype.replace("<", "="))
+
+        len4, low4 = column("u1", n4), column("<u4", n4).astype(np.uint64)
+        len6, high6, low6 = column("u1", n6), column("<u8", n6), column("<u8", n6)
+        if (len4 > 32).any() or (len6 > 128).any():
+            raise ValueError("a prefix length beyond its family's width")
+        host4 = low4 & ~_mask_above(np.uint64(32) - len4.astype(np.uint64)) & np.uint64(_LOW >> 32)
+        shift = 128 - len6.astype(np.int64)
+        host6 = (high6 & ~_mask_above(np.clip(shift - 64, 0, 64))) | (
+            low6 & ~_mask_above(np.clip(shift, 0, 64))
+        )
+        if host4.any() or host6.any():
+            raise ValueError("a prefix with host bits set")
+        mapped = (high6 == 0) & ((low6 >> np.uint64(32)) == 0xFFFF) & (len6 >= 96)
+        if mapped.any():
+            raise ValueError("an IPv4-mapped IPv6 prefix (send it as IPv4)")
+        family = np.concatenate([np.full(n4, 4, np.uint8), np.full(n6, 6, np.uint8)])
+        return cls(
+            family,
+            np.concatenate([len4, len6]),
+            np.concatenate([np.zeros(n4, np.uint64), high6]),
+            np.concatenate([low4, low6]),
+        )
 
     def _digest(self) -> bytes:
         if self._key is None:

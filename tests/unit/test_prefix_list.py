@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import struct
+import zlib
 
 import pytest
 from hypothesis import given, settings
@@ -83,3 +85,50 @@ def test_prefix_list_behaves_as_a_sequence() -> None:
     assert list(listed.covering(6, v6)) == [found[1], found[3]]
     assert list(listed.covering(4, 0xC0000207)) == [found[0]]
     assert list(listed.of_family(4)) == [found[0], found[2]]
+
+
+def _prefix(family: int, value: int, length: int) -> Prefix:
+    width = 32 if family == 4 else 128
+    return Prefix(family, value >> (width - length) << (width - length), length)
+
+
+prefixes = st.one_of(
+    st.builds(_prefix, st.just(4), st.integers(0, 2**32 - 1), st.integers(0, 32)),
+    st.builds(_prefix, st.just(6), st.integers(0, 2**128 - 1), st.integers(0, 128)).filter(
+        lambda p: not (p.value >> 32 == 0xFFFF and p.length >= 96)  # mapped: IPv4 rules
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(prefixes, max_size=40))
+def test_packed_rules_come_back_as_they_went(chosen: list[Prefix]) -> None:
+    """The loader's compact form: the same set of prefixes back, IPv4 and IPv6."""
+    back = PrefixList.unpacked(PrefixList.of(chosen).packed(), 2_000_000)
+    assert sorted(map(str, back)) == sorted(map(str, chosen))
+
+
+def _packed(n4: int, n6: int, body: bytes) -> bytes:
+    return zlib.compress(struct.pack("<II", n4, n6) + body)
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (_packed(1, 0, bytes([33]) + (0).to_bytes(4, "little")), "width"),
+        (_packed(1, 0, bytes([24]) + (0xC0000205).to_bytes(4, "little")), "host bits"),
+        (_packed(0, 1, bytes([64]) + (1 << 63).to_bytes(8, "little") + (1).to_bytes(8, "little")),
+         "host bits"),  # fmt: skip
+        (_packed(0, 1, bytes([128]) + bytes(8) + (0xFFFF_C0000201).to_bytes(8, "little")),
+         "IPv4-mapped"),  # fmt: skip
+        (_packed(2, 0, bytes([32])), "differ"),  # fewer bytes than the counts say
+        (_packed(0, 0, b"\0" * 64), "differ"),  # more
+        (_packed(3_000_000, 0, b""), "more than"),
+        (zlib.compress(b"\0" * (64 << 20)), "differ"),  # a bomb: stops at what counts allow
+        (b"not zlib", "zlib"),
+        (_packed(0, 0, b"")[:-3], "differ"),
+    ],
+)
+def test_packed_rules_are_checked_like_text(data: bytes, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        PrefixList.unpacked(data, 2_000_000)
