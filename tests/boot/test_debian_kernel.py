@@ -1,14 +1,20 @@
 """The boot tier on Debian 12's own kernel: the same guest image booted by qemu with
 Debian's 6.1 (emulated, TCG: /dev/kvm here is nested PVM, which cannot boot it), the
 `.deb` installed, the echo unit as shipped serving allowed clients and dropping denied
-ones, the loader compiling and loading for an ordinary user, and a unit whose every
+ones, the loader compiling and loading for an ordinary user (and counting what
+they hold in a memory cgroup of theirs: cgroup v2, as Debian 12 boots), and a unit whose every
 start fails stopping its socket instead of being started for each waiting client.
 
 Under TCG everything is 10 to 30 times slower: a start compiles for about a minute."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from guest import Guest, a_failing_start_stops_its_socket, served_and_dropped, stop
+
+HOARD = Path(__file__).resolve().parent / "hoard.py"
 
 FIRST = "400"  # seconds for a first client: the service compiles under emulation
 ECHO = "alfwrapper-echo.service"
@@ -44,3 +50,41 @@ def test_a_slow_failing_start_stops_its_socket(guest61: Guest) -> None:
     in 10 s) never hits, and a waiting client had the service started again and again.
     The shipped limit (10 in 5 minutes) stops it."""
     a_failing_start_stops_its_socket(guest61, "5", 400)
+
+
+QUOTA = 192  # MiB: a compile (about 110 under emulation) and two programs of 33 MiB
+
+
+def test_the_loaders_quota_counts_what_a_user_holds(guest61: Guest) -> None:
+    """A user keeps each program's fd and drops its socket (hoard.py): what the
+    loader's own books count goes to zero, but the kernel charges every map to the
+    user's memory cgroup until it is freed, so the third program is refused, and
+    MemAvailable never fell by more than the quota."""
+    g = guest61
+    g.run("id alfcheck >/dev/null 2>&1 || useradd -m alfcheck")
+    g.put(HOARD, "/var/tmp/hoard.py")
+    dropin = "/etc/systemd/system/alfwrapper-loader.service.d"
+    g.run(f"mkdir -p {dropin} && printf '[Service]\\nExecStart=\\nExecStart=/usr/bin/alfwrapper "
+          f"loader --pins /run/alfwrapper-loader/pins --max-map-memory {QUOTA}\\n' "
+          f"> {dropin}/quota.conf && systemctl daemon-reload && "
+          "systemctl restart alfwrapper-loader.socket")  # fmt: skip
+    try:
+        code, out = g.status("cd / && runuser -u alfcheck -- python3 /var/tmp/hoard.py "
+                             "600000 6", timeout=1500)  # fmt: skip
+        log = g.journal("alfwrapper-loader.service")
+        assert code == 0, out + log
+        assert "counted by the kernel" in log, log
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        first, *loads = lines
+        print(f"quota {QUOTA} MiB: " + "; ".join(
+            f"{i + 1}: {'refused' if 'error' in x['answer'] else 'loaded'}, MemAvailable "
+            f"{(first['available'] - x['available']) / 1024:+.0f} MiB"
+            for i, x in enumerate(loads)))  # fmt: skip
+        refused = [x["answer"]["error"] for x in loads if "error" in x["answer"]]
+        assert refused and refused[0]["code"] == 77 and "quota" in refused[0]["what"], out
+        assert sum("error" not in x["answer"] for x in loads) >= 1, out
+        fell = max(first["available"] - x["available"] for x in loads) / 1024
+        assert fell <= QUOTA, (fell, out)
+    finally:
+        g.run(f"rm -rf {dropin}; systemctl daemon-reload; systemctl stop "
+              "alfwrapper-loader.socket alfwrapper-loader.service", check=False)  # fmt: skip

@@ -4,9 +4,11 @@ ordinary users (made here) running their own services from their own `systemd
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import pwd
+import random
 import re
 import socket
 import subprocess
@@ -428,6 +430,35 @@ def test_quota_is_enforced_and_said(
     out = as_user(own, readable_copy, "--service", "small", "--listen-datagram", "[::1]:9306",
                   "--allow", "::1", "--", "echo", "STARTED")  # fmt: skip
     assert out.returncode == 0 and "STARTED" in out.stdout, out.stderr
+
+
+def test_a_million_rules_through_the_loader(
+    network: Network, users: Callable[[str], OwnManager], readable_copy: Path, loader: Path
+) -> None:
+    """A 1,000,000-line allow file (900,000 IPv4 and 100,000 IPv6 rules) for a user's
+    service through the loader, and the same for root's: both start (the rules travel
+    packed: about 6 MiB, under the 16 MiB a request may take).  Prints both times."""
+    own = users(USER_A)
+    rules = own.config / "million"
+    rng = random.Random(24)
+    v4 = (f"{ipaddress.IPv4Address(rng.getrandbits(32))}\n" for _ in range(900_000))
+    v6 = (f"2001:db8:{i >> 16:x}:{i & 0xFFFF:x}::/64\n" for i in range(100_000))
+    rules.write_text("".join(v4) + "".join(v6))
+    os.chown(rules, own.uid, -1)
+    rules.chmod(0o644)
+    times = {}
+    for who in ("user", "root"):
+        argv = ["--service", f"million{who}", "--listen-datagram", "[::1]:9310",
+                "--allow-file", str(rules), "--", "echo", "STARTED"]  # fmt: skip
+        begin = time.monotonic()
+        if who == "user":
+            out = as_user(own, readable_copy, *argv)
+        else:
+            out = subprocess.run([*WRAPPER, *argv], capture_output=True, text=True, timeout=300)
+        times[who] = time.monotonic() - begin
+        assert out.returncode == 0 and "STARTED" in out.stdout, (who, out.stderr)
+    print(f"1,000,000 rules: start-up as a user through the loader {times['user']:.1f} s, "
+          f"as root {times['root']:.1f} s")  # fmt: skip
 
 
 def hostile_requests() -> Iterator[tuple[bytes, list[int]]]:
