@@ -129,13 +129,32 @@ def check_loader(unpriv: str | None, held_text: str) -> Check:
             "Linux 6.5), so the loader makes those too"
         )
     try:
-        loader.Broker().request({"op": "services"}, seconds=10)
+        limits, _ = loader.Broker().request({"op": "limits"}, seconds=10)
     except AlfError as err:
         return Check(False, f"{why}, so filters come from the loader: {err.why} ({err.hint})")
     return Check(
         True,
         f"loads filters through the loader ({loader.socket_path()}): {why}; your "
-        "services' pinned state is kept by the loader",
+        "services' pinned state is kept by the loader; " + loader_limits(limits),
+    )
+
+
+def loader_limits(limits: dict[str, object]) -> str:
+    """What the loader enforces, as doctor says it to a user."""
+    counted = (
+        "counted by the kernel (a memory cgroup of yours)"
+        if limits.get("counted_by_kernel")
+        else "counted from your live sockets' maps only (no delegated memory controller)"
+    )
+    confined = (
+        f"every compile is confined by Landlock (ABI {limits.get('landlock')})"
+        if limits.get("landlock")
+        else "Landlock is unavailable, so a filter of your own (--filter) is refused; the "
+        "built-in ones work (boot with lsm=...,landlock to allow it)"
+    )
+    return (
+        f"your quota: {limits.get('programs')} filtered sockets and "
+        f"{limits.get('memory_mib')} MiB of memory, {counted}; {confined}"
     )
 
 

@@ -783,6 +783,13 @@ def handle(
     tree = who.store
     if op == "services":
         return {"services": _services(tree)}, []
+    if op == "limits":  # what doctor tells a user about the loader
+        return {
+            "programs": limits.programs,
+            "memory_mib": limits.map_memory >> 20,
+            "counted_by_kernel": limits.memory is not None,
+            "landlock": syscalls.landlock_abi(),
+        }, []
     if op == "collect":
         removed = tree.gc()
         return {"removed": [[w.service, w.cookie] for w in removed]}, []

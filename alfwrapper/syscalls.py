@@ -807,6 +807,13 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
+def landlock_abi() -> int:
+    """The Landlock ABI version this kernel offers; 0 without Landlock (not built,
+    not in the boot's lsm= list, or its syscalls filtered)."""
+    abi = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, _LANDLOCK_CREATE_RULESET_VERSION)
+    return max(int(abi), 0)
+
+
 def landlock_restrict(
     writable: list[str], readable: list[str] | None = None, scope_signals: bool = False
 ) -> None:
