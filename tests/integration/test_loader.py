@@ -186,8 +186,10 @@ def test_ordinary_users_service_behind_their_own_policy(
         assert "loads filters through the loader" in out.stdout, out.stdout
         assert "compiles and loads through the loader" in out.stdout, out.stdout
         assert ("refuses even calls on fds one holds" in out.stdout) == old, out.stdout
-        # This host's cgroups are hybrid (no memory controller to delegate): said so.
-        assert "counted from your live sockets' maps only" in out.stdout, out.stdout
+        # A hybrid cgroup host has no memory controller to delegate: said so.  (The
+        # kernel's count is tested where Debian 12 boots, cgroup v2: the boot tier.)
+        if Path("/sys/fs/cgroup/unified").is_dir():
+            assert "counted from your live sockets' maps only" in out.stdout, out.stdout
         assert "every compile is confined by Landlock (ABI" in out.stdout, out.stdout
     # Its state is in the user's own tree, which belongs to the loader's user.
     tree = PINS / str(own.uid) / "app"
