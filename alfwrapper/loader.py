@@ -85,7 +85,7 @@ PENDING_PER_USER = 16  # connections of one user waiting for a worker, at most
 PENDING = 1024  # of everyone's
 BUSY_SECONDS = 60.0  # how long a client retries while the loader says it is busy
 DEFAULT_PROGRAMS = 64
-DEFAULT_MAP_MEMORY = 256 << 20
+DEFAULT_MAP_MEMORY = 1024 << 20  # a million rules: ~500 MiB while compiling
 _LENGTH = struct.Struct("!I")
 # What a user may open of a socket's pinned state (never the dispatcher).
 OPENABLE = frozenset(
