@@ -31,32 +31,34 @@ def kind(fd: int) -> str:
 
 def main(argv: list[str]) -> int:
     path = loader.socket_path()
+    fds: list[int] = []
+    request = None
+    if argv[0] != "--raw":
+        text = argv[0]
+        if text.startswith("@"):  # a request too long for a command line
+            with open(text[1:], encoding="utf-8") as f:  # noqa: PTH123
+                text = f.read()
+        request = json.loads(text)
+        if "--socket" in argv:
+            kind_ = socket.SOCK_STREAM if argv[argv.index("--socket") + 1] == "tcp" else (
+                socket.SOCK_DGRAM)  # fmt: skip
+            sock = socket.socket(socket.AF_INET6, kind_)
+            sock.bind(("::1", 0))
+            fds = [sock.fileno()]
+        if "--pins" in argv:  # before connecting: a connection idle for 10 s is closed
+            broker = loader.Broker(path)
+            for pin in argv[argv.index("--pins") + 1].split(","):
+                service, cookie, name = pin.split(":")
+                fds.append(broker.open_pin(broker.state(service, int(cookie)), name))
+        if "--file" in argv:
+            fds.append(os.open(argv[argv.index("--file") + 1], os.O_RDONLY))
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(60)
         loader.connect(conn, path)
-        if argv[0] == "--raw":
+        if request is None:
             conn.sendall(bytes.fromhex(argv[1]))
             conn.shutdown(socket.SHUT_WR)
         else:
-            text = argv[0]
-            if text.startswith("@"):  # a request too long for a command line
-                with open(text[1:], encoding="utf-8") as f:  # noqa: PTH123
-                    text = f.read()
-            request = json.loads(text)
-            fds = []
-            if "--socket" in argv:
-                kind_ = socket.SOCK_STREAM if argv[argv.index("--socket") + 1] == "tcp" else (
-                    socket.SOCK_DGRAM)  # fmt: skip
-                sock = socket.socket(socket.AF_INET6, kind_)
-                sock.bind(("::1", 0))
-                fds = [sock.fileno()]
-            if "--pins" in argv:
-                broker = loader.Broker(path)
-                for pin in argv[argv.index("--pins") + 1].split(","):
-                    service, cookie, name = pin.split(":")
-                    fds.append(broker.open_pin(broker.state(service, int(cookie)), name))
-            if "--file" in argv:
-                fds.append(os.open(argv[argv.index("--file") + 1], os.O_RDONLY))
             loader.send(conn, request, fds)
         try:
             answer, got = loader.receive(conn, loader.REQUEST_LIMIT, 60, 8)
