@@ -168,7 +168,10 @@ def receive(
             body += chunk
         if len(body) > length:
             raise _bad("more bytes than its length says")
-        message = json.loads(bytes(body))
+        try:
+            message = json.loads(bytes(body))
+        except RecursionError:  # "[[[[..." : Python's decoder recurses per level
+            raise _bad("it nests too deeply") from None
         if not isinstance(message, dict):
             raise _bad("it is not a JSON object")
         return message, fds

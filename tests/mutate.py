@@ -944,6 +944,13 @@ MUTATIONS += [
         ("tests/integration/test_loader.py::test_one_users_flood_never_keeps_another_waiting",),
     ),
     Mutation(
+        "loader-deep-json-internal-error",
+        "alfwrapper/loader.py",
+        "        except RecursionError:  # \"[[[[...\" : Python's decoder recurses per level",
+        "        except ZeroDivisionError:  # \"[[[[...\" : Python's decoder recurses per level",
+        ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
+    ),
+    Mutation(
         "gc-removes-starting-knock-state",
         "alfwrapper/state.py",
         '                if knock.name in kept_knock or "*" in kept_knock:',

@@ -4,6 +4,7 @@ ordinary users (made here) running their own services from their own `systemd
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import os
@@ -13,6 +14,7 @@ import re
 import socket
 import subprocess
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -491,6 +493,10 @@ def hostile_requests() -> Iterator[tuple[bytes, list[int]]]:
     yield framed({"op": "load", "label": "a_t1", "rules": {"log_rate": 10**9}}), []
     yield framed({"op": "load", "label": "a_t1", "rules": {"interfaces": ["lo"]}}), []
     yield framed({"op": "load", "label": "a_t1", "rules": {}}), []  # no socket
+    yield frame(200_000) + b"[" * 200_000, []  # deeper than Python's decoder recurses
+    yield framed({"op": "load", "label": "a_t1", "rules": {"allow": {"packed": "!!"}}}), []
+    junk = base64.b64encode(zlib.compress(b"hello")).decode()  # zlib, but not rules
+    yield framed({"op": "load", "label": "a_t1", "rules": {"allow": {"packed": junk}}}), []
     r, w = os.pipe()
     yield framed({"op": "find", "service": "x"}), [r]  # not a socket
     os.close(r)
@@ -621,6 +627,7 @@ def test_hostile_requests_leave_the_loader_serving(
                 answers["closed"] = answers.get("closed", 0) + 1
         assert time.monotonic() - begin < 240, "the loader stopped answering"
     assert answers.get("ok", 0) == 0, answers  # none of them got anything
+    assert "internal error" not in loader.read_text(), loader.read_text()[-2000:]
     # Meanwhile and after, another user is served at once, by the same loader.
     begin = time.monotonic()
     assert raw(own, readable_copy, {"op": "services"})["answer"] == {"services": []}
