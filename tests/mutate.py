@@ -560,7 +560,7 @@ MUTATIONS += [
     Mutation(
         "state-owned-by-another-user",
         "alfwrapper/state.py",
-        "    uid, gid = owner()\n    if create:",
+        "    uid, gid = owner(path)\n    if create:",
         "    uid, gid = 0, 0\n    if create:",
         ("tests/integration/test_live.py::test_pins_are_out_of_reach_of_the_application",),
     ),
@@ -647,8 +647,8 @@ MUTATIONS += [
     Mutation(
         "loader-unconfined-compile",
         "alfwrapper/loader.py",
-        "    if rules.custom:\n        confine(tree)\n",
-        "    if False:\n        confine(tree)\n",
+        "    confine(tree, rules.custom is not None)\n",
+        "    pass\n",
         (
             "tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",
             "tests/integration/test_loader.py::test_maps_older_than_the_request_are_refused",
