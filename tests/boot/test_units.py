@@ -26,14 +26,16 @@ from guest import (
 )
 
 # The exposure systemd-analyze security gave each unit before this tier existed: none
-# may get worse.
+# may get worse.  One deliberate exception: the loader went from 1.6 to 1.8 for
+# Delegate=memory and ProtectControlGroups=no, which kernel-counted per-user quotas
+# need (its cgroup subtree is the only part of /sys/fs/cgroup its user owns).
 EXPOSURE = {
     "alfwrapper-echo.service": 2.3,
     "alfwrapper-echo-accept@.service": 2.3,
     "alfwrapper-multi.service": 2.3,
     "alfwrapper-proxy.service": 2.3,
     "alfwrapper@.service": 2.3,
-    "alfwrapper-loader.service": 1.6,
+    "alfwrapper-loader.service": 1.8,
     "alfwrapper-metrics.service": 2.2,
     "alfwrapper-tftp.service": 5.5,
     "alfwrapper-git@.service": 4.1,
