@@ -98,11 +98,7 @@ _NEED_CAP = (
 
 def _permission_error(what: str, details: str, plan: ProgramPlan | None = None) -> AlfError:
     hint = _NEED_CAP
-    try:
-        with open("/proc/sys/kernel/unprivileged_bpf_disabled", encoding="ascii") as f:
-            unprivileged_allowed = f.read().strip() == "0"
-    except OSError:
-        unprivileged_allowed = False
+    unprivileged_allowed = syscalls.unprivileged_bpf_disabled() == 0
     if unprivileged_allowed and plan is not None and plan.rules.knock:
         hint = (
             "knocking needs CAP_BPF even where unprivileged BPF is allowed (its LRU map "

@@ -17,11 +17,9 @@ from pathlib import Path
 
 from alfwrapper import kernel_headers, syscalls
 from alfwrapper.errors import EX_UNAVAILABLE, LIBRARIES, AlfError
+from alfwrapper.privileges import CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN
 from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
 
-CAP_NET_ADMIN = 12
-CAP_SYS_ADMIN = 21
-CAP_BPF = 39
 MIN_KERNEL = (5, 6)  # BPF_MAP_UPDATE_BATCH; bpf_skb_load_bytes_relative is 4.18
 
 
@@ -86,7 +84,8 @@ def check_jit() -> Check:
 
 def check_privilege() -> Check:
     """Which way this user's filters get loaded, and whether that way works."""
-    unpriv = _read("/proc/sys/kernel/unprivileged_bpf_disabled")
+    setting = syscalls.unprivileged_bpf_disabled()
+    unpriv = None if setting is None else str(setting)
     caps = effective_capabilities(_read("/proc/self/status") or "")
     held = [
         name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 # sysexits.h
-EX_OK = 0
 EX_USAGE = 64
 EX_DATAERR = 65
 EX_NOINPUT = 66

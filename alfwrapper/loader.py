@@ -495,7 +495,7 @@ def needed() -> bool:
 
     if effective() & ((1 << CAP_BPF) | (1 << CAP_SYS_ADMIN)):
         return False
-    return unprivileged_bpf_disabled() != 0
+    return syscalls.unprivileged_bpf_disabled() != 0  # unknown: as the strict setting
 
 
 def use_if_needed() -> bool:
@@ -506,14 +506,6 @@ def use_if_needed() -> bool:
     state.use_store(broker)
     syscalls.use_fd_proxy(broker.fd_call)
     return True
-
-
-def unprivileged_bpf_disabled() -> int:
-    try:
-        with open("/proc/sys/kernel/unprivileged_bpf_disabled", encoding="ascii") as f:  # noqa: PTH123
-            return int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return 2  # unknown: assume the strict setting
 
 
 # -- the server ---------------------------------------------------------------------

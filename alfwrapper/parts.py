@@ -288,10 +288,6 @@ class Filter(Part):
 PARTS: tuple[Part, ...] = (Interfaces(), Runtime(), Subnets(), Knocking(), Filter())
 
 
-def part(name: str) -> Part:
-    return next(p for p in PARTS if p.name == name)
-
-
 # -- filling maps ------------------------------------------------------------------
 
 

@@ -144,9 +144,6 @@ def parse_ports(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-_V4_MAPPED = 0xFFFF << 32
-
-
 def parse_prefix(text: str) -> Prefix:
     """Parse ``ADDR`` or ``ADDR/LEN`` (IPv4 or IPv6) into a Prefix.
 

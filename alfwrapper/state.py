@@ -286,12 +286,8 @@ class SocketState:
     def path(self, name: str) -> str:
         return str(self.dir / name)
 
-    def knock_dir(self, key: str) -> Path:
-        return self.service_dir / f"knock-{key}"
 
-
-def socket_cookie(sock: socket.socket) -> int:
-    return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, 57, 8), "little")
+socket_cookie = attach.socket_cookie
 
 
 def socket_netns_cookie(sock: socket.socket) -> int:

@@ -807,6 +807,16 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
+def unprivileged_bpf_disabled() -> int | None:
+    """kernel.unprivileged_bpf_disabled (0: anyone may load; 1 or 2: CAP_BPF only);
+    None when it cannot be read."""
+    try:
+        with open("/proc/sys/kernel/unprivileged_bpf_disabled", "rb") as f:  # noqa: PTH123
+            return int(f.read().strip() or b"0")
+    except (OSError, ValueError):
+        return None
+
+
 def landlock_abi() -> int:
     """The Landlock ABI version this kernel offers; 0 without Landlock (not built,
     not in the boot's lsm= list, or its syscalls filtered)."""
