@@ -19,7 +19,16 @@ from typing import Any, NoReturn
 
 from alfwrapper import __version__, activation, doctor, knocking, privileges, state, wrapper
 from alfwrapper.errors import EX_CONFIG, EX_SOFTWARE, EX_USAGE, AlfError, excerpt, missing_library
-from alfwrapper.policy import KEYS, Entry, Policy, build_policy, cli_entry, read_policy, split_scope
+from alfwrapper.policy import (
+    KEYS,
+    Entry,
+    Policy,
+    accepted,
+    build_policy,
+    cli_entry,
+    read_policy,
+    split_scope,
+)
 from alfwrapper.rules import ListenSpec, parse_listen, parse_ports
 
 USAGE = """\
@@ -618,10 +627,12 @@ def knock_main(argv: Sequence[str]) -> int:
         raise AlfError(
             "knock", f"port {args.port} is out of range", "ports are 1 to 65535", EX_USAGE
         )
-    if not 5 <= args.window <= 3600 or not 1 <= args.steps <= 8:
+    window, steps = accepted("knock-window"), accepted("knock-steps")
+    if not window[0] <= args.window <= window[1] or not steps[0] <= args.steps <= steps[1]:
         raise AlfError(
             "knock",
-            "--window must be 5 to 3600 and --steps 1 to 8",
+            f"--window must be {window[0]:g} to {window[1]:g} and --steps {steps[0]:g} to "
+            f"{steps[1]:g}",
             "use the server's --knock-window and --knock-steps",
             EX_USAGE,
         )

@@ -276,6 +276,8 @@ def _prefixes(d: dict[str, Any], key: str) -> Sequence[Prefix]:
 
 def decode_rules(d: Any) -> SocketRules:
     """The rules of a request, checked as strictly as the command line checks them."""
+    from alfwrapper.policy import accepted  # noqa: PLC0415
+
     if not isinstance(d, dict):
         raise _bad("'rules' must be an object")
     allowed = {"allow", "deny", "log_rate", "interfaces", "knock", "filter"}
@@ -291,7 +293,8 @@ def decode_rules(d: Any) -> SocketRules:
             "use subnet rules, or run the service with CAP_BPF",
             EX_USAGE,
         )
-    log_rate = _number(d, "log_rate", int, 0, 100_000) if "log_rate" in d else 0
+    # 0 is "no log"; the highest is the command line's.
+    log_rate = _number(d, "log_rate", int, 0, accepted("log-drops")[1]) if "log_rate" in d else 0
     knock = None
     if "knock" in d:
         k = _field(d, "knock", dict)
@@ -307,11 +310,11 @@ def decode_rules(d: Any) -> SocketRules:
         knock = KnockRules(
             ports=tuple(ports),
             secret=secret,
-            steps=_number(k, "steps", int, 1, 8),
-            timeout=_number(k, "timeout", float, 0.2, 3600),
-            open_for=_number(k, "open_for", float, 1, 86400),
-            window=_number(k, "window", int, 5, 3600),
-            sources=_number(k, "sources", int, 1024, 1 << 24),
+            steps=_number(k, "steps", int, *accepted("knock-steps")),
+            timeout=_number(k, "timeout", float, *accepted("knock-timeout")),
+            open_for=_number(k, "open_for", float, *accepted("knock-open-for")),
+            window=_number(k, "window", int, *accepted("knock-window")),
+            sources=_number(k, "sources", int, *accepted("knock-sources")),
         )
     custom = None
     if "filter" in d:

@@ -110,6 +110,15 @@ KEYS: dict[str, Key] = {
     ),
 }
 KNOCK_DEFAULTS = KnockRules()
+
+
+def accepted(key: str) -> tuple[float, float]:
+    """The values setting ``key`` takes, from the least that works to its highest: the
+    one statement of these limits (the loader and `alfwrapper knock` check by it)."""
+    spec = KEYS[key]
+    return max(spec.low, spec.least), spec.high
+
+
 _SETTING_FIELDS = {
     "knock-timeout": "timeout",
     "knock-open-for": "open_for",
