@@ -946,8 +946,8 @@ MUTATIONS += [
     Mutation(
         "loader-deep-json-internal-error",
         "alfwrapper/loader.py",
-        "        except RecursionError:  # \"[[[[...\" : Python's decoder recurses per level",
-        "        except ZeroDivisionError:  # \"[[[[...\" : Python's decoder recurses per level",
+        '        except RecursionError:  # "[[[[..." : Python\'s decoder recurses per level',
+        '        except ZeroDivisionError:  # "[[[[..." : Python\'s decoder recurses per level',
         ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
     ),
     Mutation(

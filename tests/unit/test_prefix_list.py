@@ -117,10 +117,16 @@ def _packed(n4: int, n6: int, body: bytes) -> bytes:
     [
         (_packed(1, 0, bytes([33]) + (0).to_bytes(4, "little")), "width"),
         (_packed(1, 0, bytes([24]) + (0xC0000205).to_bytes(4, "little")), "host bits"),
-        (_packed(0, 1, bytes([64]) + (1 << 63).to_bytes(8, "little") + (1).to_bytes(8, "little")),
-         "host bits"),  # fmt: skip
-        (_packed(0, 1, bytes([128]) + bytes(8) + (0xFFFF_C0000201).to_bytes(8, "little")),
-         "IPv4-mapped"),  # fmt: skip
+        (
+            _packed(
+                0, 1, bytes([64]) + (1 << 63).to_bytes(8, "little") + (1).to_bytes(8, "little")
+            ),
+            "host bits",
+        ),  # fmt: skip
+        (
+            _packed(0, 1, bytes([128]) + bytes(8) + (0xFFFF_C0000201).to_bytes(8, "little")),
+            "IPv4-mapped",
+        ),  # fmt: skip
         (_packed(2, 0, bytes([32])), "differ"),  # fewer bytes than the counts say
         (_packed(0, 0, b"\0" * 64), "differ"),  # more
         (_packed(3_000_000, 0, b""), "more than"),
