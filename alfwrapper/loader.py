@@ -97,12 +97,16 @@ OPENABLE = frozenset(
 )
 # The map types the built-in filters use (BPF_MAP_TYPE_*): hash, array,
 # prog array, percpu array, LRU hash, LPM trie, ring buffer.
-MAP_TYPES = frozenset({1, 2, 3, 6, 9, 11, 27})
+MAP_TYPES = frozenset({
+    syscalls.BPF_MAP_TYPE_HASH, syscalls.BPF_MAP_TYPE_ARRAY, syscalls.BPF_MAP_TYPE_PROG_ARRAY,
+    syscalls.BPF_MAP_TYPE_PERCPU_ARRAY, syscalls.BPF_MAP_TYPE_LRU_HASH,
+    syscalls.BPF_MAP_TYPE_LPM_TRIE, syscalls.BPF_MAP_TYPE_RINGBUF,
+})  # fmt: skip
 # Those whose values are data (not fds: a program array's value, written, names an
 # fd of whoever makes the call): the ones an "fd" request may write.
-DATA_MAP_TYPES = frozenset({1, 2, 6, 9, 11})
-PROG_ARRAY = 3
-PROG_TYPE_SOCKET_FILTER = 1
+DATA_MAP_TYPES = MAP_TYPES - {syscalls.BPF_MAP_TYPE_PROG_ARRAY, syscalls.BPF_MAP_TYPE_RINGBUF}
+PROG_ARRAY = syscalls.BPF_MAP_TYPE_PROG_ARRAY
+PROG_TYPE_SOCKET_FILTER = syscalls.BPF_PROG_TYPE_SOCKET_FILTER
 FD_VALUE_LIMIT = 1 << 16  # bytes of a key or value, and most ints, in an "fd" request
 _LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,9}$")  # program.label()
 
@@ -1006,7 +1010,7 @@ def _load(
 def _fresh_map_id() -> int:
     """The id the kernel gives a map made now: every map made by this request is
     newer, and any older one was opened, not made."""
-    fd = syscalls.map_create(2, "alf_probe", 4, 4, 1)
+    fd = syscalls.map_create(syscalls.BPF_MAP_TYPE_ARRAY, "alf_probe", 4, 4, 1)
     try:
         return syscalls.map_info_id(fd)
     finally:

@@ -265,8 +265,14 @@ def fd_memlock(fd: int) -> int:
     raise OSError(errno.ENODATA, f"fd {fd} has no memlock in its fdinfo")
 
 
+# enum bpf_map_type (uapi/linux/bpf.h): the types alfwrapper's filters use.
+BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_ARRAY = 2
 BPF_MAP_TYPE_PROG_ARRAY = 3
+BPF_MAP_TYPE_PERCPU_ARRAY = 6
+BPF_MAP_TYPE_LRU_HASH = 9
+BPF_MAP_TYPE_LPM_TRIE = 11
+BPF_MAP_TYPE_RINGBUF = 27
 BPF_PROG_TYPE_SOCKET_FILTER = 1
 _BPF_FUNC_TAIL_CALL = 12
 
