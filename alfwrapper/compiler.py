@@ -65,10 +65,7 @@ def _output_to(sink: list[str]) -> Iterator[None]:
 
 def _flush_c_stdio() -> None:
     """fflush(NULL): C stdio's buffers (libbcc's std::cout goes through them)."""
-    try:
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):
-        pass
+    syscalls.flush_c_stdio()
 
 
 @contextmanager
@@ -278,11 +275,8 @@ def _return_freed_memory() -> None:
     """Give freed heap back to the system (glibc's malloc_trim(3)): before compiling,
     what parsing a big rule file freed (about 35 MiB at a million rules); after, what
     LLVM freed (about 40 MiB), before the maps are filled.  Both would otherwise add
-    to the peak RSS.  No library wraps this one call; ctypes does it."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to give back this way
-        pass
+    to the peak RSS."""
+    syscalls.malloc_trim()
 
 
 def name_maps(bpf: Any, label: str, pinned: set[str]) -> None:

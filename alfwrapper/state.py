@@ -113,7 +113,7 @@ def owner(path: Path | None = None) -> tuple[int, int]:
 
 def check_bpffs(where: Path = BPFFS) -> None:
     try:
-        magic = _statfs_magic(str(where))
+        magic = syscalls.statfs_type(str(where))
     except OSError as err:
         raise _fail(f"{where}", err) from None
     if magic != BPF_FS_MAGIC:
@@ -128,20 +128,9 @@ def check_bpffs(where: Path = BPFFS) -> None:
 def hidden(path: Path) -> bool:
     """Is ``path`` covered by a tmpfs (the loader's unit hides root's tree so)?"""
     try:
-        return _statfs_magic(str(path)) == TMPFS_MAGIC
+        return syscalls.statfs_type(str(path)) == TMPFS_MAGIC
     except OSError:
         return False
-
-
-def _statfs_magic(path: str) -> int:
-    import ctypes  # noqa: PLC0415
-
-    buf = ctypes.create_string_buffer(120)  # struct statfs; f_type is its first word
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.statfs(path.encode(), buf) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return int.from_bytes(buf.raw[:8], "little") & 0xFFFFFFFF
 
 
 def trusted_dir(path: Path, create: bool) -> None:

@@ -1,7 +1,8 @@
 """What Python lacks for the kernel: libbpf's test runs and map calls, capset(2), prctl(2),
 Landlock.
 
-The only module with ctypes.  BPF goes through libbpf (libbpf.so.1, Debian's
+The only module that calls C libraries through ctypes (BCC's tables take
+ctypes values elsewhere, as its Python API asks).  BPF goes through libbpf (libbpf.so.1, Debian's
 libbpf1), never a hand-made bpf(2) call: bpf_prog_test_run_opts and the map
 element calls, which the wrapper needs without BCC (the interface watcher
 is a small process that never loads BCC).  capset(2) and prctl(2) go through
@@ -811,6 +812,31 @@ _LANDLOCK_SCOPE_SIGNAL = 1 << 1  # ABI 6
 class _PathBeneath(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def statfs_type(path: str) -> int:
+    """statfs(2)'s f_type (a file system's magic number), which os.statvfs lacks."""
+    buf = ctypes.create_string_buffer(120)  # struct statfs; f_type is its first word
+    if _libc.statfs(path.encode(), buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return int.from_bytes(buf.raw[:8], "little") & 0xFFFFFFFF
+
+
+def flush_c_stdio() -> None:
+    """fflush(NULL): C stdio's buffers (libbcc's std::cout goes through them)."""
+    try:
+        _libc.fflush(None)
+    except AttributeError:
+        pass
+
+
+def malloc_trim() -> None:
+    """Give freed heap back to the system (glibc's malloc_trim(3)); no library wraps it."""
+    try:
+        _libc.malloc_trim(0)
+    except AttributeError:  # not glibc: nothing to give back this way
+        pass
 
 
 def unprivileged_bpf_disabled() -> int | None:
