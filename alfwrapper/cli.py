@@ -33,10 +33,7 @@ from alfwrapper.rules import ListenSpec, parse_listen, parse_ports
 
 USAGE = """\
 alfwrapper [--policy NAME|PATH] [RULE OPTIONS] [--listen ADDR:PORT [--name NAME]] -- COMMAND...
-       alfwrapper check [--policy NAME|PATH] [RULE OPTIONS] [--strict] [--json] [--print-filter]
-       alfwrapper explain [--policy NAME|PATH] [RULE OPTIONS] --from ADDR [--socket NAME] ...
-       alfwrapper doctor
-       alfwrapper knock HOST PORT (--sequence P,P,P | --secret FILE)"""
+       alfwrapper SUBCOMMAND ...    (the subcommands are listed below; each has --help)"""
 
 
 class _Formatter(argparse.HelpFormatter):

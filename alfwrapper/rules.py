@@ -1,7 +1,10 @@
 """Parse what the user asked for (listen addresses, CIDRs, rule files) into frozen data.
 
-Pure Python: no kernel, no sockets opened.  Every parser raises ``ValueError``
-with a message fit for a user; callers add where the input came from.
+Pure Python: no kernel, no sockets opened.  The parsers of one value
+(parse_prefix, parse_listen, parse_ports, ...) raise ``ValueError`` with a
+message fit for a user, and callers add where the input came from; the readers
+of files and standard input (read_input, read_text_input) raise ``AlfError``,
+which names the file.
 """
 
 from __future__ import annotations
