@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from alfwrapper import compiler, interfaces, program
 from alfwrapper.errors import EX_USAGE, AlfError, excerpt
-from alfwrapper.parts import FillEnv
+from alfwrapper.parts import BY_REASON, Dropped, FillEnv
 from alfwrapper.policy import Policy, RuleSource
 from alfwrapper.prefix_list import PrefixList
 from alfwrapper.rules import ListenSpec, Prefix, SocketRules, parse_prefix
@@ -108,20 +108,9 @@ def describe(
         if rules.subnets.deny:
             return f"{addr} matches no deny rule"
         return ""
-    if part == "subnets":
-        if denies:
-            return f"{addr} matches deny {denies[0][0]} ({denies[0][1]})"
-        return f"{addr} matches no allow rule ({len(rules.subnets.allow)} allow rules)"
-    if part == "interfaces":
-        allowed = ", ".join(rules.interfaces)
-        if not ingress:
-            return f"no --interface given, and only {allowed} may pass"
-        return f"arrived on {ingress}, not one of {allowed}"
-    if part == "knocking":
-        return f"{addr} has not knocked"
-    if part == "filter":
-        assert rules.custom is not None
-        return f"{rules.custom.path} returned 0"
+    if part in BY_REASON:
+        deny = f"{denies[0][0]} ({denies[0][1]})" if denies else ""
+        return BY_REASON[part].why(rules, Dropped(addr, ingress, deny))
     return "not an IPv4 or IPv6 packet alfwrapper can read"
 
 

@@ -11,7 +11,8 @@ them, in the order of PARTS).  A part says:
 - ``condition``: the C expression that passes a packet, given ``skb`` and the
   parsed ``pkt`` (common.h);
 - ``fill(bpf, plan, env)``: how its maps are filled once loaded;
-- ``name``: its drop reason, counted per socket and reported by `explain`.
+- ``reason``: the drop counter it adds to, per socket;
+- ``why(rules, packet)``: what `explain` says when it dropped a packet.
 
 Adding a part means adding one class here and one file in filters/.
 """
@@ -100,6 +101,17 @@ def c_struct(name: str, fields: Sequence[tuple[str, str]]) -> tuple[str, struct.
 SUBNET_KEY_C, SUBNET_KEY = c_struct("subnet_key", KEY_FIELDS)
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """A packet `explain` saw dropped: its source address as written, the interface it
+    arrived on ("" if not given), and the longest deny rule covering it, with where
+    that rule is written ("" if none)."""
+
+    addr: str
+    ingress: str
+    deny: str = ""
+
+
 class Part:
     name = ""
     reason = ""  # the counter a drop by this part goes to: one of REASONS
@@ -114,6 +126,10 @@ class Part:
 
     def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         pass
+
+    def why(self, rules: SocketRules, packet: Dropped) -> str:
+        """What `explain` says when this part dropped the packet."""
+        return ""
 
 
 class Interfaces(Part):
@@ -131,6 +147,12 @@ class Interfaces(Part):
 
     def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         set_interfaces(bpf, {i: n for i, n in env.interfaces.items() if n in rules.interfaces})
+
+    def why(self, rules: SocketRules, packet: Dropped) -> str:
+        allowed = ", ".join(rules.interfaces)
+        if not packet.ingress:
+            return f"no --interface given, and only {allowed} may pass"
+        return f"arrived on {packet.ingress}, not one of {allowed}"
 
 
 RUNTIME_ALLOW, RUNTIME_DENY = 1, 2
@@ -215,6 +237,11 @@ class Subnets(Part):
             keys, values = encode_nodes(table, SUBNET_KEY)
             update_batch(bpf[b"subnet_nodes"], keys, values, len(table.nodes), "subnet_nodes")
 
+    def why(self, rules: SocketRules, packet: Dropped) -> str:
+        if packet.deny:
+            return f"{packet.addr} matches deny {packet.deny}"
+        return f"{packet.addr} matches no allow rule ({len(rules.subnets.allow)} allow rules)"
+
 
 def knock_key(rules: SocketRules) -> str:
     """Names the knock state of sockets with these knock rules: same rules, same state."""
@@ -267,6 +294,9 @@ class Knocking(Part):
             bpf[b"knock_ports"], u32s(range(len(ports))), u32s(ports), len(ports), "knock_ports"
         )
 
+    def why(self, rules: SocketRules, packet: Dropped) -> str:
+        return f"{packet.addr} has not knocked"
+
 
 class Filter(Part):
     """A developer's own filter; its verdict (a length to keep, or 0) is final."""
@@ -284,8 +314,13 @@ class Filter(Part):
     def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         apply_settings(bpf, rules, env.ifindex_of)
 
+    def why(self, rules: SocketRules, packet: Dropped) -> str:
+        return f"{rules.custom.path} returned 0" if rules.custom else "the filter returned 0"
+
 
 PARTS: tuple[Part, ...] = (Interfaces(), Runtime(), Subnets(), Knocking(), Filter())
+# The part each drop counter stands for (Runtime's drops count as the subnets part's).
+BY_REASON: dict[str, Part] = {p.reason: p for p in PARTS if p.name == p.reason}
 
 
 # -- filling maps ------------------------------------------------------------------
