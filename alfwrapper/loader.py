@@ -53,7 +53,7 @@ import stat
 import struct
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -782,66 +782,114 @@ def _where(message: dict[str, Any], who: Caller) -> state.SocketState:
     return where
 
 
-def handle(
-    message: dict[str, Any], fds: list[int], who: Caller, limits: Limits
-) -> tuple[dict[str, Any], list[int]]:
+Answer = tuple[dict[str, Any], list[int]]
+Op = Callable[[dict[str, Any], list[int], Caller, Limits], Answer]
+OPS: dict[str, Op] = {}  # every request the loader takes, by its "op"
+
+
+def _op(name: str) -> Callable[[Op], Op]:
+    def register(serve: Op) -> Op:
+        OPS[name] = serve
+        return serve
+
+    return register
+
+
+def handle(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
     op = message.get("op")
-    tree = who.store
-    if op == "services":
-        return {"services": _services(tree)}, []
-    if op == "limits":  # what doctor tells a user about the loader
-        return {
-            "programs": limits.programs,
-            "memory_mib": limits.map_memory >> 20,
-            "counted_by_kernel": limits.memory is not None,
-            "landlock": syscalls.landlock_abi(),
-        }, []
-    if op == "collect":
-        removed = tree.gc()
-        return {"removed": [[w.service, w.cookie] for w in removed]}, []
-    if op == "sockets":
-        service = state.check_service(_field(message, "service", str))
-        if service not in _services(tree):
-            _no_service(service)
-        return {"cookies": [w.cookie for w in tree.sockets_of(service)]}, []
-    if op == "pins":
-        where = _where(message, who)
-        return {"pins": sorted(p.name for p in where.dir.iterdir())}, []
-    if op == "open":
-        where = _where(message, who)
-        name = _field(message, "name", str)
-        if name not in OPENABLE:
-            raise _bad(f"{name!r} cannot be opened (only {', '.join(sorted(OPENABLE))})")
-        return {}, [tree.open_pin(where, name)]
-    if op == "remove":
-        tree.remove(_where(message, who))
-        return {}, []
-    if op == "check":
-        return {"problem": tree.check_pins(_where(message, who))}, []
-    if op == "attach":  # the pinned dispatcher onto the socket it was made for
-        where = _where(message, who)
-        with _socket_of(fds) as sock:
-            if state.socket_cookie(sock) != where.cookie:
-                raise _bad("that socket is not the one this state was made for")
-            tree.attach_pinned(where, sock)
-        return {}, []
-    if op in ("find", "create"):
-        service = state.check_service(_field(message, "service", str))
-        with _socket_of(fds) as sock:
-            if op == "find":
-                tree.root(create=True)
-                found = tree.find(service, sock)
-                return {"found": found is not None, "cookie": state.socket_cookie(sock)}, []
-            tree.gc()
-            _check_quota(who, limits, extra_programs=1)
-            label = _label(message)
-            where, dispatch = tree.create(service, sock, label, who.pid)
-            return {"cookie": where.cookie}, [dispatch]
-    if op == "load":
-        return _load(message, fds, who, limits)
-    if op == "fd":
-        return fd_call(message, fds), []
-    raise _bad(f"unknown op {op!r}")
+    if not isinstance(op, str) or op not in OPS:
+        raise _bad(f"unknown op {op!r}")
+    return OPS[op](message, fds, who, limits)
+
+
+@_op("services")
+def _list_services(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    return {"services": _services(who.store)}, []
+
+
+@_op("limits")  # what doctor tells a user about the loader
+def _limits(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    return {
+        "programs": limits.programs,
+        "memory_mib": limits.map_memory >> 20,
+        "counted_by_kernel": limits.memory is not None,
+        "landlock": syscalls.landlock_abi(),
+    }, []
+
+
+@_op("collect")
+def _collect(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    removed = who.store.gc()
+    return {"removed": [[w.service, w.cookie] for w in removed]}, []
+
+
+@_op("sockets")
+def _sockets(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    service = state.check_service(_field(message, "service", str))
+    if service not in _services(who.store):
+        _no_service(service)
+    return {"cookies": [w.cookie for w in who.store.sockets_of(service)]}, []
+
+
+@_op("pins")
+def _pins(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    where = _where(message, who)
+    return {"pins": sorted(p.name for p in where.dir.iterdir())}, []
+
+
+@_op("open")
+def _open(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    where = _where(message, who)
+    name = _field(message, "name", str)
+    if name not in OPENABLE:
+        raise _bad(f"{name!r} cannot be opened (only {', '.join(sorted(OPENABLE))})")
+    return {}, [who.store.open_pin(where, name)]
+
+
+@_op("remove")
+def _remove(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    who.store.remove(_where(message, who))
+    return {}, []
+
+
+@_op("check")
+def _check(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    return {"problem": who.store.check_pins(_where(message, who))}, []
+
+
+@_op("attach")  # the pinned dispatcher onto the socket it was made for
+def _attach(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    where = _where(message, who)
+    with _socket_of(fds) as sock:
+        if state.socket_cookie(sock) != where.cookie:
+            raise _bad("that socket is not the one this state was made for")
+        who.store.attach_pinned(where, sock)
+    return {}, []
+
+
+@_op("find")
+def _find(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    service = state.check_service(_field(message, "service", str))
+    with _socket_of(fds) as sock:
+        who.store.root(create=True)
+        found = who.store.find(service, sock)
+        return {"found": found is not None, "cookie": state.socket_cookie(sock)}, []
+
+
+@_op("create")
+def _create(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    service = state.check_service(_field(message, "service", str))
+    with _socket_of(fds) as sock:
+        who.store.gc()
+        _check_quota(who, limits, extra_programs=1)
+        label = _label(message)
+        where, dispatch = who.store.create(service, sock, label, who.pid)
+        return {"cookie": where.cookie}, [dispatch]
+
+
+@_op("fd")
+def _fd(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    return fd_call(message, fds), []
 
 
 # -- calls on fds the user holds, for kernels before 6.5 --------------------------------
@@ -957,9 +1005,8 @@ def _label(message: dict[str, Any]) -> str:
     return str(label)
 
 
-def _load(
-    message: dict[str, Any], fds: list[int], who: Caller, limits: Limits
-) -> tuple[dict[str, Any], list[int]]:
+@_op("load")
+def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
     from alfwrapper import compiler, program  # noqa: PLC0415  (BCC in this child only)
     from alfwrapper.parts import FillEnv  # noqa: PLC0415
 
