@@ -9,7 +9,7 @@ UNITDIR ?= $(PREFIX)/lib/systemd/system
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DEB := dist/alfwrapper_$(VERSION)_all.deb
 
-.PHONY: setup venv run test lint unit integration clean install uninstall deb bench mutate completion
+.PHONY: setup venv run test lint unit test-fast integration clean install uninstall deb bench mutate completion
 
 setup:
 	@./scripts/setup-host.sh
@@ -49,6 +49,11 @@ mutate: setup
 
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# The fast tiers (tests/conftest.py TIERS): pure Python, and BPF on this kernel
+# without network namespaces or systemd.  As root.
+test-fast: setup
+	$(PY) -m pytest -m "unit or kernel" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

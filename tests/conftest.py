@@ -110,3 +110,41 @@ def deb() -> Path:
     debs = sorted((ROOT / "dist").glob("alfwrapper_*_all.deb"))
     assert debs, build.stdout
     return debs[-1]
+
+
+# The tiers, as pytest markers: `make test-fast` runs unit and kernel, `make test`
+# everything.  A test's tier follows from where it lives and what it needs.
+TIERS = {
+    "unit": "pure Python, no kernel",
+    "kernel": "loads BPF on this kernel, no network namespaces",
+    "netns": "hosts in network namespaces",
+    "systemd": "a systemd --user manager with the shipped units",
+    "boot": "a booted guest: Debian 12 under nspawn, or Debian's 6.1 under qemu (its "
+    "verifier too: tests/kernel)",
+    "release": "the package, the install and the benchmark smoke run",
+}
+RELEASE = {"test_package.py", "test_install.py", "test_bench.py"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        needs = set(getattr(item, "fixturenames", ()))
+        if path.parent.name == "unit":
+            tier = "unit"
+        elif path.parent.name in ("boot", "kernel"):
+            tier = "boot"
+        elif path.name in RELEASE or "deb" in needs:
+            tier = "release"
+        elif needs & {"manager", "users", "loader"}:
+            tier = "systemd"
+        elif "network" in needs:
+            tier = "netns"
+        else:
+            tier = "kernel"
+        item.add_marker(getattr(pytest.mark, tier))
