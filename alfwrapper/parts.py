@@ -157,6 +157,11 @@ class Interfaces(Part):
 
 RUNTIME_ALLOW, RUNTIME_DENY = 1, 2
 RUNTIME_RULES = 65536
+# runtime.c's LPM trie key: prefixlen counts the 32 bits of family and padding too.
+RUNTIME_KEY_C, RUNTIME_KEY = c_struct(
+    "alf_runtime_key",
+    (("prefixlen", "u32"), ("family", "u8"), ("pad", "u8[3]"), ("addr", "u8[16]")),
+)
 
 
 class Runtime(Part):
@@ -180,7 +185,8 @@ class Runtime(Part):
             ("alf_runtime", pins.path("runtime")),
             ("alf_runtime_count", pins.path("runtime_count")),
         )
-        return PartPlan(self, (("ALF_RUNTIME_RULES", str(RUNTIME_RULES)),), pinned=pinned)
+        defines = (("ALF_RUNTIME_RULES", str(RUNTIME_RULES)),)
+        return PartPlan(self, defines, RUNTIME_KEY_C, pinned=pinned)
 
 
 class Subnets(Part):

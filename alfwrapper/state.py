@@ -52,6 +52,7 @@ from pathlib import Path
 from alfwrapper import attach, syscalls
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_OSERR, EX_USAGE, AlfError, excerpt
 from alfwrapper.faults import crash_point
+from alfwrapper.parts import RUNTIME_KEY
 from alfwrapper.program import object_name
 
 BPFFS = Path("/sys/fs/bpf")
@@ -353,13 +354,11 @@ def read_meta(state: SocketState) -> dict[str, object]:
     return meta if isinstance(meta, dict) else {}
 
 
-_RUNTIME_KEY = struct.Struct("=IB3x16s")  # struct alf_runtime_key in runtime.c
-
-
 def runtime_key(family: int, value: int, length: int) -> bytes:
+    """A runtime rule as struct alf_runtime_key (parts.RUNTIME_KEY)."""
     width = 32 if family == 4 else 128
-    return _RUNTIME_KEY.pack(
-        32 + length, family, value.to_bytes(width // 8, "big").ljust(16, b"\0")
+    return RUNTIME_KEY.pack(
+        32 + length, family, b"", value.to_bytes(width // 8, "big").ljust(16, b"\0")
     )
 
 
@@ -368,8 +367,8 @@ def runtime_rules(where: SocketState) -> list[tuple[int, int, int, int]]:
     fd = open_pin(where, "runtime")
     try:
         out = []
-        for key in syscalls.map_keys(fd, _RUNTIME_KEY.size):
-            length, family, raw = _RUNTIME_KEY.unpack(key)
+        for key in syscalls.map_keys(fd, RUNTIME_KEY.size):
+            length, family, _, raw = RUNTIME_KEY.unpack(key)
             verdict = syscalls.map_lookup(fd, key, 1)
             width = 32 if family == 4 else 128
             value = int.from_bytes(raw[: width // 8], "big")
@@ -409,7 +408,7 @@ def clear_runtime(where: SocketState) -> None:
     fd, count_fd = open_pin(where, "runtime"), open_pin(where, "runtime_count")
     try:
         syscalls.map_update(count_fd, _U32.pack(0), _U32.pack(0))
-        for key in syscalls.map_keys(fd, _RUNTIME_KEY.size):
+        for key in syscalls.map_keys(fd, RUNTIME_KEY.size):
             syscalls.map_delete(fd, key)
     finally:
         os.close(fd)

@@ -26,12 +26,9 @@
 #error "runtime.c is compiled by alfwrapper, which defines its settings"
 #endif
 
-struct alf_runtime_key {
-    u32 prefixlen; /* 32 (family and padding) + the prefix length */
-    u8 family;
-    u8 pad[3];
-    u8 addr[16];
-};
+/* struct alf_runtime_key { u32 prefixlen; u8 family; u8 pad[3]; u8 addr[16]; }:
+ * defined once, in Python (parts.RUNTIME_KEY_C), which fills and reads the trie;
+ * prefixlen is 32 (family and padding) + the prefix length. */
 
 BPF_F_TABLE("lpm_trie", struct alf_runtime_key, u8, alf_runtime, ALF_RUNTIME_RULES,
             BPF_F_NO_PREALLOC);
