@@ -29,7 +29,13 @@ from alfwrapper.policy import (
     read_policy,
     split_scope,
 )
-from alfwrapper.rules import ListenSpec, parse_listen, parse_ports
+from alfwrapper.rules import (
+    SOCKET_NAME_RULE,
+    ListenSpec,
+    parse_listen,
+    parse_ports,
+    valid_socket_name,
+)
 
 USAGE = """\
 alfwrapper [--policy NAME|PATH] [RULE OPTIONS] [--listen ADDR:PORT [--name NAME]] -- COMMAND...
@@ -87,12 +93,9 @@ class _NameAction(argparse.Action):
                 "put --name NAME right after the socket it names",
                 EX_USAGE,
             )
-        if not name or ":" in name or len(name) > 255 or not name.isprintable():
+        if not valid_socket_name(name):
             raise AlfError(
-                "--name",
-                f"{excerpt(name)} is not a valid socket name",
-                "use up to 255 printable characters without ':'",
-                EX_USAGE,
+                "--name", f"{excerpt(name)} is not a valid socket name", SOCKET_NAME_RULE, EX_USAGE
             )
         last = namespace.listens[-1]
         if last.name != activation.DEFAULT_NAME:

@@ -27,6 +27,7 @@ from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_USAGE, AlfError, excerpt
 from alfwrapper.knocking import read_secret
 from alfwrapper.prefix_list import PrefixList, read_rule_file
 from alfwrapper.rules import (
+    SOCKET_NAME_RULE,
     CustomFilter,
     KnockRules,
     ListenSpec,
@@ -38,6 +39,7 @@ from alfwrapper.rules import (
     parse_ports,
     parse_prefix,
     read_input,
+    valid_socket_name,
 )
 
 # Where `--policy NAME` looks, first match wins (the administrator's, then a
@@ -250,11 +252,8 @@ class Policy:
 
 def _check_scope(entry: Entry) -> None:
     name = entry.scope
-    if name is not None and (not name or len(name) > 255 or not _NAME.match(name)):
-        raise entry.error(
-            f"{excerpt(name)} is not a socket name",
-            "socket names are letters, digits and . _ @ -",
-        )
+    if name is not None and not valid_socket_name(name):
+        raise entry.error(f"{excerpt(name)} is not a socket name", SOCKET_NAME_RULE)
 
 
 def _number(entry: Entry) -> float:
@@ -597,11 +596,9 @@ def read_policy_file(path: Path, layer: int) -> tuple[list[Entry], list[ListenSp
                 raise AlfError(
                     f"{path}:{lines.line(*keys, 'address')}", err.why, err.hint, EX_CONFIG
                 ) from None
-            if not _NAME.match(name):
+            if not valid_socket_name(name):
                 raise fail(
-                    (*keys, "name"),
-                    f"{excerpt(name)} is not a socket name",
-                    "letters, digits and . _ @ -",
+                    (*keys, "name"), f"{excerpt(name)} is not a socket name", SOCKET_NAME_RULE
                 )
             listens.append(ListenSpec(spec.kind, spec.host, spec.port, name))
     return entries, listens

@@ -147,6 +147,15 @@ def parse_ports(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+SOCKET_NAME_RULE = "up to 255 printable ASCII characters without ':' (as FileDescriptorName=)"
+
+
+def valid_socket_name(name: str) -> bool:
+    """A socket's name as systemd allows it in FileDescriptorName= (fdname_is_valid):
+    the one rule for --name, a policy's [socket.NAME] and its listen names."""
+    return 0 < len(name) <= 255 and name.isascii() and name.isprintable() and ":" not in name
+
+
 def parse_prefix(text: str) -> Prefix:
     """Parse ``ADDR`` or ``ADDR/LEN`` (IPv4 or IPv6) into a Prefix.
 

@@ -196,3 +196,25 @@ def test_any_text_is_a_policy_or_one_clear_error(
         from_file(folder, text)
     except AlfError as err:
         assert "\n" not in err.line()
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"),
+    [("admin", True), ("web admin", True), ("ssh@v6", True), ("a" * 255, True),
+     ("a:b", False), ("", False), ("a" * 256, False), ("tab\there", False), ("é", False)],
+)  # fmt: skip
+def test_socket_names_follow_one_rule_everywhere(tmp_path: Path, name: str, valid: bool) -> None:
+    """--name, a policy's [socket.NAME] and a [[listen]] name take what systemd's
+    FileDescriptorName= takes, and refuse the rest alike."""
+    quoted = name.replace("\\", "\\\\").replace('"', '\\"').replace("\t", "\\t")
+    attempts = [
+        lambda: parse_policy(["--listen", "[::1]:80", "--name", name, "--allow", "::1"]),
+        lambda: from_file(tmp_path, f'[socket."{quoted}"]\nallow = ["::1"]\n'),
+        lambda: from_file(tmp_path, f'[[listen]]\naddress = "[::1]:80"\nname = "{quoted}"\n'),
+    ]
+    for attempt in attempts:
+        if valid:
+            attempt()
+        else:
+            with pytest.raises(AlfError, match="not a (valid )?socket name"):
+                attempt()
