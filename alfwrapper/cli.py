@@ -391,12 +391,21 @@ def reload_main(argv: Sequence[str]) -> int:
 
 
 def _service_ops() -> Any:
-    """The commands on running services: on the pinned state here, or, without the
-    privilege for it, on this user's through the loader."""
+    """The commands that change running services: on the pinned state here, or, without
+    the privilege for it, on this user's through the loader."""
     from alfwrapper import loader, service  # noqa: PLC0415
 
     loader.use_if_needed()
     return service
+
+
+def _observe_ops() -> Any:
+    """The commands that read running services (status, metrics, the drop log), the
+    same two ways."""
+    from alfwrapper import loader, observe  # noqa: PLC0415
+
+    loader.use_if_needed()
+    return observe
 
 
 def default_service(given: str) -> str:
@@ -486,7 +495,7 @@ def status_parser() -> Parser:
 
 def status_main(argv: Sequence[str]) -> int:
     args = status_parser().parse_args(argv)
-    ops = _service_ops()
+    ops = _observe_ops()
     report = ops.status(state.check_service(args.service) if args.service else "")
     if args.json:
         text = json.dumps(report, indent=2) + "\n"
@@ -520,7 +529,7 @@ def log_parser() -> Parser:
 def log_main(argv: Sequence[str]) -> int:
     args = log_parser().parse_args(argv)
     service = state.check_service(args.service) if args.service else ""
-    return int(_service_ops().log(service, args.follow, args.json))
+    return int(_observe_ops().log(service, args.follow, args.json))
 
 
 def gc_parser() -> Parser:

@@ -1,4 +1,5 @@
 """A running service's firewall, changed in place: reload, live allow/deny/revoke, show, gc.
+(What it does, read only, is observe.py's: status, metrics, the drop log.)
 
 Everything here works on the pinned state (state.py) of the service's sockets,
 while the application keeps running: a reload puts new programs into the
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import struct
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from alfwrapper import interfaces, program, state, syscalls
-from alfwrapper.errors import EX_CANTCREAT, EX_CONFIG, EX_NOPERM, EX_USAGE, AlfError, excerpt
+from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_USAGE, AlfError, excerpt
 from alfwrapper.faults import crash_point
 from alfwrapper.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_key
 from alfwrapper.policy import Policy
-from alfwrapper.rules import Prefix, SocketRules, address_text, parse_prefix
+from alfwrapper.rules import Prefix, SocketRules, parse_prefix
 from alfwrapper.state import alive
 
 if TYPE_CHECKING:
@@ -302,223 +302,4 @@ def gc() -> list[str]:
 def out(lines: Sequence[str]) -> int:
     for line in lines:
         print(line, file=sys.stdout)
-    return 0
-
-
-# -- what the firewall does: status, metrics, the drop log ----------------------------------
-
-
-def possible_cpus() -> int:
-    """How many per-CPU slots a per-CPU map value has (the possible CPUs)."""
-    try:
-        text = open("/sys/devices/system/cpu/possible").read().strip()  # noqa: PTH123, SIM115
-    except OSError:
-        return os.cpu_count() or 1
-    return max(int(part.split("-")[-1]) for part in text.split(",")) + 1
-
-
-def counters(member: Member) -> dict[str, int]:
-    """The socket's verdict counters, summed over CPUs, by reason."""
-    from alfwrapper.parts import REASONS  # noqa: PLC0415
-
-    cpus = possible_cpus()
-    fd = state.open_pin(member.state, "counters")
-    try:
-        out = {}
-        for i, reason in enumerate(REASONS):
-            raw = syscalls.map_lookup(fd, struct.pack("I", i), 8 * cpus) or b""
-            out[reason] = sum(struct.unpack(f"{len(raw) // 8}Q", raw))
-        return out
-    finally:
-        os.close(fd)
-
-
-def program_in_slot(member: Member) -> int:
-    """The id of the program in the socket's slot (0 if empty)."""
-    fd = state.open_pin(member.state, "slot")
-    try:
-        raw = syscalls.map_lookup(fd, struct.pack("I", 0), 4)
-        return struct.unpack("I", raw)[0] if raw else 0
-    finally:
-        os.close(fd)
-
-
-def log_suppressed(member: Member) -> int | None:
-    """Drop-log events suppressed by the rate limit so far, or None without a drop log."""
-    from alfwrapper.droplog import BUCKET  # noqa: PLC0415
-
-    if not state.store().has_pin(member.state, "log_bucket"):
-        return None
-    fd = state.open_pin(member.state, "log_bucket")
-    try:
-        raw = syscalls.map_lookup(fd, struct.pack("I", 0), BUCKET.size)
-        return int(BUCKET.unpack(raw)[3]) if raw else 0
-    finally:
-        os.close(fd)
-
-
-def socket_status(m: Member) -> dict[str, object]:
-    counts = counters(m) if state.store().has_pin(m.state, "counters") else {}
-    runtime = state.runtime_rules(m.state) if state.store().has_pin(m.state, "runtime") else []
-    pid = m.meta.get("pid")
-    return {
-        "name": m.name,
-        "protocol": m.meta.get("protocol"),
-        "address": m.meta.get("address"),
-        "port": m.meta.get("port"),
-        "cookie": m.state.cookie,
-        "pid": pid if alive(pid) else None,
-        "rules": m.meta.get("rules", {}),
-        "runtime": [
-            {
-                "verdict": "allow" if verdict == RUNTIME_ALLOW else "deny",
-                "cidr": f"{_address(family, value)}/{length}",
-            }
-            for family, value, length, verdict in sorted(runtime)
-        ],  # fmt: skip
-        "program": program_in_slot(m),
-        "counters": {
-            "passed": counts.get("passed", 0),
-            "dropped": {r: n for r, n in counts.items() if r != "passed"},
-        },
-        "log_suppressed": log_suppressed(m),
-    }
-
-
-def _address(family: int, value: int) -> str:
-    return address_text(family, value)
-
-
-def status(service: str) -> dict[str, object]:
-    collect()
-    names = [service] if service else state.store().services()
-    services = []
-    for name in names:
-        found = [Member(s, state.read_meta(s)) for s in state.store().sockets_of(name)]
-        services.append({"name": name, "sockets": [socket_status(m) for m in found]})
-    return {"services": services}
-
-
-def status_lines(report: dict[str, object]) -> list[str]:
-    lines = []
-    for svc in report["services"]:  # type: ignore[attr-defined]
-        lines.append(f"{svc['name']}:")
-        for s in svc["sockets"]:
-            address = str(s["address"])
-            host = f"[{address}]" if ":" in address else address
-            running = f"pid {s['pid']}" if s["pid"] else "not running"
-            counts = s["rules"]
-            rules = ", ".join(f"{n} {k}" for k, n in counts.items() if n and k != "log-drops")
-            dropped = ", ".join(f"{r} {n}" for r, n in s["counters"]["dropped"].items())
-            lines.append(
-                f"  {s['name']} {s['protocol']} {host}:{s['port']} ({running}; program "
-                f"{s['program']})"
-            )
-            lines.append(
-                f"    rules: {rules or 'none'}; runtime rules: {len(s['runtime'])}"
-                + (f"; drop log: {counts['log-drops']}/s" if counts.get("log-drops") else "")
-            )
-            lines.append(f"    packets passed {s['counters']['passed']}; dropped: {dropped}")
-            if s["log_suppressed"] is not None:
-                lines.append(f"    drop log events suppressed: {s['log_suppressed']}")
-    if not report["services"]:
-        lines.append("no service is pinned (nothing runs behind alfwrapper here)")
-    return lines
-
-
-def _label(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def prometheus(report: dict[str, object]) -> str:
-    """The counters in Prometheus' text exposition format (for node_exporter's textfile
-    collector)."""
-    out = [
-        "# HELP alfwrapper_packets_total Packets judged by an alfwrapper socket filter.",
-        "# TYPE alfwrapper_packets_total counter",
-    ]
-    for svc in report["services"]:  # type: ignore[attr-defined]
-        for s in svc["sockets"]:
-            base = (
-                f'service="{_label(svc["name"])}",socket="{_label(s["name"])}",'
-                f'protocol="{_label(s["protocol"])}",port="{_label(s["port"])}"'
-            )
-            out.append(
-                f'alfwrapper_packets_total{{{base},verdict="pass",reason=""}} '
-                f"{s['counters']['passed']}"
-            )
-            for reason, n in s["counters"]["dropped"].items():
-                out.append(
-                    f'alfwrapper_packets_total{{{base},verdict="drop",reason="{reason}"}} {n}'
-                )
-    out += [
-        "# HELP alfwrapper_runtime_rules Runtime allow/deny rules in force on a socket.",
-        "# TYPE alfwrapper_runtime_rules gauge",
-    ]
-    for svc in report["services"]:  # type: ignore[attr-defined]
-        for s in svc["sockets"]:
-            out.append(
-                f'alfwrapper_runtime_rules{{service="{_label(svc["name"])}",'
-                f'socket="{_label(s["name"])}",protocol="{_label(s["protocol"])}",'
-                f'port="{_label(s["port"])}"}} {len(s["runtime"])}'
-            )
-    return "\n".join(out) + "\n"
-
-
-def write_atomically(path: str, text: str) -> None:
-    """For a collector that reads at any moment: a whole file or the old one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    temp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}")
-    try:
-        with open(temp, "w", encoding="utf-8") as f:  # noqa: PTH123
-            f.write(text)
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except OSError as err:
-        if os.path.lexists(temp):
-            os.unlink(temp)
-        raise AlfError(
-            f"writing {path}",
-            err.strerror or str(err),
-            "name a file in a folder that exists and that you may write to",
-            EX_CANTCREAT,
-        ) from None
-
-
-def log(service: str, follow: bool, as_json: bool) -> int:
-    """Print the drop log of a service (every service, if "")."""
-    from alfwrapper import droplog  # noqa: PLC0415
-
-    everyone = [service] if service else state.store().services()
-    found = [
-        m for name in everyone for m in members(name) if state.store().has_pin(m.state, "events")
-    ]
-    if not found:
-        raise AlfError(
-            f"service {service}" if service else "alfwrapper log",
-            "logs no drops" if service else "no service logs drops",
-            "start it (or reload it) with --log-drops RATE, or log-drops = RATE in its policy",
-            EX_USAGE,
-        )
-    for name in sorted({m.state.service for m in found}):
-        if any(alive(m.meta.get("forwarder")) for m in found if m.state.service == name):
-            print(
-                f"note: {name}'s drops go to the journal: journalctl ALF_SERVICE={name}",
-                file=sys.stderr,
-            )
-    rings = [(m.state.service, m.name, state.open_pin(m.state, "events")) for m in found]
-    pids = [m.meta.get("pid") for m in found]
-    app = next((p for p in pids if isinstance(p, int) and alive(p)), 0)
-    netns = {m.meta.get("netns") for m in found}
-    try:
-        # Interface indexes mean the service's network namespace: named there, or
-        # given by index when the services' namespaces differ or cannot be entered.
-        with service_netns(service, netns.pop(), app, strict=False) as there:
-            naming = droplog.interface_name if there and not netns else None
-            droplog.read(rings, droplog.print_event(as_json), follow, naming)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for _, _, fd in rings:
-            os.close(fd)
     return 0

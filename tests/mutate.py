@@ -617,7 +617,7 @@ MUTATIONS += [
     ),
     Mutation(
         "prometheus-drops-zero",
-        "alfwrapper/service.py",
+        "alfwrapper/observe.py",
         'verdict="drop",reason="{reason}"}} {n}\'',
         'verdict="drop",reason="{reason}"}} 0\'',
         ("tests/integration/test_observe.py::test_status_text_json_and_prometheus",),
