@@ -483,6 +483,24 @@ class Broker(state.Store):
         self._pins.pop(where, None) if where is not None else None
         return fds[0], int(answer["program"])
 
+    def load_filter(
+        self,
+        rules: SocketRules,
+        where: state.SocketState | None,
+        label: str,
+        cookies: list[int],
+        sock: socket.socket | None = None,
+        env: Any = None,
+    ) -> Any:
+        """Store.load_filter, by the loader: the program's fd, and the plan's rules (no
+        BCC module here; the loader filled the maps)."""
+        from alfwrapper import compiler, program  # noqa: PLC0415
+
+        fd, _ = self.load(rules, where, label, bool(cookies), sock)
+        plan = program.ProgramPlan(rules=rules, text="", defines=(), include_dirs=(), parts=(),
+                                   label=label)  # fmt: skip
+        return compiler.LoadedFilter(bpf=None, fd=fd, plan=plan)
+
 
 def unavailable(path: str) -> AlfError:
     return AlfError(
@@ -1007,8 +1025,7 @@ def _label(message: dict[str, Any]) -> str:
 
 @_op("load")
 def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
-    from alfwrapper import compiler, program  # noqa: PLC0415  (BCC in this child only)
-    from alfwrapper.parts import FillEnv  # noqa: PLC0415
+    from alfwrapper import compiler  # noqa: PLC0415  (BCC in this child only)
 
     rules = decode_rules(message.get("rules"))
     label = _label(message)
@@ -1034,14 +1051,7 @@ def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) 
         raise _quota_reached(limits)
     confine(tree, rules.custom is not None)
     try:
-        if where is not None:
-            from alfwrapper.wrapper import load_pinned_here  # noqa: PLC0415
-
-            loaded = load_pinned_here(rules, where, FillEnv(), label, cookies)
-        else:
-            loaded = compiler.load_program(program.plan_program(rules, label_=label), FillEnv())
-            if cookies and rules.knock:
-                compiler.set_knock_listeners(loaded.bpf, cookies)
+        loaded = tree.load_filter(rules, where, label, cookies)
     except AlfError:
         if limited() > before:  # the kernel refused an allocation over the quota
             raise _quota_reached(limits) from None

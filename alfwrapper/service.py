@@ -201,12 +201,12 @@ def load_members(
     indexes = interfaces.resolve(wanted) if wanted else {}
     env = FillEnv({i: n for n, i in indexes.items()}, interfaces.link_index)
     loaded = {
-        id(m): wrapper.load_pinned(
+        id(m): state.store().load_filter(
             rules[id(m)],
             m.state,
-            env,
             m.program_label(),
             [m.state.cookie] if rules[id(m)].knock and m.meta.get("protocol") == "tcp" else [],
+            env=env,
         )
         for m in found
     }

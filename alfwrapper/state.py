@@ -48,12 +48,18 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alfwrapper import attach, syscalls
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_OSERR, EX_USAGE, AlfError, excerpt
 from alfwrapper.faults import crash_point
 from alfwrapper.parts import RUNTIME_KEY
 from alfwrapper.program import object_name
+
+if TYPE_CHECKING:
+    from alfwrapper.compiler import LoadedFilter
+    from alfwrapper.parts import FillEnv
+    from alfwrapper.rules import SocketRules
 
 BPFFS = Path("/sys/fs/bpf")
 ROOT = BPFFS / "alfwrapper"
@@ -470,6 +476,35 @@ class Store:
         trusted_dir(state.service_dir, False)
         trusted_dir(state.dir, False)
         return state
+
+    def load_filter(
+        self,
+        rules: SocketRules,
+        where: SocketState | None,
+        label: str,
+        cookies: list[int],
+        sock: socket.socket | None = None,
+        env: FillEnv | None = None,
+    ) -> LoadedFilter:
+        """Compile and load a program for these rules: against the socket's pinned maps
+        (made if missing) if ``where``, else on its own.  Here, with BCC; the loader's
+        client (loader.Broker) asks the loader instead, so no caller asks which it has.
+        ``cookies``: the knock part's listening sockets; ``sock``: the socket of an
+        unpinned program (the loader checks it; here unused)."""
+        from alfwrapper import compiler, program  # noqa: PLC0415  (BCC only to load)
+        from alfwrapper.parts import FillEnv, Pins, knock_key  # noqa: PLC0415
+
+        pins = None
+        if where is not None:
+            if rules.knock:
+                trusted_dir(where.service_dir / knock_key(rules), create=True)
+            pins = Pins(str(where.dir), str(where.service_dir))
+        loaded = compiler.load_program(program.plan_program(rules, pins, label), env or FillEnv())
+        if cookies and rules.knock:
+            compiler.set_knock_listeners(loaded.bpf, cookies)
+        if where is not None:
+            own(where.service_dir)
+        return loaded
 
     def create(
         self, service: str, sock: socket.socket, label: str, pid: int = 0

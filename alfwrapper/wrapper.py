@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from alfwrapper import (
     activation,
@@ -37,7 +37,7 @@ from alfwrapper import (
 )
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_OSERR, EX_USAGE, AlfError, excerpt
 from alfwrapper.faults import crash_point
-from alfwrapper.parts import FillEnv, Pins, knock_key
+from alfwrapper.parts import FillEnv, knock_key
 from alfwrapper.policy import Policy
 from alfwrapper.rules import ListenSpec, SocketRules
 from alfwrapper.sockets import bind_socket, open_socket
@@ -143,15 +143,15 @@ def load_programs(records: list[SocketRecord], service: str) -> list[compiler.Lo
     loaded: list[compiler.LoadedFilter] = []
     for record in records:
         if record.state is not None:
-            record.loaded = load_pinned(
-                record.rules, record.state, env, record.label(service), listeners([record])
+            record.loaded = state.store().load_filter(
+                record.rules, record.state, record.label(service), listeners([record]), env=env
             )
             loaded.append(record.loaded)
         elif not record.rules.empty:
             if record.rules not in shared:
                 sharing = [r for r in records if r.state is None and r.rules == record.rules]
-                shared[record.rules] = load_unpinned(
-                    record.rules, record, env, record.label(service), listeners(sharing)
+                shared[record.rules] = state.store().load_filter(
+                    record.rules, None, record.label(service), listeners(sharing), record.sock, env
                 )
                 loaded.append(shared[record.rules])
             record.loaded = shared[record.rules]
@@ -169,59 +169,6 @@ def listeners(records: list[SocketRecord]) -> list[int]:
     knock part tells a listener's handshake from an accepted connection's traffic by
     the socket's cookie: it must know its listeners before any packet reaches them."""
     return [attach.socket_cookie(r.sock) for r in records if r.listener and r.rules.knock]
-
-
-def _through_loader() -> Any:
-    """The loader's store, when this process uses it (loader.Broker), else None."""
-    from alfwrapper import loader  # noqa: PLC0415
-
-    chosen = state.store()
-    return chosen if isinstance(chosen, loader.Broker) else None
-
-
-def _remote(rules: SocketRules, fd: int, label: str) -> compiler.LoadedFilter:
-    """A program the loader loaded: its fd, and the plan's rules (no BCC module here)."""
-    plan = program.ProgramPlan(rules=rules, text="", defines=(), include_dirs=(), parts=(),
-                               label=label)  # fmt: skip
-    return compiler.LoadedFilter(bpf=None, fd=fd, plan=plan)
-
-
-def load_unpinned(
-    rules: SocketRules, record: SocketRecord, env: FillEnv, label: str, cookies: list[int]
-) -> compiler.LoadedFilter:
-    broker = _through_loader()
-    if broker is not None:
-        fd, _ = broker.load(rules, None, label, bool(cookies), record.sock)
-        return _remote(rules, fd, label)
-    loaded = compiler.load_program(program.plan_program(rules, label_=label), env)
-    if cookies:
-        compiler.set_knock_listeners(loaded.bpf, cookies)
-    return loaded
-
-
-def load_pinned(
-    rules: SocketRules, where: state.SocketState, env: FillEnv, label: str, cookies: list[int]
-) -> compiler.LoadedFilter:
-    """Compile and load a socket's program against its pinned maps (made if missing),
-    here or through the loader."""
-    broker = _through_loader()
-    if broker is not None:
-        fd, _ = broker.load(rules, where, label, bool(cookies))
-        return _remote(rules, fd, label)
-    return load_pinned_here(rules, where, env, label, cookies)
-
-
-def load_pinned_here(
-    rules: SocketRules, where: state.SocketState, env: FillEnv, label: str, cookies: list[int]
-) -> compiler.LoadedFilter:
-    if rules.knock:
-        state.trusted_dir(where.service_dir / knock_key(rules), create=True)
-    pins = Pins(str(where.dir), str(where.service_dir))
-    loaded = compiler.load_program(program.plan_program(rules, pins, label), env)
-    if cookies:
-        compiler.set_knock_listeners(loaded.bpf, cookies)
-    state.own(where.service_dir)
-    return loaded
 
 
 def take_sockets(records: list[SocketRecord], service: str) -> None:

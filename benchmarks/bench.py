@@ -337,7 +337,6 @@ def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> 
     price per packet, a live deny and revoke, and a reload."""
     from alfwrapper import service, state
     from alfwrapper.cli import parse_policy
-    from alfwrapper.wrapper import load_pinned
 
     out: dict[str, Any] = {"rules": len(prefixes)}
     rules = SocketRules(SubnetRules(allow=tuple(prefixes)))
@@ -347,7 +346,7 @@ def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> 
         label = program.label(name, "udp", 0)
         where, dispatch = state.store().create(name, sock, label)
         try:
-            loaded = load_pinned(rules, where, FillEnv(), label, [])
+            loaded = state.store().load_filter(rules, where, label, [])
             state.install(where, loaded.fd)
             # The same program, directly and behind the dispatcher, interleaved.
             direct, behind = [], []

@@ -327,18 +327,11 @@ MUTATIONS = [
     ),
     Mutation(
         "knock-listeners-filled",
-        "alfwrapper/wrapper.py",
-        "    if cookies:\n        compiler.set_knock_listeners(loaded.bpf, cookies)\n"
-        "    state.own(",
-        "    state.own(",
+        "alfwrapper/state.py",
+        "        if cookies and rules.knock:\n"
+        "            compiler.set_knock_listeners(loaded.bpf, cookies)\n",
+        "",
         ("tests/adversarial/test_queued.py",),
-        also=(
-            (
-                "    if cookies:\n        compiler.set_knock_listeners(loaded.bpf, cookies)\n"
-                "    return loaded\n",
-                "    return loaded\n",
-            ),
-        ),
     ),
     Mutation(
         "set-ipv4-byte-order",
