@@ -107,7 +107,7 @@ install: venv completion
 			> $(DESTDIR)$(UNITDIR)/$$(basename "$$u"); \
 	done
 	@if [ -z "$(DESTDIR)" ]; then \
-		systemd-sysusers $(CURDIR)/sysusers/alfwrapper.conf; \
+		systemd-sysusers $(PREFIX)/lib/sysusers.d/alfwrapper.conf; \
 		echo "installed in $(PREFIX); now: systemctl daemon-reload && systemctl start alfwrapper-echo.socket"; \
 	else \
 		echo "installed under $(DESTDIR)$(PREFIX)"; \

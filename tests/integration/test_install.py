@@ -60,11 +60,10 @@ def make(*args: str, stubs: Path | None = None) -> subprocess.CompletedProcess[s
 
 
 def user_stubs(tmp_path: Path) -> tuple[Path, Path]:
-    """getent that knows no user, and adduser that only notes how it was called."""
-    stubs, calls = tmp_path / "stubs", tmp_path / "adduser-calls"
+    """systemd-sysusers (which makes the system users) noting only how it was called."""
+    stubs, calls = tmp_path / "stubs", tmp_path / "sysusers-calls"
     stubs.mkdir()
-    (stubs / "getent").write_text("#!/bin/sh\nexit 2\n")
-    (stubs / "adduser").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (stubs / "systemd-sysusers").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     return stubs, calls
@@ -74,13 +73,14 @@ def test_make_install_runs_away_from_the_checkout_and_uninstalls(
     bpf_root: None, tmp_path: Path
 ) -> None:
     prefix = tmp_path / "prefix"
-    stubs, adduser = user_stubs(tmp_path)
+    stubs, sysusers = user_stubs(tmp_path)
     out = make("install", f"PREFIX={prefix}", stubs=stubs)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "systemctl daemon-reload" in out.stdout  # a real install says what to do next
-    assert adduser.read_text().split() == ["--system", "--group", "--no-create-home", "--home",
-                                           "/nonexistent", "alfwrapper"]  # fmt: skip
-    adduser.unlink()
+    made = prefix / "lib/sysusers.d/alfwrapper.conf"  # the installed file, not the checkout's
+    assert sysusers.read_text().split() == [str(made)]
+    assert made.read_text() == (ROOT / "sysusers/alfwrapper.conf").read_text()
+    sysusers.unlink()
     installed = [p for p in prefix.rglob("*") if p.is_file()]
     for path in installed:
         assert str(ROOT) not in path.read_text(errors="replace"), path
@@ -115,7 +115,7 @@ def test_make_install_runs_away_from_the_checkout_and_uninstalls(
     dest = tmp_path / "dest"
     out = make("install", f"DESTDIR={dest}", "PREFIX=/usr/local", stubs=stubs)
     assert out.returncode == 0, out.stderr
-    assert not adduser.exists()  # no user made
+    assert not sysusers.exists()  # no user made
     assert "daemon-reload" not in out.stdout and f"installed under {dest}/usr/local" in out.stdout
     assert (dest / "usr/local/bin/alfwrapper").is_file()
     assert (
