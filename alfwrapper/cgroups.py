@@ -50,14 +50,13 @@ class UserMemory:
         memory (and no swap) if it is not there yet.  OSError if that fails."""
         path = self.user(uid)
         try:
-            path.mkdir(mode=0o755)
+            path.mkdir(mode=0o700)  # one user's usage is no other user's business
         except FileExistsError:
             pass
-        else:
-            try:  # no swap: a compile over the quota is stopped, not paged out
-                (path / "memory.swap.max").write_text("0")
-            except FileNotFoundError:  # no swap accounting on this kernel
-                pass
+        try:  # no swap: a compile over the quota is stopped, not paged out
+            (path / "memory.swap.max").write_text("0")
+        except FileNotFoundError:  # no swap accounting on this kernel
+            pass
         (path / "memory.max").write_text(str(limit))
         (path / "cgroup.procs").write_text(str(os.getpid()))
 

@@ -47,11 +47,13 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import stat
 import struct
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -594,7 +596,12 @@ def serve(listener: socket.socket, limits: Limits) -> None:
         for conn, who, since in pending:
             mine = sum(1 for uid in running.values() if uid == who.uid)
             if len(running) < WORKERS and mine < WORKERS_PER_USER:
-                running[_fork_worker(listener, conn, who, limits)] = who.uid
+                try:
+                    running[_fork_worker(listener, conn, who, limits)] = who.uid
+                except OSError as err:  # no process to spare now: it waits, bounded
+                    print(f"alfwrapper loader: fork: {err}", file=sys.stderr, flush=True)
+                    waiting.append((conn, who, since))
+                    continue
                 conn.close()
             elif time.monotonic() - since > READ_SECONDS:
                 _refuse(conn, "loader", "busy with too many requests of yours", "try again",
@@ -626,7 +633,14 @@ def _accept_all(
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             break
-        who = peer(conn, limits.pins)
+        except OSError as err:  # out of fds or memory: the rest wait in the kernel's queue
+            print(f"alfwrapper loader: accepting: {err}", file=sys.stderr, flush=True)
+            break
+        try:
+            who = peer(conn, limits.pins)
+        except OSError:
+            conn.close()
+            continue
         # Bounded per user: a user's flood fills only that user's share of the queue;
         # the rest is told "busy" in one non-blocking send, and closed.
         if queued.get(who.uid, 0) >= PENDING_PER_USER or len(pending) >= PENDING:
@@ -681,6 +695,7 @@ def _fork_worker(listener: socket.socket, conn: socket.socket, who: Caller, limi
 
 
 _ANSWERED: list[int] = []  # in a compile's own process: the pipe that says it answered
+_SCRATCH: list[str] = []  # the folder a compile may write in (its worker removes it)
 
 
 def _answered() -> None:
@@ -694,6 +709,7 @@ def _compile_apart(conn: socket.socket, who: Caller, limits: Limits) -> bool:
     child, which serves the request; True in the worker once it has been answered."""
     read, write = os.pipe()
     before = _limited(who, limits)
+    _SCRATCH[:] = [tempfile.mkdtemp(prefix="alfwrapper-loader-")]  # the compile's, removed after
     child = os.fork()
     if child == 0:
         os.close(read)
@@ -706,6 +722,7 @@ def _compile_apart(conn: socket.socket, who: Caller, limits: Limits) -> bool:
         return False
     os.close(write)
     _, status = os.waitpid(child, 0)
+    shutil.rmtree(_SCRATCH[0], ignore_errors=True)
     answered = os.read(read, 1)
     os.close(read)
     if not answered:
@@ -1145,7 +1162,7 @@ def confine(tree: state.Store, custom: bool) -> None:
     tree.root(create=True)
     compiler.prepare_to_compile()  # what BCC and libbpf load lazily, loaded now
     readable = compile_readable()
-    scratch = tempfile.mkdtemp(prefix="alfwrapper-loader-")  # the compiler's, this request's
+    scratch = _SCRATCH[0] if _SCRATCH else tempfile.mkdtemp(prefix="alfwrapper-loader-")
     tempfile.tempdir = scratch
     os.environ["TMPDIR"] = scratch
     try:

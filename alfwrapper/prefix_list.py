@@ -182,7 +182,7 @@ class PrefixList(Sequence[Prefix]):
             body = inflate.decompress(inflate.unconsumed_tail, size) if size else b""
         except zlib.error as err:
             raise ValueError(f"not zlib data ({err})") from None
-        if len(body) != size or inflate.unconsumed_tail or not inflate.eof:
+        if len(body) != size or inflate.unconsumed_tail or inflate.unused_data or not inflate.eof:
             raise ValueError("the counts and the data differ in length")
         at = 0
 

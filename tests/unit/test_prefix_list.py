@@ -133,6 +133,8 @@ def _packed(n4: int, n6: int, body: bytes) -> bytes:
         (zlib.compress(b"\0" * (64 << 20)), "differ"),  # a bomb: stops at what counts allow
         (b"not zlib", "zlib"),
         (_packed(0, 0, b"")[:-3], "differ"),
+        (_packed(0, 0, b"") + b"junk", "differ"),  # bytes after the stream
+        (_packed(1, 0, bytes([32]) + bytes(4)) + b"junk", "differ"),
     ],
 )
 def test_packed_rules_are_checked_like_text(data: bytes, why: str) -> None:
