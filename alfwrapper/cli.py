@@ -17,9 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from alfwrapper import __version__, activation, doctor, knocking, privileges, state, wrapper
+from alfwrapper import __version__, state
 from alfwrapper.errors import EX_CONFIG, EX_SOFTWARE, EX_USAGE, AlfError, excerpt, missing_library
-from alfwrapper.policy import (
+from alfwrapper.host import activation, privileges
+from alfwrapper.lifecycle import wrapper
+from alfwrapper.observe import doctor
+from alfwrapper.policy import knocking
+from alfwrapper.policy.files import (
     KEYS,
     Entry,
     Policy,
@@ -29,7 +33,7 @@ from alfwrapper.policy import (
     read_policy,
     split_scope,
 )
-from alfwrapper.rules import (
+from alfwrapper.policy.rules import (
     SOCKET_NAME_RULE,
     ListenSpec,
     parse_listen,
@@ -273,7 +277,7 @@ def wrapper_main(argv: Sequence[str]) -> int:
 
 
 def check_parser() -> Parser:
-    from alfwrapper import check  # noqa: PLC0415
+    from alfwrapper.observe import check  # noqa: PLC0415
 
     p = Parser(
         prog="alfwrapper check",
@@ -302,7 +306,7 @@ def check_parser() -> Parser:
 
 
 def check_main(argv: Sequence[str]) -> int:
-    from alfwrapper import check  # noqa: PLC0415
+    from alfwrapper.observe import check  # noqa: PLC0415
 
     args = check_parser().parse_args(argv)
     policy = policy_from_args(args, (), os.environ)
@@ -311,7 +315,7 @@ def check_main(argv: Sequence[str]) -> int:
 
 
 def explain_parser() -> Parser:
-    from alfwrapper import explain  # noqa: PLC0415
+    from alfwrapper.observe import explain  # noqa: PLC0415
 
     p = Parser(
         prog="alfwrapper explain",
@@ -352,7 +356,7 @@ def explain_parser() -> Parser:
 
 
 def explain_main(argv: Sequence[str]) -> int:
-    from alfwrapper import explain  # noqa: PLC0415
+    from alfwrapper.observe import explain  # noqa: PLC0415
 
     args = explain_parser().parse_args(argv)
     policy = policy_from_args(args, (), os.environ)
@@ -393,7 +397,8 @@ def reload_main(argv: Sequence[str]) -> int:
 def _service_ops() -> Any:
     """The commands that change running services: on the pinned state here, or, without
     the privilege for it, on this user's through the loader."""
-    from alfwrapper import loader, service  # noqa: PLC0415
+    from alfwrapper.lifecycle import service  # noqa: PLC0415
+    from alfwrapper.loader import server as loader  # noqa: PLC0415
 
     loader.use_if_needed()
     return service
@@ -402,7 +407,8 @@ def _service_ops() -> Any:
 def _observe_ops() -> Any:
     """The commands that read running services (status, metrics, the drop log), the
     same two ways."""
-    from alfwrapper import loader, observe  # noqa: PLC0415
+    from alfwrapper.loader import server as loader  # noqa: PLC0415
+    from alfwrapper.observe import status as observe  # noqa: PLC0415
 
     loader.use_if_needed()
     return observe
@@ -596,7 +602,7 @@ def doctor_main(argv: Sequence[str]) -> int:
     if not args.command:
         raise AlfError("doctor --for", "no COMMAND given", "add the command and its "
                        "arguments after --for", EX_USAGE)  # fmt: skip
-    from alfwrapper import daemons  # noqa: PLC0415
+    from alfwrapper.observe import daemons  # noqa: PLC0415
 
     findings = daemons.examine(args.command, args.inetd, args.no_capabilities)
     for finding in findings:
@@ -667,7 +673,7 @@ def knock_main(argv: Sequence[str]) -> int:
 
 
 def loader_parser() -> Parser:
-    from alfwrapper import loader  # noqa: PLC0415
+    from alfwrapper.loader import server as loader  # noqa: PLC0415
 
     p = Parser(
         prog="alfwrapper loader",
@@ -682,7 +688,7 @@ def loader_parser() -> Parser:
 
 
 def loader_main(argv: Sequence[str]) -> int:
-    from alfwrapper import loader  # noqa: PLC0415
+    from alfwrapper.loader import server as loader  # noqa: PLC0415
 
     return loader.main(loader_parser().parse_args(argv))
 

@@ -50,16 +50,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from alfwrapper import attach, syscalls
+from alfwrapper.bpf.parts import RUNTIME_KEY
+from alfwrapper.bpf.program import object_name
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_OSERR, EX_USAGE, AlfError, excerpt
-from alfwrapper.faults import crash_point
-from alfwrapper.parts import RUNTIME_KEY
-from alfwrapper.program import object_name
+from alfwrapper.host import attach, syscalls
+from alfwrapper.host.faults import crash_point
 
 if TYPE_CHECKING:
-    from alfwrapper.compiler import LoadedFilter
-    from alfwrapper.parts import FillEnv
-    from alfwrapper.rules import SocketRules
+    from alfwrapper.bpf.compiler import LoadedFilter
+    from alfwrapper.bpf.parts import FillEnv
+    from alfwrapper.policy.rules import SocketRules
 
 BPFFS = Path("/sys/fs/bpf")
 ROOT = BPFFS / "alfwrapper"
@@ -491,8 +491,8 @@ class Store:
         client (loader.Broker) asks the loader instead, so no caller asks which it has.
         ``cookies``: the knock part's listening sockets; ``sock``: the socket of an
         unpinned program (the loader checks it; here unused)."""
-        from alfwrapper import compiler, program  # noqa: PLC0415  (BCC only to load)
-        from alfwrapper.parts import FillEnv, Pins, knock_key  # noqa: PLC0415
+        from alfwrapper.bpf import compiler, program  # noqa: PLC0415  (BCC only to load)
+        from alfwrapper.bpf.parts import FillEnv, Pins, knock_key  # noqa: PLC0415
 
         pins = None
         if where is not None:

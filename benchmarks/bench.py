@@ -39,16 +39,16 @@ import throughput  # noqa: E402
 import varied  # noqa: E402
 from varied import load_text, map_memory  # noqa: E402
 
-from alfwrapper import compiler, program  # noqa: E402
-from alfwrapper.interfaces import START_LEASE_NS, renew_lease  # noqa: E402
-from alfwrapper.parts import FillEnv  # noqa: E402
-from alfwrapper.rules import (  # noqa: E402
+from alfwrapper.bpf import compiler, program  # noqa: E402
+from alfwrapper.bpf.parts import FillEnv  # noqa: E402
+from alfwrapper.host.interfaces import START_LEASE_NS, renew_lease  # noqa: E402
+from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame  # noqa: E402
+from alfwrapper.policy.rules import (  # noqa: E402
     KnockRules,
     Prefix,
     SocketRules,
     SubnetRules,
 )
-from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame  # noqa: E402
 
 NOOP = '#include "common.h"\nint filter(struct __sk_buff *skb)\n{\n    return ALF_PASS;\n}\n'
 SERVER4 = 0xC0000201
@@ -335,8 +335,9 @@ def main() -> int:
 def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> dict[str, Any]:
     """What pinned state costs and buys, at the largest rule set: the dispatcher's
     price per packet, a live deny and revoke, and a reload."""
-    from alfwrapper import service, state
+    from alfwrapper import state
     from alfwrapper.cli import parse_policy
+    from alfwrapper.lifecycle import service
 
     out: dict[str, Any] = {"rules": len(prefixes)}
     rules = SocketRules(SubnetRules(allow=tuple(prefixes)))
@@ -397,7 +398,7 @@ def observing(repeat: int, rounds: int) -> dict[str, Any]:
     program with and without counting, and without and with --log-drops (each event
     logged, the ring buffer drained between calls; and each suppressed by the rate),
     interleaved, for a passed and a dropped packet."""
-    from alfwrapper.syscalls import RingReader
+    from alfwrapper.host.syscalls import RingReader
 
     rules = SocketRules(SubnetRules(allow=(Prefix(4, 0xC0000200, 24),)))
     plan = program.plan_program(rules)

@@ -27,9 +27,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench import rule_set  # noqa: E402
 
-from alfwrapper import compiler, program  # noqa: E402
+from alfwrapper.bpf import compiler, program  # noqa: E402
+from alfwrapper.bpf.parts import FillEnv  # noqa: E402
 from alfwrapper.cli import parse_policy  # noqa: E402
-from alfwrapper.parts import FillEnv  # noqa: E402
 
 
 def peak_mib() -> float:

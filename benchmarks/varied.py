@@ -25,9 +25,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from alfwrapper import compiler, program, syscalls  # noqa: E402
-from alfwrapper.rules import Prefix, SocketRules, SubnetRules  # noqa: E402
-from alfwrapper.syscalls import prog_test_run, udp_frame  # noqa: E402
+from alfwrapper.bpf import compiler, program  # noqa: E402
+from alfwrapper.host import syscalls  # noqa: E402
+from alfwrapper.host.syscalls import prog_test_run, udp_frame  # noqa: E402
+from alfwrapper.policy.rules import Prefix, SocketRules, SubnetRules  # noqa: E402
 
 # The source walk, shared by every program measured here.
 WALK = r"""

@@ -49,7 +49,7 @@ UNPRIVILEGED_DAEMON = (
 MUTATIONS = [
     Mutation(
         "deny-precedence",
-        "alfwrapper/subnet_table.py",
+        "alfwrapper/bpf/subnet_table.py",
         "    if deny == _FULL:\n        return 0\n",
         "    if deny == _FULL:\n        return NODE_PASS if allow == _FULL else 0\n",
         (
@@ -59,7 +59,7 @@ MUTATIONS = [
     ),
     Mutation(
         "mapped-prefix-rules",
-        "alfwrapper/rules.py",
+        "alfwrapper/policy/rules.py",
         "    if family == 6 and length >= 96 and (value >> 32) == 0xFFFF:",
         "    if False:",
         ("tests/unit/test_rules.py",),
@@ -73,14 +73,14 @@ MUTATIONS = [
     ),
     Mutation(
         "so-lock-filter",
-        "alfwrapper/attach.py",
+        "alfwrapper/host/attach.py",
         "def attach_filter(sock: socket.socket, prog_fd: int, lock: bool = True)",
         "def attach_filter(sock: socket.socket, prog_fd: int, lock: bool = False)",
         ("tests/integration/test_wrapper.py::test_application_cannot_remove_filter",),
     ),
     Mutation(
         "capability-drop",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         "        syscalls.capset(keep, keep, 0)\n",
         "        pass\n",
         (
@@ -90,35 +90,35 @@ MUTATIONS = [
     ),
     Mutation(
         "no-new-privs",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         "        keep &= permitted()\n        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)\n",
         "        keep &= permitted()\n",
         (NO_CAPABILITIES,),
     ),
     Mutation(
         "no-new-privs-when-keeping",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         "    try:\n        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)\n        for cap in",
         "    try:\n        for cap in",
         ("tests/integration/test_privileges.py::test_unprivileged_user_with_cap_bpf",),
     ),
     Mutation(
         "caps-reaching-filter-kept",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         "REACHES_FILTER_MASK = sum(1 << cap for cap in REACHES_FILTER)",
         "REACHES_FILTER_MASK = 0",
         ("tests/integration/test_daemon_privileges.py",),
     ),
     Mutation(
         "seccomp-bpf-not-denied",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         "        rules.load()\n",
         "        pass\n",
         (ROOT_DAEMON,),
     ),
     Mutation(
         "seccomp-failure-swallowed",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         "    except (OSError, RuntimeError, ValueError) as err:\n        raise AlfError(\n"
         '            "denying bpf(2)',
         "    except (OSError, RuntimeError, ValueError) as err:\n        return\n"
@@ -127,35 +127,35 @@ MUTATIONS = [
     ),
     Mutation(
         "bpffs-not-hidden",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         "        for target in mounts:\n            syscalls.umount_detach(target)\n",
         "        pass\n",
         (ROOT_DAEMON,),
     ),
     Mutation(
         "pins-keep-btf",
-        "alfwrapper/compiler.py",
+        "alfwrapper/bpf/compiler.py",
         "keep_btf=name not in pinned",
         "keep_btf=True",
         (UNPRIVILEGED_DAEMON,),
     ),
     Mutation(
         "landlock-not-applied",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         '    unprotected = landlock_application(mounts) if past else ""',
         '    unprotected = ""',
         (ROOT_DAEMON, UNPRIVILEGED_DAEMON),
     ),
     Mutation(
         "landlock-signals-not-scoped",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         "writable_outside(mounts), scope_signals=True)",
         "writable_outside(mounts), scope_signals=False)",
         ("tests/adversarial/test_watcher.py",),
     ),
     Mutation(
         "landlock-note-missing",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         "    if unprotected:\n",
         "    if False:\n",
         (
@@ -165,14 +165,14 @@ MUTATIONS = [
     ),
     Mutation(
         "landlock-files-at-top",
-        "alfwrapper/privileges.py",
+        "alfwrapper/host/privileges.py",
         "        if path in excluded or os.path.islink(path) or not os.path.isdir(path):",
         "        if path in excluded:",
         (ROOT_DAEMON,),
     ),
     Mutation(
         "inetd-exec-failure-to-peer",
-        "alfwrapper/activation.py",
+        "alfwrapper/host/activation.py",
         "        for fd, away in kept.items():  # the message is not for the peer either\n"
         "            os.dup2(away, fd)\n",
         "        pass\n",
@@ -196,28 +196,28 @@ MUTATIONS = [
     ),
     Mutation(
         "inetd-socket-ignored",
-        "alfwrapper/activation.py",
+        "alfwrapper/host/activation.py",
         "    return socket.socket(fileno=0)\n",
         "    return None\n",
         ("tests/integration/test_inetd.py::test_what_fd_0_may_be",),
     ),
     Mutation(
         "inetd-unix-socket-taken",
-        "alfwrapper/activation.py",
+        "alfwrapper/host/activation.py",
         "    return bool(daemon.is_socket(fd)) and not daemon.is_socket_unix(fd)",
         "    return bool(daemon.is_socket(fd))",
         ("tests/integration/test_inetd.py::test_what_fd_0_may_be",),
     ),
     Mutation(
         "inetd-same-socket-twice",
-        "alfwrapper/activation.py",
+        "alfwrapper/host/activation.py",
         "    if any(_same_file(0, sock.fileno()) for sock in taken):",
         "    if False:",
         ("tests/integration/test_inetd.py::test_a_socket_passed_both_ways_is_one_socket",),
     ),
     Mutation(
         "inetd-peer-not-judged",
-        "alfwrapper/wrapper.py",
+        "alfwrapper/lifecycle/wrapper.py",
         "            if record.inherited and not record.judged and record.loaded is not None:",
         "            if record.inherited and not record.judged and record.loaded"
         " and not record.stdin:",
@@ -228,70 +228,70 @@ MUTATIONS = [
     ),
     Mutation(
         "inetd-stderr-to-peer",
-        "alfwrapper/activation.py",
+        "alfwrapper/host/activation.py",
         "        streams = [fd for fd in (1, 2) if _same_file(0, fd)]",
         "        streams = []",
         ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
         "inetd-stderr-not-restored",
-        "alfwrapper/activation.py",
+        "alfwrapper/host/activation.py",
         "        os.dup2(original, fd)\n",
         "        pass\n",
         ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
         "doctor-for-sshd-inetd",
-        "alfwrapper/daemons.py",
+        "alfwrapper/observe/daemons.py",
         '"sshd", r"(^| )-[46DdeqTtGV]*i[46DdeqTtGV]*( |$)", INETD',
         '"sshd", r"(^| )-\\w*i", INETD',
         ("tests/unit/test_daemons.py",),
     ),
     Mutation(
         "doctor-for-removed-caps",
-        "alfwrapper/daemons.py",
+        "alfwrapper/observe/daemons.py",
         "    lost = needs & removed\n",
         "    lost = 0\n",
         ("tests/unit/test_daemons.py",),
     ),
     Mutation(
         "listen-pid",
-        "alfwrapper/activation.py",
+        "alfwrapper/host/activation.py",
         "    if pid_text != str(pid):",
         "    if False:",
         ("tests/unit/test_activation.py", "tests/integration/test_errors.py"),
     ),
     Mutation(
         "queue-judgement-unlisted",
-        "alfwrapper/backlog.py",
+        "alfwrapper/lifecycle/backlog.py",
         "    if len(listed) == queued and not bad:",
         "    if not bad:",
         ("tests/adversarial/test_queued.py",),
     ),
     Mutation(
         "queue-judgement-datagrams",
-        "alfwrapper/backlog.py",
+        "alfwrapper/lifecycle/backlog.py",
         "    bad = [i for i, ok in enumerate(verdicts) if ok is not True]",
         "    bad = []",
         ("tests/adversarial/test_queued.py",),
     ),
     Mutation(
         "watcher-own-user",
-        "alfwrapper/watcher.py",
+        "alfwrapper/lifecycle/watcher.py",
         "        become_watcher_user()\n",
         "        pass\n",
         ("tests/adversarial/test_watcher.py",),
     ),
     Mutation(
         "watcher-fail-closed",
-        "alfwrapper/program.py",
+        "alfwrapper/bpf/program.py",
         "        f\"    return alf_count({_reason('interfaces')});\\n}}\\n\"",
         '        f"    return ALF_PASS;\\n}}\\n"',
         ("tests/adversarial/test_watcher.py",),
     ),
     Mutation(
         "watcher-follows-deletion",
-        "alfwrapper/watcher.py",
+        "alfwrapper/lifecycle/watcher.py",
         "                    state.pop(index, None)\n",
         "                    pass\n",
         ("tests/integration/test_parts.py::test_interface_rule_follows_the_name",),
@@ -335,7 +335,7 @@ MUTATIONS = [
     ),
     Mutation(
         "set-ipv4-byte-order",
-        "alfwrapper/map_values.py",
+        "alfwrapper/bpf/map_values.py",
         "        return raw  # network byte order, as in the packet",
         "        return raw[::-1]",
         ("tests/unit/test_map_values.py",),
@@ -349,7 +349,7 @@ MUTATIONS = [
     ),
     Mutation(
         "bind-after-attach",
-        "alfwrapper/wrapper.py",
+        "alfwrapper/lifecycle/wrapper.py",
         "        loaded = load_programs(records, service)\n",
         "        for record in records:\n            if record.spec is not None:\n"
         "                bind_socket(record.sock, record.spec)\n"
@@ -361,14 +361,14 @@ MUTATIONS = [
     ),
     Mutation(
         "comment-stripping",
-        "alfwrapper/prefix_list.py",
+        "alfwrapper/policy/prefix_list.py",
         '        text = line.split("#", 1)[0].strip()',
         "        text = line.strip()",
         ("tests/unit/test_rules.py", "tests/unit/test_prefix_list.py"),
     ),
     Mutation(
         "fd-name-order",
-        "alfwrapper/activation.py",
+        "alfwrapper/host/activation.py",
         "    count = len(sockets)\n",
         "    count = len(sockets)\n    sockets = list(reversed(sockets))\n",
         ("tests/integration/test_wrapper.py::test_created_sockets",),
@@ -382,49 +382,49 @@ MUTATIONS = [
     ),
     Mutation(
         "regular-files-only",
-        "alfwrapper/rules.py",
+        "alfwrapper/policy/rules.py",
         "        if not stat.S_ISREG(info.st_mode):",
         "        if False:",
         ("tests/integration/test_errors.py",),
     ),
     Mutation(
         "input-size-limit",
-        "alfwrapper/rules.py",
+        "alfwrapper/policy/rules.py",
         "        if info.st_size > limit:\n            raise too_big\n",
         "        limit = 1 << 62\n",
         ("tests/integration/test_errors.py",),
     ),
     Mutation(
         "knock-minimum-open",
-        "alfwrapper/policy.py",
+        "alfwrapper/policy/files.py",
         "        least=1.0,",
         "        least=0.0,",
         ("tests/integration/test_errors.py",),
     ),
     Mutation(
         "fd-calls-not-through-loader",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "    syscalls.use_fd_proxy(broker.fd_call)\n",
         "    pass\n",
         ("tests/integration/test_loader.py::test_ordinary_users_service_behind_their_own_policy",),
     ),
     Mutation(
         "fd-call-writes-any-map",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "            if kind not in allowed:",
         "            if False:",
         ("tests/integration/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
     ),
     Mutation(
         "fd-call-unbounded-bytes",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "isinstance(value, bytes) and len(value) <= FD_VALUE_LIMIT:",
         "isinstance(value, bytes):",
         ("tests/integration/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
     ),
     Mutation(
         "ring-mmap-unaligned",
-        "alfwrapper/syscalls.py",
+        "alfwrapper/host/syscalls.py",
         "                position += (length + 8 + 7) & ~7",
         "                position += length + 8",
         ("tests/integration/test_filter_kernel.py::test_ring_buffer_read_by_mmap_across_the_wrap",),  # noqa: E501
@@ -438,7 +438,7 @@ MUTATIONS = [
     ),
     Mutation(
         "v4-not-least-memory",
-        "alfwrapper/subnet_table.py",
+        "alfwrapper/bpf/subnet_table.py",
         "        best = size if best is None else min(best, size)",
         "        best = size if best is None else max(best, size)",
         ("tests/unit/test_subnet_table.py",),
@@ -452,35 +452,35 @@ MUTATIONS = [
     ),
     Mutation(
         "bulk-leading-zeros",
-        "alfwrapper/prefix_list.py",
+        "alfwrapper/policy/prefix_list.py",
         "    token_ok = (size >= 1) & (size <= 3) & ((size == 1) | (leading != 0))",
         "    token_ok = (size >= 1) & (size <= 3)",
         ("tests/unit/test_prefix_list.py",),
     ),
     Mutation(
         "bulk-host-bits",
-        "alfwrapper/prefix_list.py",
+        "alfwrapper/policy/prefix_list.py",
         "    ok &= (octets & host) == 0",
         "    pass",
         ("tests/unit/test_prefix_list.py",),
     ),
     Mutation(
         "v4-nested-ranges-kept",
-        "alfwrapper/subnet_table.py",
+        "alfwrapper/bpf/subnet_table.py",
         "        keep[1:] = start[1:] >= reach[:-1]  # not inside an earlier range",
         "        keep[1:] = True",
         ("tests/unit/test_subnet_table.py",),
     ),
     Mutation(
         "v4-window-leaf-offset",
-        "alfwrapper/subnet_table.py",
+        "alfwrapper/bpf/subnet_table.py",
         "        out[:, 2] = done + np.cumsum(counts, dtype=np.uint64) - counts",
         "        out[:, 2] = np.cumsum(counts, dtype=np.uint64) - counts",
         ("tests/unit/test_subnet_table.py::test_windows_give_the_table_whole",),
     ),
     Mutation(
         "reserved-map-names-unchecked",
-        "alfwrapper/program.py",
+        "alfwrapper/bpf/program.py",
         "    check_map_names(text, path_text)\n",
         "",
         ("tests/integration/test_errors.py::test_reserved_map_names_are_refused",),
@@ -508,7 +508,7 @@ MUTATIONS = [
     ),
     Mutation(
         "watcher-unnamed",
-        "alfwrapper/watcher.py",
+        "alfwrapper/lifecycle/watcher.py",
         '        name_process(f"alfwrapper-watch {label}")\n',
         "",
         (
@@ -530,7 +530,7 @@ MUTATIONS = [
 MUTATIONS += [
     Mutation(
         "restart-fills-the-slot",
-        "alfwrapper/wrapper.py",
+        "alfwrapper/lifecycle/wrapper.py",
         "            state.install(record.state, record.loaded.fd)\n",
         "            if record.fresh:\n"
         "                state.install(record.state, record.loaded.fd)\n",
@@ -538,14 +538,14 @@ MUTATIONS += [
     ),
     Mutation(
         "runtime-rules-in-force",
-        "alfwrapper/parts.py",
+        "alfwrapper/bpf/parts.py",
         "        return pins is not None\n",
         "        return False\n",
         ("tests/integration/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
     ),
     Mutation(
         "empty-slot-drops",
-        "alfwrapper/syscalls.py",
+        "alfwrapper/host/syscalls.py",
         "            _insn(0xB7, dst=0, imm=0),  # r0 = 0: drop",
         "            _insn(0xB7, dst=0, imm=-1),  # r0 = 0: drop",
         ("tests/integration/test_live.py::test_an_emptied_slot_drops_everything",),
@@ -566,21 +566,21 @@ MUTATIONS += [
     ),
     Mutation(
         "reload-swaps",
-        "alfwrapper/service.py",
+        "alfwrapper/lifecycle/service.py",
         "        state.install(m.state, loaded[id(m)].fd)\n",
         "        pass\n",
         ("tests/boot/test_lifecycle.py::test_reload_keeps_a_long_lived_connection",),
     ),
     Mutation(
         "counters-not-pinned",
-        "alfwrapper/program.py",
+        "alfwrapper/bpf/program.py",
         '    pinned = [("alf_counters", pins.path("counters"))] if pins is not None else []',
         "    pinned = []",
         ("tests/boot/test_lifecycle.py::test_restarts_and_idle_exits_keep_the_current_rules",),
     ),
     Mutation(
         "counted-under-wrong-reason",
-        "alfwrapper/program.py",
+        "alfwrapper/bpf/program.py",
         '                f"        return alf_drop(skb, &pkt, {_reason(plan.part.reason)});"',
         "                f\"        return alf_drop(skb, &pkt, {_reason('malformed')});\"",
         ("tests/integration/test_observe.py::test_counters_are_exact_per_reason",),
@@ -601,7 +601,7 @@ MUTATIONS += [
     ),
     Mutation(
         "maps-unnamed",
-        "alfwrapper/compiler.py",
+        "alfwrapper/bpf/compiler.py",
         "    if plan.label:\n",
         "    if False:\n",
         (
@@ -610,28 +610,28 @@ MUTATIONS += [
     ),
     Mutation(
         "prometheus-drops-zero",
-        "alfwrapper/observe.py",
+        "alfwrapper/observe/status.py",
         'verdict="drop",reason="{reason}"}} {n}\'',
         'verdict="drop",reason="{reason}"}} 0\'',
         ("tests/integration/test_observe.py::test_status_text_json_and_prometheus",),
     ),
     Mutation(
         "reload-in-callers-netns",
-        "alfwrapper/service.py",
+        "alfwrapper/lifecycle/service.py",
         "    if not netns or netns == state.netns_cookie():",
         "    if True:",
         ("tests/integration/test_observe.py::test_counters_are_exact_per_reason",),
     ),
     Mutation(
         "forwarder-outside-cgroup",
-        "alfwrapper/companion.py",
+        "alfwrapper/host/companion.py",
         "        theirs, ours = _cgroups(app_pid), _cgroups(os.getpid())",
         "        return",
         ("tests/boot/test_lifecycle.py::test_drops_go_to_the_journal_under_the_unit",),
     ),
     Mutation(
         "loader-trusts-claimed-uid",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         '    op = message.get("op")\n',
         '    op = message.get("op")\n    if "uid" in message:\n'
         '        who = Caller(who.pid, int(message["uid"]), who.gid, who.pins)\n',
@@ -639,7 +639,7 @@ MUTATIONS += [
     ),
     Mutation(
         "loader-unconfined-compile",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "    confine(tree, rules.custom is not None)\n",
         "    pass\n",
         (
@@ -649,7 +649,7 @@ MUTATIONS += [
     ),
     Mutation(
         "loader-old-maps-allowed",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "        if ident <= probe and ident not in own:",
         "        if False:",
         (
@@ -659,42 +659,42 @@ MUTATIONS += [
     ),
     Mutation(
         "loader-any-include",
-        "alfwrapper/program.py",
+        "alfwrapper/bpf/program.py",
         '            if directive != "include" or not name or name.group(1) not in allowed:',
         "            if False:",
         ("tests/integration/test_loader.py::test_includes_leak_nothing",),
     ),
     Mutation(
         "loader-no-program-quota",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "    if len(usage) + programs > limits.programs:",
         "    if False:",
         ("tests/integration/test_loader.py::test_quota_is_enforced_and_said",),
     ),
     Mutation(
         "loader-one-queue",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "WORKERS = 8  # connections served at once",
         "WORKERS = 2  # connections served at once",
         ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
     ),
     Mutation(
         "headers-only-under-modules",
-        "alfwrapper/kernel_headers.py",
+        "alfwrapper/host/kernel_headers.py",
         "    match = _MAKEFILE_INCLUDE.search(makefile)\n",
         "    match = None\n",
         ("tests/integration/test_package.py",),
     ),
     Mutation(
         "headers-variable-inherited",
-        "alfwrapper/kernel_headers.py",
+        "alfwrapper/host/kernel_headers.py",
         "        os.environ.pop(SOURCE_VARIABLE, None)",
         "        pass",
         ("tests/unit/test_kernel_headers.py",),
     ),
     Mutation(
         "inetd-stdout-to-peer",
-        "alfwrapper/activation.py",
+        "alfwrapper/host/activation.py",
         "        streams = [fd for fd in (1, 2) if _same_file(0, fd)]",
         "        streams = [fd for fd in (2,) if _same_file(0, fd)]",
         ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
@@ -715,7 +715,7 @@ MUTATIONS += [
     ),
     Mutation(
         "check-loads-as-root-only",
-        "alfwrapper/compiler.py",
+        "alfwrapper/bpf/compiler.py",
         "    cap_bpf = 1 << privileges.CAP_BPF\n",
         '    return ""\n',
         ("tests/integration/test_policy.py::test_check_loads_programs_as_the_units_do",),
@@ -743,7 +743,7 @@ MUTATIONS += [
     ),
     Mutation(
         "backlog-lists-every-family",
-        "alfwrapper/backlog.py",
+        "alfwrapper/lifecycle/backlog.py",
         "    family = sock.family\n",
         "    family = socket.AF_INET6\n",
         (
@@ -756,7 +756,7 @@ MUTATIONS += [
         # take all) except when exactly one client arrives in between; so the break
         # counts first and trusts a longer listing, as the code once did.
         "backlog-counts-before-listing",
-        "alfwrapper/backlog.py",
+        "alfwrapper/lifecycle/backlog.py",
         "    listed = waiting_connections(sock)  # first: see waiting_connections and the module\n"
         "    queued = accept_queue_length(sock)\n",
         "    queued = accept_queue_length(sock)\n"
@@ -775,7 +775,7 @@ MUTATIONS += [
     ),
     Mutation(
         "developer-filter-judged-on-made-up-headers",
-        "alfwrapper/wrapper.py",
+        "alfwrapper/lifecycle/wrapper.py",
         "bool(rules.interfaces or rules.custom))",
         "bool(rules.interfaces))",
         (
@@ -784,7 +784,7 @@ MUTATIONS += [
     ),
     Mutation(
         "reload-takes-no-options",
-        "alfwrapper/service.py",
+        "alfwrapper/lifecycle/service.py",
         "    if not (\n        isinstance(first, list)",
         "    if False and not (\n        isinstance(first, list)",
         (
@@ -816,7 +816,7 @@ MUTATIONS += [
     ),
     Mutation(
         "options-checked-after-attaching",
-        "alfwrapper/wrapper.py",
+        "alfwrapper/lifecycle/wrapper.py",
         "    state.check_meta_room(argv, os.getcwd())\n",
         "",
         (
@@ -826,7 +826,7 @@ MUTATIONS += [
     ),
     Mutation(
         "huge-line-parsed-in-bulk",
-        "alfwrapper/prefix_list.py",
+        "alfwrapper/policy/prefix_list.py",
         '        end = data.find(b"\\n", cut, cut + LINE_LIMIT + 1)\n'
         "        if end < 0 and cut + LINE_LIMIT + 1 < len(data):\n",
         '        end = data.find(b"\\n", cut)\n        if False:\n',
@@ -889,56 +889,56 @@ MUTATIONS += [
     ),
     Mutation(
         "prefix-takes-netmask",
-        "alfwrapper/rules.py",
+        "alfwrapper/policy/rules.py",
         "    if sep and not (length_text.isdigit() and length_text.isascii()):",
         "    if False:",
         ("tests/unit/test_rules.py",),
     ),
     Mutation(
         "loader-compile-reads-anything",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "        syscalls.landlock_restrict([str(tree.base), scratch], readable)",
         "        syscalls.landlock_restrict([str(tree.base), scratch], None)",
         ("tests/integration/test_confine.py",),
     ),
     Mutation(
         "loader-quota-not-by-kernel",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "            if limits.memory is not None:  # all this request makes is charged",
         "            if False:  # all this request makes is charged",
         ("tests/boot/test_debian_kernel.py::test_the_loaders_quota_counts_what_a_user_holds",),
     ),
     Mutation(
         "loader-map-sizes-unread",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "    size = sum(syscalls.fd_memlock(fd) for fd in maps.values())",
         "    size = 0",
         ("tests/integration/test_loader.py::test_quota_is_enforced_and_said",),
     ),
     Mutation(
         "loader-rules-as-text",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         '        key: {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}',
         "        key: [str(p) for p in prefixes]",
         ("tests/integration/test_loader.py::test_a_million_rules_through_the_loader",),
     ),
     Mutation(
         "packed-rules-take-host-bits",
-        "alfwrapper/prefix_list.py",
+        "alfwrapper/policy/prefix_list.py",
         "        if host4.any() or host6.any():",
         "        if False:",
         ("tests/unit/test_prefix_list.py",),
     ),
     Mutation(
         "loader-queue-unbounded-per-user",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         "        if queued.get(who.uid, 0) >= PENDING_PER_USER or len(pending) >= PENDING:",
         "        if len(pending) >= PENDING:",
         ("tests/integration/test_loader.py::test_one_users_flood_never_keeps_another_waiting",),
     ),
     Mutation(
         "loader-deep-json-internal-error",
-        "alfwrapper/loader.py",
+        "alfwrapper/loader/server.py",
         '        except RecursionError:  # "[[[[..." : Python\'s decoder recurses per level',
         '        except ZeroDivisionError:  # "[[[[..." : Python\'s decoder recurses per level',
         ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),

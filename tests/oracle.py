@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from alfwrapper.rules import FAMILY_BITS, Prefix, SubnetRules
+from alfwrapper.policy.rules import FAMILY_BITS, Prefix, SubnetRules
 
 
 def covers(prefix: Prefix, family: int, value: int) -> bool:

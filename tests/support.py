@@ -35,9 +35,9 @@ def bpf_problem() -> str:
         if os.geteuid() != 0:
             _bpf_problem.append("needs root (namespaces, veth, loading BPF)")
         else:
-            from alfwrapper import compiler
+            from alfwrapper.bpf import compiler
             from alfwrapper.errors import AlfError
-            from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
+            from alfwrapper.policy.rules import SocketRules, SubnetRules, parse_prefix
 
             try:
                 compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("::/0"),))))

@@ -23,7 +23,7 @@ from hosts import Network, Probe, Service, check_policy
 from support import ECHO_SERVER, ROOT, WRAPPER
 from test_queued import attack, seen_from, wait_line
 
-from alfwrapper import faults
+from alfwrapper.host import faults
 
 ACTIVATE = ROOT / "tests/integration/activate.py"
 RULES = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]

@@ -19,9 +19,10 @@ from hosts import Host, Network, Service, ifindex
 from support import ECHO_SERVER, WRAPPER
 from test_queued import ATTACKER, PARTS
 
-from alfwrapper import cli, compiler, program
-from alfwrapper.parts import FillEnv
-from alfwrapper.syscalls import prog_test_run
+from alfwrapper import cli
+from alfwrapper.bpf import compiler, program
+from alfwrapper.bpf.parts import FillEnv
+from alfwrapper.host.syscalls import prog_test_run
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import sys
 
 import numpy as np
 
-from alfwrapper import loader
-from alfwrapper.prefix_list import PrefixList
-from alfwrapper.rules import SocketRules, SubnetRules
+from alfwrapper.loader import server as loader
+from alfwrapper.policy.prefix_list import PrefixList
+from alfwrapper.policy.rules import SocketRules, SubnetRules
 
 
 def available() -> int:

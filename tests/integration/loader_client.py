@@ -17,7 +17,8 @@ import os
 import socket
 import sys
 
-from alfwrapper import loader, syscalls
+from alfwrapper.host import syscalls
+from alfwrapper.loader import server as loader
 
 
 def kind(fd: int) -> str:

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from oracle import passes, probe_addresses, random_rules
 
-from alfwrapper import compiler, knocking
-from alfwrapper.rules import KnockRules, Prefix, SocketRules, SubnetRules, parse_prefix
-from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame
+from alfwrapper.bpf import compiler
+from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame
+from alfwrapper.policy import knocking
+from alfwrapper.policy.rules import KnockRules, Prefix, SocketRules, SubnetRules, parse_prefix
 
 
 def verdicts(rules: SubnetRules, addresses: list[tuple[int, int]]) -> list[bool]:
@@ -41,7 +42,7 @@ def test_kernel_agrees_at_every_ipv4_table_size(
 ) -> None:
     """The IPv4 table's first level is sized per rule set (16 to 24 bits): the kernel
     reads each size as written, leaves included (/32s and /25s split blocks at each)."""
-    from alfwrapper import subnet_table  # noqa: PLC0415
+    from alfwrapper.bpf import subnet_table  # noqa: PLC0415
 
     monkeypatch.setattr(subnet_table, "V4_ROOT_BITS", range(root_bits, root_bits + 1))
     rng = random.Random(root_bits)
@@ -74,7 +75,7 @@ def test_kernel_agrees_on_ipv6_bucket_levels(
     own, the deepest entry deciding; keys past a full bucket go to their second one.
     Three levels here (/40, /48, /64, with allow and deny crossing), and enough /64s
     that some buckets fill."""
-    from alfwrapper import subnet_table  # noqa: PLC0415
+    from alfwrapper.bpf import subnet_table  # noqa: PLC0415
 
     monkeypatch.setattr(subnet_table, "KEYS_PER_BUCKET", 5)  # crowded: second buckets used
     rng = random.Random(6)
@@ -161,8 +162,8 @@ def test_subnet_key_layout_is_handed_to_c_as_defined(bpf_root: None) -> None:
     """struct subnet_key is defined once in Python (subnet_table.KEY_FIELDS) and handed to
     C as generated code: the map BCC built from it has exactly that layout, and keys packed
     by Python read back field by field."""
-    from alfwrapper.parts import SUBNET_KEY
-    from alfwrapper.subnet_table import build_subnet_table, encode_nodes
+    from alfwrapper.bpf.parts import SUBNET_KEY
+    from alfwrapper.bpf.subnet_table import build_subnet_table, encode_nodes
 
     # Levels deeper than 8 bytes are in the hash map (shallower ones in buckets).
     rules = SubnetRules(
@@ -207,7 +208,7 @@ def test_ring_buffer_read_by_mmap_across_the_wrap(bpf_root: None) -> None:
     record once, in order, also those that wrap around the end of the ring."""
     import bcc  # noqa: PLC0415
 
-    from alfwrapper import kernel_headers, syscalls  # noqa: PLC0415
+    from alfwrapper.host import kernel_headers, syscalls  # noqa: PLC0415
 
     with kernel_headers.for_bcc(kernel_headers.find()) as include:
         bpf = bcc.BPF(text=RING_WRITER.encode(), cflags=include)

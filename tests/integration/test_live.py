@@ -81,7 +81,7 @@ def test_state_of_closed_sockets_is_collected(network: Network, services: list[S
         svc.stop()
     # A map pinned where a knock folder would be (as a hostile filter once could): gc
     # takes it too, or the service would be listed for ever.
-    from alfwrapper import syscalls  # noqa: PLC0415
+    from alfwrapper.host import syscalls  # noqa: PLC0415
 
     stray = syscalls.map_create(2, "alf_stray", 4, 4, 1)
     syscalls.obj_pin(stray, str(STATE / "churn" / "knock-0"))
@@ -125,7 +125,7 @@ def test_an_emptied_slot_drops_everything(network: Network, services: list[Servi
     a = network.allowed
     svc = start(network, services, "emptied", "--allow", "192.0.2.0/24")
     check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[])
-    from alfwrapper import syscalls
+    from alfwrapper.host import syscalls
 
     for folder in pins_of("emptied"):
         slot = syscalls.obj_get(str(folder / "slot"))

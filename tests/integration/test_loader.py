@@ -24,10 +24,12 @@ from hosts import Network, Probe, Service, all_probes, check_policy
 from managers import OwnManager, UnitLog, UserManager, ordinary_user, start_loader, wait_until
 from support import ECHO_SERVER, ROOT, WRAPPER
 
-from alfwrapper import compiler, state, syscalls
-from alfwrapper import loader as loader_mod
+from alfwrapper import state
+from alfwrapper.bpf import compiler
 from alfwrapper.errors import AlfError
-from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
+from alfwrapper.host import syscalls
+from alfwrapper.loader import server as loader_mod
+from alfwrapper.policy.rules import SocketRules, SubnetRules, parse_prefix
 
 USER_A, USER_B = "alfuser1", "alfuser2"
 PYTHON = "/usr/bin/python3"  # the system's, with BCC; alfwrapper from the readable copy

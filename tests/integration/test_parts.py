@@ -23,7 +23,7 @@ from hosts import (
 from support import ROOT, WRAPPER
 from test_wrapper import allowed_in_denied_out, start, wrapped
 
-from alfwrapper.knocking import secret_ports, utc_window
+from alfwrapper.policy.knocking import secret_ports, utc_window
 
 SOCKETS = ["--listen", "[::]:8080", "--listen-datagram", "[::]:8081"]
 SEQ = "7001,7002,7003"

@@ -19,7 +19,8 @@ import pytest
 from hosts import Network, Probe, Service, check_policy
 from support import ECHO_SERVER, ROOT, WRAPPER
 
-from alfwrapper import state, syscalls
+from alfwrapper import state
+from alfwrapper.host import syscalls
 
 ACTIVATE = ROOT / "tests/integration/activate.py"
 ALLOW_A = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from alfwrapper.activation import child_environment, parse_listen_env
 from alfwrapper.errors import EX_CONFIG, AlfError
+from alfwrapper.host.activation import child_environment, parse_listen_env
 
 
 def test_nothing_inherited() -> None:

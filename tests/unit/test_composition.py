@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from alfwrapper.bpf.program import plan_program
 from alfwrapper.cli import parse_policy
 from alfwrapper.errors import AlfError
-from alfwrapper.knocking import FIRST_PORT, plan_knock, secret_ports
-from alfwrapper.policy import split_scope
-from alfwrapper.program import plan_program
-from alfwrapper.rules import KnockRules, SocketRules, parse_ports
+from alfwrapper.policy.files import split_scope
+from alfwrapper.policy.knocking import FIRST_PORT, plan_knock, secret_ports
+from alfwrapper.policy.rules import KnockRules, SocketRules, parse_ports
 
 
 def rules_for(argv: list[str], name: str) -> SocketRules:
@@ -154,8 +154,8 @@ def test_drop_log_is_in_the_program_only_when_asked_for() -> None:
 def test_labels_name_service_and_socket_within_kernel_limits(
     service: str, protocol: str, port: int, label: str
 ) -> None:
-    from alfwrapper.program import label as make_label
-    from alfwrapper.program import object_name
+    from alfwrapper.bpf.program import label as make_label
+    from alfwrapper.bpf.program import object_name
 
     got = make_label(service, protocol, port)
     assert got == label

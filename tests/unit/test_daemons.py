@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from support import ROOT, require
 
-from alfwrapper import daemons
 from alfwrapper.errors import EX_NOINPUT, AlfError
+from alfwrapper.observe import daemons
 
 
 def texts(argv: list[str], inetd: bool = False, no_caps: bool = False) -> list[str]:

@@ -11,7 +11,7 @@ from support import ROOT
 
 from alfwrapper import errors
 from alfwrapper.cli import check_parser, explain_parser, wrapper_parser
-from alfwrapper.policy import KEYS
+from alfwrapper.policy.files import KEYS
 
 
 def long_options() -> set[str]:

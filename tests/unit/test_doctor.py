@@ -7,7 +7,7 @@ import subprocess
 
 from support import NO_CAPS, WRAPPER, require
 
-from alfwrapper.doctor import effective_capabilities, kernel_version
+from alfwrapper.observe.doctor import effective_capabilities, kernel_version
 
 
 def test_kernel_version() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from alfwrapper import kernel_headers
+from alfwrapper.host import kernel_headers
 
 
 def debian_headers(root: Path, version: str, flavour: str = "amd64") -> Path:

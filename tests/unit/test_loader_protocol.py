@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from alfwrapper import loader
 from alfwrapper.cli import parse_policy
 from alfwrapper.errors import AlfError
-from alfwrapper.rules import CustomFilter, MapSetting, SocketRules
+from alfwrapper.loader import server as loader
+from alfwrapper.policy.rules import CustomFilter, MapSetting, SocketRules
 
 
 def test_rules_survive_the_trip(tmp_path: Any) -> None:

@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from alfwrapper.map_values import encode, type_name
+from alfwrapper.bpf.map_values import encode, type_name
 
 
 def no_links(name: str) -> int | None:

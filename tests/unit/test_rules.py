@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, EX_USAGE, AlfError
-from alfwrapper.prefix_list import parse_rule_lines, read_rule_file
-from alfwrapper.rules import (
+from alfwrapper.policy.prefix_list import parse_rule_lines, read_rule_file
+from alfwrapper.policy.rules import (
     ListenSpec,
     Prefix,
     parse_listen,

@@ -9,9 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import passes, probe_addresses, random_rules
 
-from alfwrapper import subnet_table
-from alfwrapper.rules import Prefix, SubnetRules, parse_prefix
-from alfwrapper.subnet_table import (
+from alfwrapper.bpf import subnet_table
+from alfwrapper.bpf.subnet_table import (
     MAX_NODES,
     NODE_DESCEND,
     NODE_PASS,
@@ -20,6 +19,7 @@ from alfwrapper.subnet_table import (
     lookup,
     lookup_buckets,
 )
+from alfwrapper.policy.rules import Prefix, SubnetRules, parse_prefix
 
 
 def rules_of(allow: list[str] = (), deny: list[str] = ()) -> SubnetRules:  # type: ignore[assignment]

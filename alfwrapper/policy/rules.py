@@ -56,7 +56,7 @@ class SubnetRules:
     deny: Sequence[Prefix] = ()
 
     def __post_init__(self) -> None:
-        from alfwrapper.prefix_list import PrefixList  # noqa: PLC0415 (it imports this module)
+        from alfwrapper.policy.prefix_list import PrefixList  # noqa: PLC0415 (it imports this module)
 
         object.__setattr__(self, "allow", PrefixList.of(self.allow))
         object.__setattr__(self, "deny", PrefixList.of(self.deny))

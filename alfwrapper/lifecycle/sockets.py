@@ -11,7 +11,7 @@ import errno
 import socket
 
 from alfwrapper.errors import EX_NOPERM, EX_OSERR, AlfError
-from alfwrapper.rules import ListenSpec
+from alfwrapper.policy.rules import ListenSpec
 
 
 def open_socket(spec: ListenSpec) -> socket.socket:

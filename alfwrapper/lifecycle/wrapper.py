@@ -25,22 +25,16 @@ import time
 from dataclasses import dataclass
 from typing import NoReturn
 
-from alfwrapper import (
-    activation,
-    attach,
-    backlog,
-    compiler,
-    interfaces,
-    privileges,
-    program,
-    state,
-)
+from alfwrapper import state
+from alfwrapper.bpf import compiler, program
+from alfwrapper.bpf.parts import FillEnv, knock_key
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_OSERR, EX_USAGE, AlfError, excerpt
-from alfwrapper.faults import crash_point
-from alfwrapper.parts import FillEnv, knock_key
-from alfwrapper.policy import Policy
-from alfwrapper.rules import ListenSpec, SocketRules
-from alfwrapper.sockets import bind_socket, open_socket
+from alfwrapper.host import activation, attach, interfaces, privileges
+from alfwrapper.host.faults import crash_point
+from alfwrapper.lifecycle import backlog
+from alfwrapper.lifecycle.sockets import bind_socket, open_socket
+from alfwrapper.policy.files import Policy
+from alfwrapper.policy.rules import ListenSpec, SocketRules
 
 
 @dataclass
@@ -212,14 +206,17 @@ def start_forwarder(
     """The journal forwarder of the drop log of these sockets (name, state), if any and
     journald runs; its pid, or 0 (events then wait in the ring buffers for
     `alfwrapper log`)."""
-    from alfwrapper import companion, droplog  # noqa: PLC0415
+    from alfwrapper.host import companion  # noqa: PLC0415
+    from alfwrapper.lifecycle import droplog  # noqa: PLC0415
 
     if not logging or not droplog.journald_present():
         return 0
     fds = [state.open_pin(where, "events") for _, where in logging]
     try:
         args = [service] + [f"{name}:{fd}" for (name, _), fd in zip(logging, fds, strict=True)]
-        return companion.spawn("alfwrapper.droplog", "drop log forwarder", args, fds, app_pid)
+        return companion.spawn(
+            "alfwrapper.lifecycle.droplog", "drop log forwarder", args, fds, app_pid
+        )
     finally:
         for fd in fds:
             os.close(fd)
@@ -367,10 +364,10 @@ def run(
 
     records = gather_sockets(policy)
     if any(r.rules.interfaces or r.rules.log_rate for r in records):
-        from alfwrapper import companion  # noqa: PLC0415
+        from alfwrapper.host import companion  # noqa: PLC0415
 
         companion.check_libraries()  # of the watcher and the forwarder
-    from alfwrapper import loader  # noqa: PLC0415
+    from alfwrapper.loader import server as loader  # noqa: PLC0415
 
     if loader.use_if_needed():
         following = sorted({i for r in records for i in r.rules.interfaces})

@@ -10,11 +10,12 @@ import os
 import struct
 import sys
 
-from alfwrapper import state, syscalls
+from alfwrapper import state
+from alfwrapper.bpf.parts import RUNTIME_ALLOW
 from alfwrapper.errors import EX_CANTCREAT, EX_USAGE, AlfError
-from alfwrapper.parts import RUNTIME_ALLOW
-from alfwrapper.rules import address_text
-from alfwrapper.service import Member, collect, members, service_netns
+from alfwrapper.host import syscalls
+from alfwrapper.lifecycle.service import Member, collect, members, service_netns
+from alfwrapper.policy.rules import address_text
 from alfwrapper.state import alive
 
 
@@ -29,7 +30,7 @@ def possible_cpus() -> int:
 
 def counters(member: Member) -> dict[str, int]:
     """The socket's verdict counters, summed over CPUs, by reason."""
-    from alfwrapper.parts import REASONS  # noqa: PLC0415
+    from alfwrapper.bpf.parts import REASONS  # noqa: PLC0415
 
     cpus = possible_cpus()
     fd = state.open_pin(member.state, "counters")
@@ -55,7 +56,7 @@ def program_in_slot(member: Member) -> int:
 
 def log_suppressed(member: Member) -> int | None:
     """Drop-log events suppressed by the rate limit so far, or None without a drop log."""
-    from alfwrapper.droplog import BUCKET  # noqa: PLC0415
+    from alfwrapper.lifecycle.droplog import BUCKET  # noqa: PLC0415
 
     if not state.store().has_pin(member.state, "log_bucket"):
         return None
@@ -197,7 +198,7 @@ def write_atomically(path: str, text: str) -> None:
 
 def log(service: str, follow: bool, as_json: bool) -> int:
     """Print the drop log of a service (every service, if "")."""
-    from alfwrapper import droplog  # noqa: PLC0415
+    from alfwrapper.lifecycle import droplog  # noqa: PLC0415
 
     everyone = [service] if service else state.store().services()
     found = [

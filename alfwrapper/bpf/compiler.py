@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from alfwrapper import kernel_headers, syscalls
+from alfwrapper.bpf.parts import REASONS, RESERVED_PREFIXES, FillEnv
+from alfwrapper.bpf.program import ProgramPlan, object_name, plan_program
 from alfwrapper.errors import (
     EX_DATAERR,
     EX_NOPERM,
@@ -27,9 +28,8 @@ from alfwrapper.errors import (
     AlfError,
     missing_library,
 )
-from alfwrapper.parts import REASONS, RESERVED_PREFIXES, FillEnv
-from alfwrapper.program import ProgramPlan, object_name, plan_program
-from alfwrapper.rules import SocketRules
+from alfwrapper.host import kernel_headers, syscalls
+from alfwrapper.policy.rules import SocketRules
 
 
 @dataclass
@@ -239,7 +239,7 @@ def refused_without_perfmon(loaded: LoadedFilter) -> str:
     would (or when this process holds neither CAP_PERFMON nor CAP_SYS_ADMIN: it was
     just loaded that way).  The same instructions are loaded again in a child that
     keeps CAP_BPF only."""
-    from alfwrapper import privileges  # noqa: PLC0415
+    from alfwrapper.host import privileges  # noqa: PLC0415
 
     # What the verifier grants a loader with either (allow_ptr_leaks, bypass_spec_v1).
     if not privileges.effective() & (1 << privileges.CAP_PERFMON | 1 << privileges.CAP_SYS_ADMIN):
@@ -351,7 +351,7 @@ def set_knock_listeners(bpf: Any, cookies: list[int]) -> None:
 
 def prog_id(loaded: LoadedFilter) -> int:
     """The kernel's id of the loaded program (as bpftool shows it)."""
-    from alfwrapper.syscalls import prog_info  # noqa: PLC0415
+    from alfwrapper.host.syscalls import prog_info  # noqa: PLC0415
 
     return prog_info(loaded.fd).id
 

@@ -54,8 +54,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alfwrapper.attach import has_filter
-from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame
+from alfwrapper.host.attach import has_filter
+from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame
 
 SO_PEEK_OFF = 42
 TCP_ESTABLISHED, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LISTEN = 1, 7, 8, 10

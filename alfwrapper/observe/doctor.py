@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from alfwrapper import kernel_headers, syscalls
 from alfwrapper.errors import EX_UNAVAILABLE, LIBRARIES, AlfError
-from alfwrapper.privileges import CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN
-from alfwrapper.rules import SocketRules, SubnetRules, parse_prefix
+from alfwrapper.host import kernel_headers, syscalls
+from alfwrapper.host.privileges import CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN
+from alfwrapper.policy.rules import SocketRules, SubnetRules, parse_prefix
 
 MIN_KERNEL = (5, 6)  # BPF_MAP_UPDATE_BATCH; bpf_skb_load_bytes_relative is 4.18
 
@@ -109,13 +109,13 @@ def check_privilege() -> Check:
 
 
 def through_loader() -> bool:
-    from alfwrapper import loader  # noqa: PLC0415
+    from alfwrapper.loader import server as loader  # noqa: PLC0415
 
     return loader.needed()
 
 
 def check_loader(unpriv: str | None, held_text: str) -> Check:
-    from alfwrapper import loader  # noqa: PLC0415
+    from alfwrapper.loader import server as loader  # noqa: PLC0415
 
     why = f"kernel.unprivileged_bpf_disabled={unpriv} and this process holds {held_text}"
     try:
@@ -216,7 +216,7 @@ def check_state() -> Check:
 
 
 def check_build() -> Check:
-    from alfwrapper import compiler  # noqa: PLC0415
+    from alfwrapper.bpf import compiler  # noqa: PLC0415
 
     try:
         compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("192.0.2.0/24"),))))
@@ -228,7 +228,7 @@ def check_build() -> Check:
 def check_build_through_loader() -> Check:
     import socket  # noqa: PLC0415
 
-    from alfwrapper import loader  # noqa: PLC0415
+    from alfwrapper.loader import server as loader  # noqa: PLC0415
 
     rules = SocketRules(SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)))
     loader.use_if_needed()  # the test run, too, where the kernel refuses it to us

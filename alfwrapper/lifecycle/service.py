@@ -18,16 +18,18 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from alfwrapper import interfaces, program, state, syscalls
+from alfwrapper import state
+from alfwrapper.bpf import program
+from alfwrapper.bpf.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_key
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_USAGE, AlfError, excerpt
-from alfwrapper.faults import crash_point
-from alfwrapper.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_key
-from alfwrapper.policy import Policy
-from alfwrapper.rules import Prefix, SocketRules, parse_prefix
+from alfwrapper.host import interfaces, syscalls
+from alfwrapper.host.faults import crash_point
+from alfwrapper.policy.files import Policy
+from alfwrapper.policy.rules import Prefix, SocketRules, parse_prefix
 from alfwrapper.state import alive
 
 if TYPE_CHECKING:
-    from alfwrapper.compiler import LoadedFilter
+    from alfwrapper.bpf.compiler import LoadedFilter
 
 
 @dataclass
@@ -99,7 +101,7 @@ def reload(
 ) -> list[Member]:
     """Put the service's policy, built anew from ``argv`` (or the argv it was started
     with), into every socket's slot.  Returns the sockets."""
-    from alfwrapper import wrapper  # noqa: PLC0415  (BCC only where programs load)
+    from alfwrapper.lifecycle import wrapper  # noqa: PLC0415  (BCC only where programs load)
 
     found = members(service)
     for m in found:  # what is read is checked before anything is changed
@@ -140,7 +142,7 @@ def reload(
                 os.kill(pid, signal.SIGTERM)  # its programs are out of every slot now
             except OSError:
                 pass
-        from alfwrapper import compiler  # noqa: PLC0415
+        from alfwrapper.bpf import compiler  # noqa: PLC0415
 
         forwarder = 0
         wanted_log = any(rules[id(m)].log_rate for m in found)
@@ -195,7 +197,7 @@ def load_members(
 ) -> tuple[dict[int, LoadedFilter], int]:
     """Each socket's new program (by id(member)), and the pid of the interface watcher
     that holds them, if they need one."""
-    from alfwrapper import wrapper  # noqa: PLC0415  (BCC only where programs load)
+    from alfwrapper.lifecycle import wrapper  # noqa: PLC0415  (BCC only where programs load)
 
     wanted = sorted({i for r in rules.values() for i in r.interfaces})
     indexes = interfaces.resolve(wanted) if wanted else {}

@@ -10,13 +10,14 @@ import ipaddress
 import json
 from dataclasses import dataclass
 
-from alfwrapper import compiler, interfaces, program
+from alfwrapper.bpf import compiler, program
+from alfwrapper.bpf.parts import BY_REASON, Dropped, FillEnv
 from alfwrapper.errors import EX_USAGE, AlfError, excerpt
-from alfwrapper.parts import BY_REASON, Dropped, FillEnv
-from alfwrapper.policy import Policy, RuleSource
-from alfwrapper.prefix_list import PrefixList
-from alfwrapper.rules import ListenSpec, Prefix, SocketRules, parse_prefix
-from alfwrapper.syscalls import prog_test_run, tcp_syn_frame, udp_frame
+from alfwrapper.host import interfaces
+from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame
+from alfwrapper.policy.files import Policy, RuleSource
+from alfwrapper.policy.prefix_list import PrefixList
+from alfwrapper.policy.rules import ListenSpec, Prefix, SocketRules, parse_prefix
 
 _SERVER = {4: 0xC0000201, 6: (0x20010DB8 << 96) | 1}  # where the packet goes, if not known
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 import errno
 import os
 
-from alfwrapper import syscalls
 from alfwrapper.errors import EX_OSERR, AlfError
+from alfwrapper.host import syscalls
 
 CAP_CHOWN = 0
 CAP_DAC_OVERRIDE = 1

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alfwrapper import cgroups, state, syscalls
+from alfwrapper import state
 from alfwrapper.errors import (
     EX_DATAERR,
     EX_NOPERM,
@@ -70,7 +70,8 @@ from alfwrapper.errors import (
     EX_USAGE,
     AlfError,
 )
-from alfwrapper.rules import (
+from alfwrapper.host import cgroups, syscalls
+from alfwrapper.policy.rules import (
     CustomFilter,
     KnockRules,
     MapSetting,
@@ -209,7 +210,7 @@ def _bad(why: str) -> AlfError:
 def encode_rules(rules: SocketRules) -> dict[str, Any]:
     """Rules as the loader takes them: everything already read (a filter's text, a
     knock secret), nothing for the loader to open."""
-    from alfwrapper.prefix_list import PrefixList  # noqa: PLC0415
+    from alfwrapper.policy.prefix_list import PrefixList  # noqa: PLC0415
 
     out: dict[str, Any] = {
         key: {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}
@@ -230,7 +231,7 @@ def encode_rules(rules: SocketRules) -> dict[str, Any]:
             "sources": k.sources,
         }
     if rules.custom:
-        from alfwrapper.rules import FILTER_LIMIT, read_text_input  # noqa: PLC0415
+        from alfwrapper.policy.rules import FILTER_LIMIT, read_text_input  # noqa: PLC0415
 
         source = rules.custom.source or read_text_input(
             rules.custom.path, "--filter", "give a restricted-C file", FILTER_LIMIT
@@ -265,7 +266,7 @@ def _prefixes(d: dict[str, Any], key: str) -> Sequence[Prefix]:
     items = d.get(key, [])
     try:
         if isinstance(items, dict) and set(items) == {"packed"}:
-            from alfwrapper.prefix_list import PrefixList  # noqa: PLC0415
+            from alfwrapper.policy.prefix_list import PrefixList  # noqa: PLC0415
 
             data = base64.b64decode(_field(items, "packed", str), validate=True)
             return PrefixList.unpacked(data, RULES_LIMIT)
@@ -282,7 +283,7 @@ def _prefixes(d: dict[str, Any], key: str) -> Sequence[Prefix]:
 
 def decode_rules(d: Any) -> SocketRules:
     """The rules of a request, checked as strictly as the command line checks them."""
-    from alfwrapper.policy import accepted  # noqa: PLC0415
+    from alfwrapper.policy.files import accepted  # noqa: PLC0415
 
     if not isinstance(d, dict):
         raise _bad("'rules' must be an object")
@@ -496,7 +497,7 @@ class Broker(state.Store):
     ) -> Any:
         """Store.load_filter, by the loader: the program's fd, and the plan's rules (no
         BCC module here; the loader filled the maps)."""
-        from alfwrapper import compiler, program  # noqa: PLC0415
+        from alfwrapper.bpf import compiler, program  # noqa: PLC0415
 
         fd, _ = self.load(rules, where, label, bool(cookies), sock)
         plan = program.ProgramPlan(rules=rules, text="", defines=(), include_dirs=(), parts=(),
@@ -518,7 +519,7 @@ def needed() -> bool:
     """Must this process go through the loader?  Yes when it may not create maps and
     load programs itself: without CAP_BPF (or CAP_SYS_ADMIN) where unprivileged BPF
     is disabled.  Where it is allowed, the built-in filters load directly."""
-    from alfwrapper.privileges import CAP_BPF, CAP_SYS_ADMIN, effective  # noqa: PLC0415
+    from alfwrapper.host.privileges import CAP_BPF, CAP_SYS_ADMIN, effective  # noqa: PLC0415
 
     if effective() & ((1 << CAP_BPF) | (1 << CAP_SYS_ADMIN)):
         return False
@@ -1042,7 +1043,7 @@ def _label(message: dict[str, Any]) -> str:
 
 @_op("load")
 def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
-    from alfwrapper import compiler  # noqa: PLC0415  (BCC in this child only)
+    from alfwrapper.bpf import compiler  # noqa: PLC0415  (BCC in this child only)
 
     rules = decode_rules(message.get("rules"))
     label = _label(message)
@@ -1134,9 +1135,10 @@ def compile_readable() -> list[str]:
     /usr/src), the count of possible CPUs (per-CPU maps), and this process's own fd
     tables.  Everything else (the loader's files, other
     users' ledgers, /etc, /run, /proc) is out of reach, however a source names it."""
-    from alfwrapper import kernel_headers, program  # noqa: PLC0415
+    from alfwrapper.bpf import program  # noqa: PLC0415
+    from alfwrapper.host import kernel_headers  # noqa: PLC0415
 
-    paths = {str(program.filter_dir()), str(Path(__file__).parent), "/usr/src",
+    paths = {str(program.filter_dir()), str(Path(__file__).resolve().parents[1]), "/usr/src",
              "/sys/devices/system/cpu/possible", f"/proc/{os.getpid()}/fd",
              f"/proc/{os.getpid()}/fdinfo"}  # fmt: skip
     tree = kernel_headers.find()
@@ -1157,7 +1159,7 @@ def confine(tree: state.Store, custom: bool) -> None:
     one (alfwrapper's own C, the user's data only) is compiled all the same."""
     import tempfile  # noqa: PLC0415
 
-    from alfwrapper import compiler  # noqa: PLC0415
+    from alfwrapper.bpf import compiler  # noqa: PLC0415
 
     tree.root(create=True)
     compiler.prepare_to_compile()  # what BCC and libbpf load lazily, loaded now
@@ -1314,7 +1316,7 @@ def main(args: argparse.Namespace) -> int:
         os.chmod(args.listen, 0o666)
         listener.listen(64)
     else:
-        from alfwrapper import activation  # noqa: PLC0415
+        from alfwrapper.host import activation  # noqa: PLC0415
 
         inherited = activation.inherit_unix_listener(os.environ, os.getpid())
         if inherited is None:

@@ -17,8 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from alfwrapper.errors import EX_DATAERR, AlfError, excerpt
-from alfwrapper.parts import (
+from alfwrapper.bpf.parts import (
     PARTS,
     REASONS,
     RESERVED_PREFIXES,
@@ -28,7 +27,8 @@ from alfwrapper.parts import (
     Pins,
     declared_maps,
 )
-from alfwrapper.rules import FILTER_LIMIT, SocketRules, read_text_input
+from alfwrapper.errors import EX_DATAERR, AlfError, excerpt
+from alfwrapper.policy.rules import FILTER_LIMIT, SocketRules, read_text_input
 
 ENTRY = "filter"  # the entry point's name when the program has no label
 LOG_PAGES = 64  # the drop log's ring buffer: 64 pages, about 6,000 events
@@ -88,7 +88,7 @@ _ENTRY_RE = re.compile(
 def filter_dir() -> Path:
     """filters/: at the top of a checkout, or inside the installed package (the wheel
     maps the top-level folder to alfwrapper/filters)."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the alfwrapper package
     for candidate in (here / "filters", here.parent / "filters"):
         if (candidate / "common.h").is_file():
             return candidate
@@ -265,7 +265,7 @@ def plan_program(rules: SocketRules, pins: Pins | None = None, label_: str = "")
     pinned = [("alf_counters", pins.path("counters"))] if pins is not None else []
     structs = ""
     if rules.log_rate:
-        from alfwrapper.droplog import BUCKET_C, EVENT_C  # noqa: PLC0415
+        from alfwrapper.lifecycle.droplog import BUCKET_C, EVENT_C  # noqa: PLC0415
 
         defines += [("ALF_LOG_RATE", str(rules.log_rate)), ("ALF_LOG_PAGES", str(LOG_PAGES))]
         structs = EVENT_C + BUCKET_C

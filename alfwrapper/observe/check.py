@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from alfwrapper import compiler, interfaces, program, syscalls
+from alfwrapper.bpf import compiler, program
+from alfwrapper.bpf.parts import FillEnv
 from alfwrapper.errors import EX_CONFIG, AlfError
-from alfwrapper.parts import FillEnv
-from alfwrapper.policy import Policy
-from alfwrapper.rules import FAMILY_BITS, ListenSpec, Prefix, SocketRules
+from alfwrapper.host import interfaces, syscalls
+from alfwrapper.policy.files import Policy
+from alfwrapper.policy.rules import FAMILY_BITS, ListenSpec, Prefix, SocketRules
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The interface watcher process: keeps iface_allowed following interface names.
 
-Started by interfaces.start_watcher as ``python3 -m alfwrapper.watcher LABEL
+Started by interfaces.start_watcher as ``python3 -m alfwrapper.lifecycle.watcher LABEL
 PIDFD READYFD ALLOWED:ALIVE:NAME,NAME ...``.  It listens to netlink link
 events in the service's network namespace:
 
@@ -30,8 +30,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from alfwrapper import privileges, syscalls
-from alfwrapper.interfaces import LEASE_NS, RTMGRP_LINK, renew_lease
+from alfwrapper.host import privileges, syscalls
+from alfwrapper.host.interfaces import LEASE_NS, RTMGRP_LINK, renew_lease
 
 WATCHER_USERS = ("alfwrapper", "nobody")  # the first that exists
 RENEW_SECONDS = 1.0  # the lease is renewed this often, LEASE_NS ahead
@@ -134,7 +134,7 @@ def watch(targets: Sequence[Target], pidfd: int, ready_w: int, events: Any, dump
 def main(argv: Sequence[str]) -> int:
     label, pidfd, ready_w = argv[0], int(argv[1]), int(argv[2])
     try:
-        from alfwrapper.companion import name_process  # noqa: PLC0415
+        from alfwrapper.host.companion import name_process  # noqa: PLC0415
 
         name_process(f"alfwrapper-watch {label}")
         targets = [Target(spec) for spec in argv[3:]]

@@ -22,8 +22,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from alfwrapper import companion, syscalls
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
+from alfwrapper.host import companion, syscalls
 
 RTMGRP_LINK = 1
 # interfaces.c's iface_lease: the watcher renews it every second for LEASE_NS ahead;
@@ -98,4 +98,4 @@ def start_watcher(maps: Sequence[WatchedMap], label: str, app_pid: int = 0) -> i
     """
     args = [label] + [f"{m.allowed_fd}:{m.alive_fd}:{m.lease_fd}:{','.join(m.names)}" for m in maps]
     keep = [fd for m in maps for fd in (m.allowed_fd, m.alive_fd, m.lease_fd)]
-    return companion.spawn("alfwrapper.watcher", "interface watcher", args, keep, app_pid)
+    return companion.spawn("alfwrapper.lifecycle.watcher", "interface watcher", args, keep, app_pid)

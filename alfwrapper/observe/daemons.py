@@ -19,8 +19,8 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from alfwrapper import privileges
 from alfwrapper.errors import EX_NOINPUT, AlfError
+from alfwrapper.host import privileges
 
 INETD, LISTEN_FDS, OWN = "inetd", "listen-fds", "own"
 HOW = {

@@ -29,10 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from alfwrapper import knocking, map_values
-from alfwrapper.errors import EX_OSERR, EX_USAGE, AlfError, excerpt
-from alfwrapper.rules import SocketRules
-from alfwrapper.subnet_table import (
+from alfwrapper.bpf import map_values
+from alfwrapper.bpf.subnet_table import (
     KEY_FIELDS,
     LINE_WORDS,
     NODE_DESCEND,
@@ -42,6 +40,9 @@ from alfwrapper.subnet_table import (
     build_subnet_table,
     encode_nodes,
 )
+from alfwrapper.errors import EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.policy import knocking
+from alfwrapper.policy.rules import SocketRules
 
 # Why a packet was passed or dropped: the counters' indexes, in C as ALF_REASON_*.
 REASONS = ("passed", "malformed", "interfaces", "subnets", "knocking", "filter")
@@ -377,7 +378,7 @@ def u32s(values: Sequence[int]) -> bytes:
 def set_interfaces(bpf: Any, allowed: dict[int, str]) -> None:
     """Make iface_allowed hold exactly these indexes (new ones first, then removals), and
     hold them current until the watcher takes over renewing the lease (interfaces.c)."""
-    from alfwrapper.interfaces import START_LEASE_NS, renew_lease  # noqa: PLC0415
+    from alfwrapper.host.interfaces import START_LEASE_NS, renew_lease  # noqa: PLC0415
 
     renew_lease(bpf[b"iface_lease"].map_fd, START_LEASE_NS)
     table = bpf[b"iface_allowed"]

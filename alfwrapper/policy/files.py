@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_USAGE, AlfError, excerpt
-from alfwrapper.knocking import read_secret
-from alfwrapper.prefix_list import PrefixList, read_rule_file
-from alfwrapper.rules import (
+from alfwrapper.policy.knocking import read_secret
+from alfwrapper.policy.prefix_list import PrefixList, read_rule_file
+from alfwrapper.policy.rules import (
     SOCKET_NAME_RULE,
     CustomFilter,
     KnockRules,

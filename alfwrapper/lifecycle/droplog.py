@@ -5,7 +5,7 @@ With --log-drops RATE a socket's program puts an event for each dropped packet
 into the socket's pinned ring buffer, at most RATE a second (filters/common.h).
 `alfwrapper log` reads the ring buffers of a service; when the service runs
 under systemd's journal, a small forwarder process (this module, run as
-``python3 -m alfwrapper.droplog``) reads them instead and writes each event to
+``python3 -m alfwrapper.lifecycle.droplog``) reads them instead and writes each event to
 the journal with structured fields, from the service's own cgroup, so that
 ``journalctl -u UNIT`` shows the drops beside the application's lines.  A
 ring buffer has one reading position: what the forwarder reads, `log` does not.
@@ -22,8 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from alfwrapper import parts, syscalls
-from alfwrapper.rules import address_text
+from alfwrapper.bpf import parts
+from alfwrapper.host import syscalls
+from alfwrapper.policy.rules import address_text
 
 EVENT_FIELDS = (
     ("ts_ns", "u64"),
@@ -207,10 +208,10 @@ def forward(rings: Sequence[tuple[str, str, int]], pidfd: int) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """python3 -m alfwrapper.droplog SERVICE PIDFD READYFD SOCKET:FD ..."""
+    """python3 -m alfwrapper.lifecycle.droplog SERVICE PIDFD READYFD SOCKET:FD ..."""
     service, pidfd, ready_w = argv[0], int(argv[1]), int(argv[2])
     try:
-        from alfwrapper.companion import name_process  # noqa: PLC0415
+        from alfwrapper.host.companion import name_process  # noqa: PLC0415
 
         name_process(f"alfwrapper-log {service}")
         rings = [(service, spec.rsplit(":", 1)[0], int(spec.rsplit(":", 1)[1]))
@@ -218,7 +219,7 @@ def main(argv: Sequence[str]) -> int:
         from systemd import journal  # noqa: F401, PLC0415  (before giving up root)
 
         syscalls.libbpf()
-        from alfwrapper.watcher import become_watcher_user  # noqa: PLC0415
+        from alfwrapper.lifecycle.watcher import become_watcher_user  # noqa: PLC0415
 
         become_watcher_user()
         os.write(ready_w, b"ready")

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 from alfwrapper.errors import EX_DATAERR, AlfError, excerpt
-from alfwrapper.rules import RULE_FILE_LIMIT, Prefix, parse_prefix, read_input
+from alfwrapper.policy.rules import RULE_FILE_LIMIT, Prefix, parse_prefix, read_input
 
 Array = Any  # numpy arrays (typed loosely: Debian's numpy 1.24 and pip's 2.x check alike)
 

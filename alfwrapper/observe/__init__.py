@@ -1,0 +1,1 @@
+"""Read-only questions: status and metrics, explain, check, doctor."""
