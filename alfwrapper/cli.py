@@ -398,19 +398,19 @@ def _service_ops() -> Any:
     """The commands that change running services: on the pinned state here, or, without
     the privilege for it, on this user's through the loader."""
     from alfwrapper.lifecycle import service  # noqa: PLC0415
-    from alfwrapper.loader import server as loader  # noqa: PLC0415
+    from alfwrapper.loader import client  # noqa: PLC0415
 
-    loader.use_if_needed()
+    client.use_if_needed()
     return service
 
 
 def _observe_ops() -> Any:
     """The commands that read running services (status, metrics, the drop log), the
     same two ways."""
-    from alfwrapper.loader import server as loader  # noqa: PLC0415
+    from alfwrapper.loader import client  # noqa: PLC0415
     from alfwrapper.observe import status as observe  # noqa: PLC0415
 
-    loader.use_if_needed()
+    client.use_if_needed()
     return observe
 
 
@@ -673,7 +673,7 @@ def knock_main(argv: Sequence[str]) -> int:
 
 
 def loader_parser() -> Parser:
-    from alfwrapper.loader import server as loader  # noqa: PLC0415
+    from alfwrapper.loader import server  # noqa: PLC0415
 
     p = Parser(
         prog="alfwrapper loader",
@@ -683,14 +683,14 @@ def loader_parser() -> Parser:
             "alfwrapper loader --listen /run/alfwrapper/loader.sock --max-programs 16",
         ),
     )
-    loader.add_options(p)
+    server.add_options(p)
     return p
 
 
 def loader_main(argv: Sequence[str]) -> int:
-    from alfwrapper.loader import server as loader  # noqa: PLC0415
+    from alfwrapper.loader import server  # noqa: PLC0415
 
-    return loader.main(loader_parser().parse_args(argv))
+    return server.main(loader_parser().parse_args(argv))
 
 
 @dataclass(frozen=True)

@@ -43,12 +43,8 @@ from alfwrapper.bpf import compiler, program  # noqa: E402
 from alfwrapper.bpf.parts import FillEnv  # noqa: E402
 from alfwrapper.host.interfaces import START_LEASE_NS, renew_lease  # noqa: E402
 from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame  # noqa: E402
-from alfwrapper.policy.rules import (  # noqa: E402
-    KnockRules,
-    Prefix,
-    SocketRules,
-    SubnetRules,
-)
+from alfwrapper.policy.prefixes import Prefix  # noqa: E402
+from alfwrapper.policy.rules import KnockRules, SocketRules, SubnetRules  # noqa: E402
 
 NOOP = '#include "common.h"\nint filter(struct __sk_buff *skb)\n{\n    return ALF_PASS;\n}\n'
 SERVER4 = 0xC0000201

@@ -28,7 +28,8 @@ sys.path.insert(0, str(HERE.parent))
 from alfwrapper.bpf import compiler, program  # noqa: E402
 from alfwrapper.host import syscalls  # noqa: E402
 from alfwrapper.host.syscalls import prog_test_run, udp_frame  # noqa: E402
-from alfwrapper.policy.rules import Prefix, SocketRules, SubnetRules  # noqa: E402
+from alfwrapper.policy.prefixes import Prefix  # noqa: E402
+from alfwrapper.policy.rules import SocketRules, SubnetRules  # noqa: E402
 
 # The source walk, shared by every program measured here.
 WALK = r"""

@@ -59,7 +59,7 @@ MUTATIONS = [
     ),
     Mutation(
         "mapped-prefix-rules",
-        "alfwrapper/policy/rules.py",
+        "alfwrapper/policy/prefixes.py",
         "    if family == 6 and length >= 96 and (value >> 32) == 0xFFFF:",
         "    if False:",
         ("tests/unit/test_rules.py",),
@@ -382,14 +382,14 @@ MUTATIONS = [
     ),
     Mutation(
         "regular-files-only",
-        "alfwrapper/policy/rules.py",
+        "alfwrapper/policy/inputs.py",
         "        if not stat.S_ISREG(info.st_mode):",
         "        if False:",
         ("tests/integration/test_errors.py",),
     ),
     Mutation(
         "input-size-limit",
-        "alfwrapper/policy/rules.py",
+        "alfwrapper/policy/inputs.py",
         "        if info.st_size > limit:\n            raise too_big\n",
         "        limit = 1 << 62\n",
         ("tests/integration/test_errors.py",),
@@ -403,7 +403,7 @@ MUTATIONS = [
     ),
     Mutation(
         "fd-calls-not-through-loader",
-        "alfwrapper/loader/server.py",
+        "alfwrapper/loader/client.py",
         "    syscalls.use_fd_proxy(broker.fd_call)\n",
         "    pass\n",
         ("tests/integration/test_loader.py::test_ordinary_users_service_behind_their_own_policy",),
@@ -666,7 +666,7 @@ MUTATIONS += [
     ),
     Mutation(
         "loader-no-program-quota",
-        "alfwrapper/loader/server.py",
+        "alfwrapper/loader/quota.py",
         "    if len(usage) + programs > limits.programs:",
         "    if False:",
         ("tests/integration/test_loader.py::test_quota_is_enforced_and_said",),
@@ -889,7 +889,7 @@ MUTATIONS += [
     ),
     Mutation(
         "prefix-takes-netmask",
-        "alfwrapper/policy/rules.py",
+        "alfwrapper/policy/prefixes.py",
         "    if sep and not (length_text.isdigit() and length_text.isascii()):",
         "    if False:",
         ("tests/unit/test_rules.py",),
@@ -917,7 +917,7 @@ MUTATIONS += [
     ),
     Mutation(
         "loader-rules-as-text",
-        "alfwrapper/loader/server.py",
+        "alfwrapper/loader/protocol.py",
         '        key: {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}',
         "        key: [str(p) for p in prefixes]",
         ("tests/integration/test_loader.py::test_a_million_rules_through_the_loader",),
@@ -938,7 +938,7 @@ MUTATIONS += [
     ),
     Mutation(
         "loader-deep-json-internal-error",
-        "alfwrapper/loader/server.py",
+        "alfwrapper/loader/protocol.py",
         '        except RecursionError:  # "[[[[..." : Python\'s decoder recurses per level',
         '        except ZeroDivisionError:  # "[[[[..." : Python\'s decoder recurses per level',
         ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),

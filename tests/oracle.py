@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from alfwrapper.policy.rules import FAMILY_BITS, Prefix, SubnetRules
+from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
+from alfwrapper.policy.rules import SubnetRules
 
 
 def covers(prefix: Prefix, family: int, value: int) -> bool:

@@ -37,7 +37,8 @@ def bpf_problem() -> str:
         else:
             from alfwrapper.bpf import compiler
             from alfwrapper.errors import AlfError
-            from alfwrapper.policy.rules import SocketRules, SubnetRules, parse_prefix
+            from alfwrapper.policy.prefixes import parse_prefix
+            from alfwrapper.policy.rules import SocketRules, SubnetRules
 
             try:
                 compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("::/0"),))))

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from alfwrapper.errors import excerpt
-from alfwrapper.policy.rules import parse_prefix
+from alfwrapper.policy.prefixes import parse_prefix
 
 IfindexOf = Callable[[str], int | None]
 

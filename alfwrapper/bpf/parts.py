@@ -164,6 +164,29 @@ RUNTIME_KEY_C, RUNTIME_KEY = c_struct(
     (("prefixlen", "u32"), ("family", "u8"), ("pad", "u8[3]"), ("addr", "u8[16]")),
 )
 
+# The drop log's ring buffer record and its per-socket rate bucket (common.h's
+# alf_log_drop; lifecycle/droplog.py reads them).
+EVENT_FIELDS = (
+    ("ts_ns", "u64"),
+    ("ifindex", "u32"),
+    ("suppressed", "u32"),
+    ("sport", "u16"),
+    ("dport", "u16"),
+    ("reason", "u8"),
+    ("family", "u8"),
+    ("proto", "u8"),
+    ("pad", "u8"),
+    ("addr", "u8[16]"),
+)
+BUCKET_FIELDS = (
+    ("credit_ns", "u64"),
+    ("last_ns", "u64"),
+    ("pending", "u64"),
+    ("suppressed", "u64"),
+)
+EVENT_C, EVENT = c_struct("alf_event", EVENT_FIELDS)
+BUCKET_C, BUCKET = c_struct("alf_bucket", BUCKET_FIELDS)
+
 
 class Runtime(Part):
     """Allow and deny rules added while the service runs (alfwrapper allow/deny/revoke).

@@ -28,7 +28,8 @@ from alfwrapper.bpf.parts import (
     declared_maps,
 )
 from alfwrapper.errors import EX_DATAERR, AlfError, excerpt
-from alfwrapper.policy.rules import FILTER_LIMIT, SocketRules, read_text_input
+from alfwrapper.policy.inputs import FILTER_LIMIT, read_text_input
+from alfwrapper.policy.rules import SocketRules
 
 ENTRY = "filter"  # the entry point's name when the program has no label
 LOG_PAGES = 64  # the drop log's ring buffer: 64 pages, about 6,000 events
@@ -265,7 +266,7 @@ def plan_program(rules: SocketRules, pins: Pins | None = None, label_: str = "")
     pinned = [("alf_counters", pins.path("counters"))] if pins is not None else []
     structs = ""
     if rules.log_rate:
-        from alfwrapper.lifecycle.droplog import BUCKET_C, EVENT_C  # noqa: PLC0415
+        from alfwrapper.bpf.parts import BUCKET_C, EVENT_C  # noqa: PLC0415
 
         defines += [("ALF_LOG_RATE", str(rules.log_rate)), ("ALF_LOG_PAGES", str(LOG_PAGES))]
         structs = EVENT_C + BUCKET_C

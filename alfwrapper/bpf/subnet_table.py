@@ -35,7 +35,8 @@ from typing import Any
 
 from alfwrapper.errors import EX_DATAERR, AlfError
 from alfwrapper.policy.prefix_list import PrefixList
-from alfwrapper.policy.rules import FAMILY_BITS, Prefix, SubnetRules
+from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
+from alfwrapper.policy.rules import SubnetRules
 
 # numpy arrays.  numpy is imported where used, so that a missing numpy is one clear
 # line (cli); and typed loosely, so that Debian's numpy 1.24 and pip's 2.x check alike.

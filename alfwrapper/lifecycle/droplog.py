@@ -24,28 +24,8 @@ from dataclasses import dataclass
 
 from alfwrapper.bpf import parts
 from alfwrapper.host import syscalls
-from alfwrapper.policy.rules import address_text
+from alfwrapper.policy.prefixes import address_text
 
-EVENT_FIELDS = (
-    ("ts_ns", "u64"),
-    ("ifindex", "u32"),
-    ("suppressed", "u32"),
-    ("sport", "u16"),
-    ("dport", "u16"),
-    ("reason", "u8"),
-    ("family", "u8"),
-    ("proto", "u8"),
-    ("pad", "u8"),
-    ("addr", "u8[16]"),
-)
-BUCKET_FIELDS = (
-    ("credit_ns", "u64"),
-    ("last_ns", "u64"),
-    ("pending", "u64"),
-    ("suppressed", "u64"),
-)
-EVENT_C, EVENT = parts.c_struct("alf_event", EVENT_FIELDS)
-BUCKET_C, BUCKET = parts.c_struct("alf_bucket", BUCKET_FIELDS)
 PROTOCOLS = {6: "tcp", 17: "udp"}
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 
@@ -98,8 +78,8 @@ def decode(
     service: str, socket_name: str, raw: bytes, name: Callable[[int], str] | None = None
 ) -> Event:
     """An event from the ring buffer; ``name`` names its interface (None: by index)."""
-    ts, ifindex, suppressed, sport, dport, reason, family, proto, _, addr = EVENT.unpack(
-        raw[: EVENT.size]
+    ts, ifindex, suppressed, sport, dport, reason, family, proto, _, addr = parts.EVENT.unpack(
+        raw[: parts.EVENT.size]
     )
     if family == 4:
         source = address_text(4, int.from_bytes(addr[:4], "big"))

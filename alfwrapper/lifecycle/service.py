@@ -25,7 +25,8 @@ from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import interfaces, syscalls
 from alfwrapper.host.faults import crash_point
 from alfwrapper.policy.files import Policy
-from alfwrapper.policy.rules import Prefix, SocketRules, parse_prefix
+from alfwrapper.policy.prefixes import Prefix, parse_prefix
+from alfwrapper.policy.rules import SocketRules
 from alfwrapper.state import alive
 
 if TYPE_CHECKING:

@@ -367,9 +367,9 @@ def run(
         from alfwrapper.host import companion  # noqa: PLC0415
 
         companion.check_libraries()  # of the watcher and the forwarder
-    from alfwrapper.loader import server as loader  # noqa: PLC0415
+    from alfwrapper.loader import client  # noqa: PLC0415
 
-    if loader.use_if_needed():
+    if client.use_if_needed():
         following = sorted({i for r in records for i in r.rules.interfaces})
         if following:
             raise AlfError(

@@ -16,7 +16,8 @@ from alfwrapper.bpf.parts import FillEnv
 from alfwrapper.errors import EX_CONFIG, AlfError
 from alfwrapper.host import interfaces, syscalls
 from alfwrapper.policy.files import Policy
-from alfwrapper.policy.rules import FAMILY_BITS, ListenSpec, Prefix, SocketRules
+from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
+from alfwrapper.policy.rules import ListenSpec, SocketRules
 
 
 @dataclass(frozen=True)

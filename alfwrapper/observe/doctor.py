@@ -18,7 +18,8 @@ from pathlib import Path
 from alfwrapper.errors import EX_UNAVAILABLE, LIBRARIES, AlfError
 from alfwrapper.host import kernel_headers, syscalls
 from alfwrapper.host.privileges import CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN
-from alfwrapper.policy.rules import SocketRules, SubnetRules, parse_prefix
+from alfwrapper.policy.prefixes import parse_prefix
+from alfwrapper.policy.rules import SocketRules, SubnetRules
 
 MIN_KERNEL = (5, 6)  # BPF_MAP_UPDATE_BATCH; bpf_skb_load_bytes_relative is 4.18
 
@@ -109,13 +110,13 @@ def check_privilege() -> Check:
 
 
 def through_loader() -> bool:
-    from alfwrapper.loader import server as loader  # noqa: PLC0415
+    from alfwrapper.loader import client  # noqa: PLC0415
 
-    return loader.needed()
+    return client.needed()
 
 
 def check_loader(unpriv: str | None, held_text: str) -> Check:
-    from alfwrapper.loader import server as loader  # noqa: PLC0415
+    from alfwrapper.loader import client, protocol  # noqa: PLC0415
 
     why = f"kernel.unprivileged_bpf_disabled={unpriv} and this process holds {held_text}"
     try:
@@ -128,12 +129,12 @@ def check_loader(unpriv: str | None, held_text: str) -> Check:
             "Linux 6.5), so the loader makes those too"
         )
     try:
-        limits, _ = loader.Broker().request({"op": "limits"}, seconds=10)
+        limits, _ = client.Broker().request({"op": "limits"}, seconds=10)
     except AlfError as err:
         return Check(False, f"{why}, so filters come from the loader: {err.why} ({err.hint})")
     return Check(
         True,
-        f"loads filters through the loader ({loader.socket_path()}): {why}; your "
+        f"loads filters through the loader ({protocol.socket_path()}): {why}; your "
         "services' pinned state is kept by the loader; " + loader_limits(limits),
     )
 
@@ -228,13 +229,13 @@ def check_build() -> Check:
 def check_build_through_loader() -> Check:
     import socket  # noqa: PLC0415
 
-    from alfwrapper.loader import server as loader  # noqa: PLC0415
+    from alfwrapper.loader import client  # noqa: PLC0415
 
     rules = SocketRules(SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)))
-    loader.use_if_needed()  # the test run, too, where the kernel refuses it to us
+    client.use_if_needed()  # the test run, too, where the kernel refuses it to us
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
-            fd, _ = loader.Broker().load(rules, None, "doctor_u0", False, sock)
+            fd, _ = client.Broker().load(rules, None, "doctor_u0", False, sock)
             verdict = syscalls.prog_test_run(fd, syscalls.udp_frame(4, 0xC0000202)).retval
             os.close(fd)
     except (AlfError, OSError) as err:

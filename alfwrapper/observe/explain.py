@@ -17,7 +17,8 @@ from alfwrapper.host import interfaces
 from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame
 from alfwrapper.policy.files import Policy, RuleSource
 from alfwrapper.policy.prefix_list import PrefixList
-from alfwrapper.policy.rules import ListenSpec, Prefix, SocketRules, parse_prefix
+from alfwrapper.policy.prefixes import Prefix, parse_prefix
+from alfwrapper.policy.rules import ListenSpec, SocketRules
 
 _SERVER = {4: 0xC0000201, 6: (0x20010DB8 << 96) | 1}  # where the packet goes, if not known
 

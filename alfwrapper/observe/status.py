@@ -15,7 +15,7 @@ from alfwrapper.bpf.parts import RUNTIME_ALLOW
 from alfwrapper.errors import EX_CANTCREAT, EX_USAGE, AlfError
 from alfwrapper.host import syscalls
 from alfwrapper.lifecycle.service import Member, collect, members, service_netns
-from alfwrapper.policy.rules import address_text
+from alfwrapper.policy.prefixes import address_text
 from alfwrapper.state import alive
 
 
@@ -56,7 +56,7 @@ def program_in_slot(member: Member) -> int:
 
 def log_suppressed(member: Member) -> int | None:
     """Drop-log events suppressed by the rate limit so far, or None without a drop log."""
-    from alfwrapper.lifecycle.droplog import BUCKET  # noqa: PLC0415
+    from alfwrapper.bpf.parts import BUCKET  # noqa: PLC0415
 
     if not state.store().has_pin(member.state, "log_bucket"):
         return None

@@ -24,21 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_USAGE, AlfError, excerpt
+from alfwrapper.policy.inputs import read_input
 from alfwrapper.policy.knocking import read_secret
 from alfwrapper.policy.prefix_list import PrefixList, read_rule_file
+from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import (
     SOCKET_NAME_RULE,
     CustomFilter,
     KnockRules,
     ListenSpec,
     MapSetting,
-    Prefix,
     SocketRules,
     SubnetRules,
     parse_listen,
     parse_ports,
-    parse_prefix,
-    read_input,
     valid_socket_name,
 )
 

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 
 from alfwrapper.errors import EX_DATAERR, EX_OSERR, EX_USAGE, AlfError
-from alfwrapper.policy.rules import SECRET_LIMIT, KnockRules, read_input
+from alfwrapper.policy.inputs import SECRET_LIMIT, read_input
+from alfwrapper.policy.rules import KnockRules
 
 MAX_STEPS = 8  # KNOCK_MAX_STEPS in knocking.c
 HORIZON_SECONDS = 7 * 86400

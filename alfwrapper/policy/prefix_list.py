@@ -7,7 +7,7 @@ only when one is asked for; the subnet table reads the columns directly.
 
 ``parse_rule_bytes`` parses the lines that are a plain IPv4 address or CIDR in
 bulk with numpy, and hands every other line (IPv6, comments, spaces, anything
-it is not sure of) to ``rules.parse_prefix`` one at a time, so that both ways
+it is not sure of) to ``prefixes.parse_prefix`` one at a time, so that both ways
 accept, refuse and number lines alike (tests/unit/test_prefix_list.py checks
 that they agree).  numpy is imported where used, so that a missing numpy is
 one clear line (cli).
@@ -21,7 +21,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 from alfwrapper.errors import EX_DATAERR, AlfError, excerpt
-from alfwrapper.policy.rules import RULE_FILE_LIMIT, Prefix, parse_prefix, read_input
+from alfwrapper.policy.inputs import RULE_FILE_LIMIT, read_input
+from alfwrapper.policy.prefixes import Prefix, parse_prefix
 
 Array = Any  # numpy arrays (typed loosely: Debian's numpy 1.24 and pip's 2.x check alike)
 

@@ -1,48 +1,21 @@
-"""Parse what the user asked for (listen addresses, CIDRs, rule files) into frozen data.
+"""The rules of one socket as frozen data, and the parsers of one value (listen
+addresses, ports, socket names).
 
-Pure Python: no kernel, no sockets opened.  The parsers of one value
-(parse_prefix, parse_listen, parse_ports, ...) raise ``ValueError`` with a
-message fit for a user, and callers add where the input came from; the readers
-of files and standard input (read_input, read_text_input) raise ``AlfError``,
-which names the file.
+Pure Python: no kernel, no sockets opened.  The parsers raise ``ValueError``
+with a message fit for a user, and callers add where the input came from.
+Prefixes are prefixes.py's, bounded reads inputs.py's.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
-import stat
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, EX_USAGE, AlfError, excerpt
-
-FAMILY_BITS = {4: 32, 6: 128}
-# Addresses and networks are parsed and printed by the standard library's ipaddress.
-_ADDRESS: dict[int, Any] = {4: ipaddress.IPv4Address, 6: ipaddress.IPv6Address}
-_NETWORK: dict[int, Any] = {4: ipaddress.IPv4Network, 6: ipaddress.IPv6Network}
-
-
-def address_text(family: int, value: int) -> str:
-    """An address (4 or 6, as an integer) as text."""
-    return str(_ADDRESS[family](value))
-
-
-class Prefix(NamedTuple):
-    """One CIDR: ``value`` is the network address as an integer, host bits zero.
-
-    A NamedTuple rather than a frozen dataclass: a million of them are made
-    at start-up, and a tuple is several times cheaper to build.
-    """
-
-    family: int
-    value: int
-    length: int
-
-    def __str__(self) -> str:
-        return f"{address_text(self.family, self.value)}/{self.length}"
+from alfwrapper.errors import EX_USAGE, AlfError, excerpt
+from alfwrapper.policy.prefix_list import PrefixList
+from alfwrapper.policy.prefixes import Prefix
 
 
 @dataclass(frozen=True)
@@ -56,8 +29,6 @@ class SubnetRules:
     deny: Sequence[Prefix] = ()
 
     def __post_init__(self) -> None:
-        from alfwrapper.policy.prefix_list import PrefixList  # noqa: PLC0415 (it imports this module)
-
         object.__setattr__(self, "allow", PrefixList.of(self.allow))
         object.__setattr__(self, "deny", PrefixList.of(self.deny))
 
@@ -154,139 +125,6 @@ def valid_socket_name(name: str) -> bool:
     """A socket's name as systemd allows it in FileDescriptorName= (fdname_is_valid):
     the one rule for --name, a policy's [socket.NAME] and its listen names."""
     return 0 < len(name) <= 255 and name.isascii() and name.isprintable() and ":" not in name
-
-
-def parse_prefix(text: str) -> Prefix:
-    """Parse ``ADDR`` or ``ADDR/LEN`` (IPv4 or IPv6) into a Prefix.
-
-    Host bits must be zero: ``192.0.2.5/24`` is refused rather than silently
-    widened or narrowed.  IPv4-mapped IPv6 prefixes (``::ffff:192.0.2.0/120``)
-    become IPv4 prefixes, because that is how the filter sees such packets.
-    """
-    text = text.strip()
-    if not text:
-        raise ValueError("empty address")
-    addr, sep, length_text = text.partition("/")
-    family = 6 if ":" in addr else 4
-    width = FAMILY_BITS[family]
-    # ipaddress also takes a netmask after the slash, and IPv6 scope ids (fe80::1%eth0),
-    # which no packet carries: both are refused here.
-    if sep and not (length_text.isdigit() and length_text.isascii()):
-        raise ValueError(f"{excerpt(text)} has a bad prefix length {excerpt(length_text)}")
-    if sep and int(length_text) > width:
-        length = int(length_text)
-        raise ValueError(f"{excerpt(text)}: prefix length {length} is longer than {width}")
-    if "%" in addr:
-        raise ValueError(f"{excerpt(text)} is not an IPv4 or IPv6 address or CIDR")
-    try:
-        network = _NETWORK[family](text)
-    except ValueError as err:
-        if "has host bits set" in str(err):
-            wide = _NETWORK[family](text, strict=False)
-            raise ValueError(f"{excerpt(text)} has host bits set (did you mean {wide}?)") from None
-        raise ValueError(f"{excerpt(text)} is not an IPv4 or IPv6 address or CIDR") from None
-    value, length = int(network.network_address), network.prefixlen
-    if family == 6 and length >= 96 and (value >> 32) == 0xFFFF:
-        return Prefix(4, value & 0xFFFFFFFF, length - 96)
-    return Prefix(family, value, length)
-
-
-# How much of a file the user names is read, at most, and for how long.  A
-# 1,000,000-line rule file of IPv6 addresses written out in full
-# (2001:0db8:0000:...:0001/128) is 44 MB.
-RULE_FILE_LIMIT = 64 << 20
-SECRET_LIMIT = 4096
-FILTER_LIMIT = 1 << 20
-READ_SECONDS = 30.0
-_CHUNK = 1 << 20
-
-
-def read_input(path: str, what: str, limit: int) -> bytes:
-    """A regular file the user named, at most ``limit`` bytes, read within READ_SECONDS.
-
-    Missing, unreadable, not a regular file (a FIFO, a device, a directory),
-    too large or too slow is an error, never empty or partial input.
-    """
-    where = f"{what} {excerpt(path, 200, quote=False)}"
-    try:
-        # O_NONBLOCK: opening a FIFO with no writer must not hang; it is refused below.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError:
-        raise AlfError(where, "no such file", "check the path", EX_NOINPUT) from None
-    except OSError as err:
-        raise AlfError(
-            where,
-            err.strerror or str(err),
-            "check the path and its permissions",
-            EX_NOINPUT,
-        ) from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise AlfError(
-                where,
-                f"is not a regular file (it is a {_file_kind(info.st_mode)})",
-                "give a file, not a FIFO, device or directory",
-                EX_NOINPUT,
-            )
-        too_big = AlfError(
-            where,
-            f"is larger than {limit} bytes",
-            "split it, or check that it is the file you meant",
-            EX_DATAERR,
-        )
-        if info.st_size > limit:
-            raise too_big
-        deadline = time.monotonic() + READ_SECONDS
-        chunks = []
-        total = 0
-        while True:
-            try:
-                chunk = os.read(fd, _CHUNK)
-            except OSError as err:
-                raise AlfError(
-                    where, err.strerror or str(err), "check the file", EX_NOINPUT
-                ) from None
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > limit:
-                raise too_big
-            if time.monotonic() > deadline:
-                raise AlfError(
-                    where,
-                    f"reading took longer than {READ_SECONDS:.0f} s",
-                    "put it on a local file system",
-                    EX_NOINPUT,
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISSOCK, "socket"),
-    )
-    return next((name for test, name in kinds if test(mode)), "special file")
-
-
-def read_text_input(path: str, what: str, hint: str, limit: int) -> str:
-    """read_input, decoded as UTF-8; anything else is bad data."""
-    try:
-        return read_input(path, what, limit).decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise AlfError(
-            f"{what} {excerpt(path, 200, quote=False)}",
-            f"not UTF-8 text ({err.reason} at byte {err.start})",
-            hint,
-            EX_DATAERR,
-        ) from None
 
 
 def parse_listen(kind: str, text: str) -> ListenSpec:

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from alfwrapper.loader import server as loader
+from alfwrapper.loader import protocol
 from alfwrapper.policy.prefix_list import PrefixList
 from alfwrapper.policy.rules import SocketRules, SubnetRules
 
@@ -29,7 +29,7 @@ index = np.arange(n, dtype=np.uint64)
 allow = PrefixList(np.full(n, 6, np.uint8), np.full(n, 64, np.uint8),
                    np.uint64(0x20010DB8 << 32) | index, np.zeros(n, np.uint64))  # fmt: skip
 request = {"op": "load", "label": "hoard",
-           "rules": loader.encode_rules(SocketRules(SubnetRules(allow=allow)))}  # fmt: skip
+           "rules": protocol.encode_rules(SocketRules(SubnetRules(allow=allow)))}  # fmt: skip
 held: list[int] = []
 print(json.dumps({"held": 0, "available": available()}), flush=True)
 for _ in range(most):
@@ -37,9 +37,9 @@ for _ in range(most):
         sock.bind(("::1", 0))
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(900)
-            loader.connect(conn, loader.socket_path())
-            loader.send(conn, request, [sock.fileno()])
-            answer, fds = loader.receive(conn, loader.REQUEST_LIMIT, 900, 8)
+            protocol.connect(conn, protocol.socket_path())
+            protocol.send(conn, request, [sock.fileno()])
+            answer, fds = protocol.receive(conn, protocol.REQUEST_LIMIT, 900, 8)
     held += fds  # the program outlives its socket: only this fd holds it
     print(json.dumps({"answer": answer, "held": len(held), "available": available()}), flush=True)
     if "error" in answer:

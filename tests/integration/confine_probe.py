@@ -4,7 +4,7 @@ refuses never reaches it).  Used by test_confine.py; as root.
 
     confine_probe.py SECRET MODE CHECK < sources.json > results.json
 
-MODE is "confined" (loader.confine first, as every loader request does) or "open"
+MODE is "confined" (server.confine first, as every loader request does) or "open"
 (nothing: the control, which shows the spellings do reach the file); CHECK "on" or
 "off" says whether program.checked_source, the text check, runs."""
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from alfwrapper import state  # noqa: E402
 from alfwrapper.bpf import compiler, program  # noqa: E402
 from alfwrapper.bpf.parts import FillEnv  # noqa: E402
-from alfwrapper.loader import server as loader  # noqa: E402
+from alfwrapper.loader import server  # noqa: E402
 from alfwrapper.policy.rules import CustomFilter, SocketRules  # noqa: E402
 
 IN_ACCESS, IN_OPEN, IN_NONBLOCK = 0x1, 0x20, 0o4000
@@ -59,7 +59,7 @@ def compile_in_child(source: str, confined: bool, check: bool) -> str:
             if not check:
                 program.checked_source = lambda text, where: text  # type: ignore[assignment]
             if confined:
-                loader.confine(state.Store(TREE, state.USERS_ROOT), custom=True)
+                server.confine(state.Store(TREE, state.USERS_ROOT), custom=True)
             rules = SocketRules(custom=CustomFilter("x.c", source=source))
             compiler.load_program(program.plan_program(rules, label_="x_u1"), FillEnv())
             out = "loaded"

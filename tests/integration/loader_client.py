@@ -18,7 +18,7 @@ import socket
 import sys
 
 from alfwrapper.host import syscalls
-from alfwrapper.loader import server as loader
+from alfwrapper.loader import client, protocol
 
 
 def kind(fd: int) -> str:
@@ -31,7 +31,7 @@ def kind(fd: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    path = loader.socket_path()
+    path = protocol.socket_path()
     fds: list[int] = []
     request = None
     if argv[0] != "--raw":
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
             sock.bind(("::1", 0))
             fds = [sock.fileno()]
         if "--pins" in argv:  # before connecting: a connection idle for 10 s is closed
-            broker = loader.Broker(path)
+            broker = client.Broker(path)
             for pin in argv[argv.index("--pins") + 1].split(","):
                 service, cookie, name = pin.split(":")
                 fds.append(broker.open_pin(broker.state(service, int(cookie)), name))
@@ -55,14 +55,14 @@ def main(argv: list[str]) -> int:
             fds.append(os.open(argv[argv.index("--file") + 1], os.O_RDONLY))
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(60)
-        loader.connect(conn, path)
+        protocol.connect(conn, path)
         if request is None:
             conn.sendall(bytes.fromhex(argv[1]))
             conn.shutdown(socket.SHUT_WR)
         else:
-            loader.send(conn, request, fds)
+            protocol.send(conn, request, fds)
         try:
-            answer, got = loader.receive(conn, loader.REQUEST_LIMIT, 60, 8)
+            answer, got = protocol.receive(conn, protocol.REQUEST_LIMIT, 60, 8)
         except Exception as err:  # noqa: BLE001  (the answer is the test's business)
             print(json.dumps({"closed": True, "why": str(err)}))
             return 0

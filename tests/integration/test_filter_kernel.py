@@ -13,7 +13,8 @@ from oracle import passes, probe_addresses, random_rules
 from alfwrapper.bpf import compiler
 from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame
 from alfwrapper.policy import knocking
-from alfwrapper.policy.rules import KnockRules, Prefix, SocketRules, SubnetRules, parse_prefix
+from alfwrapper.policy.prefixes import Prefix, parse_prefix
+from alfwrapper.policy.rules import KnockRules, SocketRules, SubnetRules
 
 
 def verdicts(rules: SubnetRules, addresses: list[tuple[int, int]]) -> list[bool]:

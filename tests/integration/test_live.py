@@ -101,7 +101,7 @@ def test_pins_are_out_of_reach_of_the_application(
     # uid 0 without capabilities, as the application runs: nothing opens, nothing lists.
     probe = (
         "import os, sys\n"
-        "from alfwrapper import syscalls\n"
+        "from alfwrapper.host import syscalls\n"
         "for path in sys.argv[1:]:\n"
         "    try:\n"
         "        syscalls.obj_get(path); print(path, 'OPENED')\n"

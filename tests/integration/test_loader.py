@@ -28,8 +28,9 @@ from alfwrapper import state
 from alfwrapper.bpf import compiler
 from alfwrapper.errors import AlfError
 from alfwrapper.host import syscalls
-from alfwrapper.loader import server as loader_mod
-from alfwrapper.policy.rules import SocketRules, SubnetRules, parse_prefix
+from alfwrapper.loader import protocol, server
+from alfwrapper.policy.prefixes import parse_prefix
+from alfwrapper.policy.rules import SocketRules, SubnetRules
 
 USER_A, USER_B = "alfuser1", "alfuser2"
 PYTHON = "/usr/bin/python3"  # the system's, with BCC; alfwrapper from the readable copy
@@ -288,7 +289,7 @@ def test_only_socket_filters_and_only_new_maps(
 
 
 def fd_request(call: str, **args: Any) -> dict[str, Any]:
-    return {"op": "fd", "call": call, "args": {k: loader_mod.to_wire(v) for k, v in args.items()}}
+    return {"op": "fd", "call": call, "args": {k: protocol.to_wire(v) for k, v in args.items()}}
 
 
 def test_fd_calls_are_only_what_holding_the_fds_allows(
@@ -308,11 +309,11 @@ def test_fd_calls_are_only_what_holding_the_fds_allows(
     # A well-formed call on one's own map is made, and answered as the kernel answers.
     got = raw(own, readable_copy, fd_request("map_lookup", key=bytes(4), value_size=4),
               *pins("runtime_count"))  # fmt: skip
-    assert loader_mod.from_wire(got["answer"]["result"]) == bytes(4), got
+    assert protocol.from_wire(got["answer"]["result"]) == bytes(4), got
     got = raw(own, readable_copy, fd_request("map_delete", key=bytes(20)), *pins("runtime"))
     assert got["answer"]["result"] is False, got  # ENOENT, as the kernel says it
     got = raw(own, readable_copy, fd_request("_info", what="map"), *pins("counters"))
-    assert loader_mod.from_wire(got["answer"]["result"])[:4] == (6).to_bytes(4, "little"), got
+    assert protocol.from_wire(got["answer"]["result"])[:4] == (6).to_bytes(4, "little"), got
     refused = [
         # The slot's value names a program by fd: in the loader, the loader's fd 3...
         (fd_request("map_update", key=bytes(4), value=(3).to_bytes(4, "little")),
@@ -346,9 +347,9 @@ def test_fd_calls_are_only_what_holding_the_fds_allows(
 def test_maps_older_than_the_request_are_refused(bpf_root: None) -> None:
     """The loader's last check on what it hands back, on real kernel objects: a map that
     existed before the request (opened, not made) is refused; one made after is not."""
-    check = loader_mod._check_objects  # noqa: SLF001
+    check = server._check_objects  # noqa: SLF001
     old = syscalls.map_create(2, "alf_old", 4, 4, 1)
-    probe = loader_mod._fresh_map_id()  # noqa: SLF001
+    probe = server._fresh_map_id()  # noqa: SLF001
     new = syscalls.map_create(2, "alf_new", 4, 4, 1)
     loaded = compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("::1"),))))
     try:
@@ -472,7 +473,7 @@ def test_a_million_rules_through_the_loader(
 
 def hostile_requests() -> Iterator[tuple[bytes, list[int]]]:
     """Malformed, oversized, wrong and truncated requests, and a few with fds."""
-    frame = loader_mod._LENGTH.pack  # noqa: SLF001
+    frame = protocol.LENGTH.pack  # noqa: SLF001
 
     def framed(obj: object) -> bytes:
         data = json.dumps(obj).encode()
@@ -525,7 +526,7 @@ def test_root_services_pins_are_out_of_the_loaders_reach(
     raw(users(USER_A), readable_copy, {"op": "services"})  # the loader is running
     pid = manager.run("show", "-p", "MainPID", "--value", "alfwrapper-loader.service").stdout
     probe = (
-        "import os, sys; from alfwrapper import syscalls\n"
+        "import os, sys; from alfwrapper.host import syscalls\n"
         "path = sys.argv[1]\n"
         "print('listed', os.path.isdir(os.path.dirname(os.path.dirname(path))))\n"
         "for name in ('meta', 'slot', 'counters'):\n"
@@ -561,7 +562,7 @@ def test_one_users_flood_never_keeps_another_waiting(
     alone = time.monotonic() - begin
     flood = subprocess.Popen(
         own_a.command([f"PYTHONPATH={readable_copy}", PYTHON,
-                       str(readable_copy / "loader_flood.py"), loader_mod.SOCKET_PATH, "25"]),
+                       str(readable_copy / "loader_flood.py"), protocol.SOCKET_PATH, "25"]),
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -597,7 +598,7 @@ def test_hostile_requests_leave_the_loader_serving(
     # READ_SECONDS) ...
     hold = (
         "import socket, time; c = socket.socket(socket.AF_UNIX); "
-        f"c.connect({loader_mod.SOCKET_PATH!r}); c.sendall(b'\\0\\0\\3\\350{{\"op\":'); "
+        f"c.connect({protocol.SOCKET_PATH!r}); c.sendall(b'\\0\\0\\3\\350{{\"op\":'); "
         "print('held', flush=True); time.sleep(30)"
     )
     own_b = users(USER_B)
@@ -617,12 +618,12 @@ def test_hostile_requests_leave_the_loader_serving(
         data, fds = cases[i % len(cases)]
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(30)
-            conn.connect(loader_mod.SOCKET_PATH)
+            conn.connect(protocol.SOCKET_PATH)
             if data or fds:
                 socket.send_fds(conn, [data or b" "], fds)
             conn.shutdown(socket.SHUT_WR)
             try:
-                answer, _ = loader_mod.receive(conn, 1 << 20, 30, 8)
+                answer, _ = protocol.receive(conn, 1 << 20, 30, 8)
                 answers["error" if "error" in answer else "ok"] = answers.get(
                     "error" if "error" in answer else "ok", 0) + 1  # fmt: skip
             except Exception:  # noqa: BLE001  (closed without an answer: counted)

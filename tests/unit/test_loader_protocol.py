@@ -11,7 +11,7 @@ import pytest
 
 from alfwrapper.cli import parse_policy
 from alfwrapper.errors import AlfError
-from alfwrapper.loader import server as loader
+from alfwrapper.loader import protocol
 from alfwrapper.policy.rules import CustomFilter, MapSetting, SocketRules
 
 
@@ -26,8 +26,8 @@ def test_rules_survive_the_trip(tmp_path: Any) -> None:
          "--filter", str(source), "--set", "m", "1", "2", "--", "true"]
     )  # fmt: skip
     rules = policy.rules_for("x")
-    wire = json.loads(json.dumps(loader.encode_rules(rules)))
-    back = loader.decode_rules(wire)
+    wire = json.loads(json.dumps(protocol.encode_rules(rules)))
+    back = protocol.decode_rules(wire)
     assert back.custom is not None and rules.custom is not None
     assert back.custom.source == source.read_text()  # the text travels, not the path
     assert back == SocketRules(
@@ -79,20 +79,20 @@ HOSTILE: list[Any] = [
 @pytest.mark.parametrize("rules", HOSTILE, ids=[json.dumps(h)[:40] for h in HOSTILE])
 def test_hostile_rules_are_refused_cleanly(rules: Any) -> None:
     with pytest.raises(AlfError):
-        loader.decode_rules(rules)
+        protocol.decode_rules(rules)
 
 
 def test_framing_refuses_oversized_and_truncated() -> None:
-    for data in (loader._LENGTH.pack(loader.REQUEST_LIMIT + 1), loader._LENGTH.pack(50) + b"{}",
-                 b"\x00", loader._LENGTH.pack(2) + b"[]"):  # fmt: skip
+    for data in (protocol.LENGTH.pack(protocol.REQUEST_LIMIT + 1), protocol.LENGTH.pack(50) + b"{}",
+                 b"\x00", protocol.LENGTH.pack(2) + b"[]"):  # fmt: skip
         a, b = socket.socketpair()
         with a, b:
             a.sendall(data)
             a.shutdown(socket.SHUT_WR)
             with pytest.raises(AlfError):
-                loader.receive(b, loader.REQUEST_LIMIT, 2, 1)
+                protocol.receive(b, protocol.REQUEST_LIMIT, 2, 1)
     a, b = socket.socketpair()
     with a, b:
-        loader.send(a, {"op": "services", "x": "y" * 200_000})
-        message, fds = loader.receive(b, loader.REQUEST_LIMIT, 2, 1)
+        protocol.send(a, {"op": "services", "x": "y" * 200_000})
+        message, fds = protocol.receive(b, protocol.REQUEST_LIMIT, 2, 1)
         assert message["op"] == "services" and len(message["x"]) == 200_000 and fds == []

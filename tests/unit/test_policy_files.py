@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from alfwrapper.cli import parse_policy
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, AlfError
 from alfwrapper.policy.files import KEYS, find_policy, read_policy
-from alfwrapper.policy.rules import parse_prefix
+from alfwrapper.policy.prefixes import parse_prefix
 
 SECRET = "correct horse battery staple, but longer\n"
 

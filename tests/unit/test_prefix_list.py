@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from alfwrapper.errors import AlfError
 from alfwrapper.policy import prefix_list
 from alfwrapper.policy.prefix_list import PrefixList, parse_rule_bytes, parse_rule_lines
-from alfwrapper.policy.rules import Prefix, parse_prefix
+from alfwrapper.policy.prefixes import Prefix, parse_prefix
 
 
 def one_at_a_time(data: bytes) -> list[Prefix] | str:

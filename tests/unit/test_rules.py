@@ -10,12 +10,8 @@ from hypothesis import strategies as st
 
 from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, EX_USAGE, AlfError
 from alfwrapper.policy.prefix_list import parse_rule_lines, read_rule_file
-from alfwrapper.policy.rules import (
-    ListenSpec,
-    Prefix,
-    parse_listen,
-    parse_prefix,
-)
+from alfwrapper.policy.prefixes import Prefix, parse_prefix
+from alfwrapper.policy.rules import ListenSpec, parse_listen
 
 
 @pytest.mark.parametrize(

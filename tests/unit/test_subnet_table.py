@@ -19,7 +19,8 @@ from alfwrapper.bpf.subnet_table import (
     lookup,
     lookup_buckets,
 )
-from alfwrapper.policy.rules import Prefix, SubnetRules, parse_prefix
+from alfwrapper.policy.prefixes import Prefix, parse_prefix
+from alfwrapper.policy.rules import SubnetRules
 
 
 def rules_of(allow: list[str] = (), deny: list[str] = ()) -> SubnetRules:  # type: ignore[assignment]

@@ -1,0 +1,108 @@
+"""Reading what a user names (rule files, secrets, filter sources, standard input), bounded in
+size and time: missing, unreadable, not a regular file, too large or too slow is an
+``AlfError`` naming the file, never empty or partial input."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, AlfError, excerpt
+
+# How much of a file the user names is read, at most, and for how long.  A
+# 1,000,000-line rule file of IPv6 addresses written out in full
+# (2001:0db8:0000:...:0001/128) is 44 MB.
+RULE_FILE_LIMIT = 64 << 20
+SECRET_LIMIT = 4096
+FILTER_LIMIT = 1 << 20
+READ_SECONDS = 30.0
+_CHUNK = 1 << 20
+
+
+def read_input(path: str, what: str, limit: int) -> bytes:
+    """A regular file the user named, at most ``limit`` bytes, read within READ_SECONDS.
+
+    Missing, unreadable, not a regular file (a FIFO, a device, a directory),
+    too large or too slow is an error, never empty or partial input.
+    """
+    where = f"{what} {excerpt(path, 200, quote=False)}"
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer must not hang; it is refused below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise AlfError(where, "no such file", "check the path", EX_NOINPUT) from None
+    except OSError as err:
+        raise AlfError(
+            where,
+            err.strerror or str(err),
+            "check the path and its permissions",
+            EX_NOINPUT,
+        ) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise AlfError(
+                where,
+                f"is not a regular file (it is a {_file_kind(info.st_mode)})",
+                "give a file, not a FIFO, device or directory",
+                EX_NOINPUT,
+            )
+        too_big = AlfError(
+            where,
+            f"is larger than {limit} bytes",
+            "split it, or check that it is the file you meant",
+            EX_DATAERR,
+        )
+        if info.st_size > limit:
+            raise too_big
+        deadline = time.monotonic() + READ_SECONDS
+        chunks = []
+        total = 0
+        while True:
+            try:
+                chunk = os.read(fd, _CHUNK)
+            except OSError as err:
+                raise AlfError(
+                    where, err.strerror or str(err), "check the file", EX_NOINPUT
+                ) from None
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:
+                raise too_big
+            if time.monotonic() > deadline:
+                raise AlfError(
+                    where,
+                    f"reading took longer than {READ_SECONDS:.0f} s",
+                    "put it on a local file system",
+                    EX_NOINPUT,
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISSOCK, "socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
+def read_text_input(path: str, what: str, hint: str, limit: int) -> str:
+    """read_input, decoded as UTF-8; anything else is bad data."""
+    try:
+        return read_input(path, what, limit).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise AlfError(
+            f"{what} {excerpt(path, 200, quote=False)}",
+            f"not UTF-8 text ({err.reason} at byte {err.start})",
+            hint,
+            EX_DATAERR,
+        ) from None
