@@ -33,6 +33,7 @@ lint: setup
 	$(VENV)/bin/ruff check alfwrapper tests examples benchmarks
 	$(VENV)/bin/ruff format --check alfwrapper tests examples benchmarks
 	$(VENV)/bin/mypy
+	$(PY) tests/layers.py
 	mandoc -Tlint -W warning man/*.[1-9]
 
 test: setup lint

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 from alfwrapper.bpf.parts import RUNTIME_KEY
 from alfwrapper.bpf.program import object_name
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_OSERR, EX_USAGE, AlfError, excerpt
-from alfwrapper.host import attach, syscalls
+from alfwrapper.host import attach, bpf_calls, libc, netns
 from alfwrapper.host.faults import crash_point
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def owner(path: Path | None = None) -> tuple[int, int]:
 
 def check_bpffs(where: Path = BPFFS) -> None:
     try:
-        magic = syscalls.statfs_type(str(where))
+        magic = libc.statfs_type(str(where))
     except OSError as err:
         raise _fail(f"{where}", err) from None
     if magic != BPF_FS_MAGIC:
@@ -135,7 +135,7 @@ def check_bpffs(where: Path = BPFFS) -> None:
 def hidden(path: Path) -> bool:
     """Is ``path`` covered by a tmpfs (the loader's unit hides root's tree so)?"""
     try:
-        return syscalls.statfs_type(str(path)) == TMPFS_MAGIC
+        return libc.statfs_type(str(path)) == TMPFS_MAGIC
     except OSError:
         return False
 
@@ -310,7 +310,7 @@ def install(state: SocketState, prog_fd: int) -> None:
     """Put a program in the socket's slot: one atomic update, no unfiltered moment."""
     slot = open_pin(state, "slot")
     try:
-        syscalls.prog_array_set(slot, 0, prog_fd)
+        bpf_calls.prog_array_set(slot, 0, prog_fd)
     except OSError as err:
         raise _fail(f"installing the new program for {state.dir}", err) from None
     finally:
@@ -342,7 +342,7 @@ def write_meta(state: SocketState, meta: dict[str, object]) -> None:
         )
     fd = open_pin(state, "meta")
     try:
-        syscalls.map_update(fd, _U32.pack(0), data.ljust(META_SIZE, b"\0"))
+        bpf_calls.map_update(fd, _U32.pack(0), data.ljust(META_SIZE, b"\0"))
     finally:
         os.close(fd)
 
@@ -350,7 +350,7 @@ def write_meta(state: SocketState, meta: dict[str, object]) -> None:
 def read_meta(state: SocketState) -> dict[str, object]:
     fd = open_pin(state, "meta")
     try:
-        raw = syscalls.map_lookup(fd, _U32.pack(0), META_SIZE) or b""
+        raw = bpf_calls.map_lookup(fd, _U32.pack(0), META_SIZE) or b""
     finally:
         os.close(fd)
     try:
@@ -373,9 +373,9 @@ def runtime_rules(where: SocketState) -> list[tuple[int, int, int, int]]:
     fd = open_pin(where, "runtime")
     try:
         out = []
-        for key in syscalls.map_keys(fd, RUNTIME_KEY.size):
+        for key in bpf_calls.map_keys(fd, RUNTIME_KEY.size):
             length, family, _, raw = RUNTIME_KEY.unpack(key)
-            verdict = syscalls.map_lookup(fd, key, 1)
+            verdict = bpf_calls.map_lookup(fd, key, 1)
             width = 32 if family == 4 else 128
             value = int.from_bytes(raw[: width // 8], "big")
             out.append((family, value, length - 32, verdict[0] if verdict else 0))
@@ -392,13 +392,13 @@ def set_runtime(where: SocketState, key: bytes, verdict: int | None) -> bool:
     fd, flag = open_pin(where, "runtime"), open_pin(where, "runtime_count")
     try:
         if verdict is None:
-            return syscalls.map_delete(fd, key)
-        old = syscalls.map_lookup(fd, key, 1)
+            return bpf_calls.map_delete(fd, key)
+        old = bpf_calls.map_lookup(fd, key, 1)
         # The flag first: a kill between the two leaves a flag with no rule (a trie
         # walk for nothing), never a rule the filter does not look at.
-        syscalls.map_update(flag, _U32.pack(0), _U32.pack(1))
+        bpf_calls.map_update(flag, _U32.pack(0), _U32.pack(1))
         crash_point("rule-flagged")
-        syscalls.map_update(fd, key, bytes([verdict]))
+        bpf_calls.map_update(fd, key, bytes([verdict]))
         return old != bytes([verdict])
     except OSError as err:
         raise _fail(f"changing the runtime rules of {where.dir}", err) from None
@@ -413,9 +413,9 @@ def clear_runtime(where: SocketState) -> None:
         return
     fd, count_fd = open_pin(where, "runtime"), open_pin(where, "runtime_count")
     try:
-        syscalls.map_update(count_fd, _U32.pack(0), _U32.pack(0))
-        for key in syscalls.map_keys(fd, RUNTIME_KEY.size):
-            syscalls.map_delete(fd, key)
+        bpf_calls.map_update(count_fd, _U32.pack(0), _U32.pack(0))
+        for key in bpf_calls.map_keys(fd, RUNTIME_KEY.size):
+            bpf_calls.map_delete(fd, key)
     finally:
         os.close(fd)
         os.close(count_fd)
@@ -519,15 +519,15 @@ class Store:
             self.remove(state)  # a stale socket of the same cookie cannot exist: leftovers
         trusted_dir(state.dir, True)
         try:
-            slot = syscalls.map_create(
-                syscalls.BPF_MAP_TYPE_PROG_ARRAY, object_name(label, "slot"), 4, 4, 1
+            slot = bpf_calls.map_create(
+                bpf_calls.BPF_MAP_TYPE_PROG_ARRAY, object_name(label, "slot"), 4, 4, 1
             )
-            meta = syscalls.map_create(
-                syscalls.BPF_MAP_TYPE_ARRAY, object_name(label, "meta"), 4, META_SIZE, 1
+            meta = bpf_calls.map_create(
+                bpf_calls.BPF_MAP_TYPE_ARRAY, object_name(label, "meta"), 4, META_SIZE, 1
             )
-            dispatch = syscalls.load_dispatcher(slot, f"{label}_d")
+            dispatch = bpf_calls.load_dispatcher(slot, f"{label}_d")
             for fd, name in ((slot, "slot"), (meta, "meta"), (dispatch, "dispatch")):
-                syscalls.obj_pin(fd, state.path(name))
+                bpf_calls.obj_pin(fd, state.path(name))
             os.close(slot)
             os.close(meta)
         except OSError as err:
@@ -550,21 +550,21 @@ class Store:
         except AlfError as err:
             return err.why
         try:
-            if syscalls.prog_type(dispatch) != syscalls.BPF_PROG_TYPE_SOCKET_FILTER:
+            if bpf_calls.prog_type(dispatch) != bpf_calls.BPF_PROG_TYPE_SOCKET_FILTER:
                 return "the dispatcher is not a socket filter"
-            calls = syscalls.prog_map_ids(dispatch)
+            calls = bpf_calls.prog_map_ids(dispatch)
             for name, shape in (
-                ("slot", (syscalls.BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 1)),
-                ("meta", (syscalls.BPF_MAP_TYPE_ARRAY, 4, META_SIZE, 1)),
+                ("slot", (bpf_calls.BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 1)),
+                ("meta", (bpf_calls.BPF_MAP_TYPE_ARRAY, 4, META_SIZE, 1)),
             ):
                 try:
                     fd = self.open_pin(where, name)
                 except AlfError as err:
                     return f"{name}: {err.why}"
                 try:
-                    if syscalls.map_shape(fd)[:4] != shape:
+                    if bpf_calls.map_shape(fd)[:4] != shape:
                         return f"{name} is not the map alfwrapper makes"
-                    if name == "slot" and syscalls.map_info_id(fd) not in calls:
+                    if name == "slot" and bpf_calls.map_info_id(fd) not in calls:
                         return "the slot is not the one the dispatcher calls into"
                 finally:
                     os.close(fd)
@@ -594,7 +594,7 @@ class Store:
 
     def open_pin(self, state: SocketState, name: str) -> int:
         try:
-            return syscalls.obj_get(state.path(name))
+            return bpf_calls.obj_get(state.path(name))
         except OSError as err:
             raise _fail(f"opening {state.path(name)}", err) from None
 
@@ -704,7 +704,7 @@ def gc_everywhere() -> list[SocketState]:
     """
     live: set[int] = set()
     seen: set[int] = set()
-    for _ in syscalls.each_netns():
+    for _ in netns.each_netns():
         live |= live_cookies()
         seen.add(netns_cookie())
     removed = []

@@ -41,8 +41,9 @@ from varied import load_text, map_memory  # noqa: E402
 
 from alfwrapper.bpf import compiler, program  # noqa: E402
 from alfwrapper.bpf.parts import FillEnv  # noqa: E402
+from alfwrapper.host.bpf_calls import prog_test_run  # noqa: E402
+from alfwrapper.host.frames import tcp_syn_frame, udp_frame  # noqa: E402
 from alfwrapper.host.interfaces import START_LEASE_NS, renew_lease  # noqa: E402
-from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame  # noqa: E402
 from alfwrapper.policy.prefixes import Prefix  # noqa: E402
 from alfwrapper.policy.rules import KnockRules, SocketRules, SubnetRules  # noqa: E402
 
@@ -394,7 +395,7 @@ def observing(repeat: int, rounds: int) -> dict[str, Any]:
     program with and without counting, and without and with --log-drops (each event
     logged, the ring buffer drained between calls; and each suppressed by the rate),
     interleaved, for a passed and a dropped packet."""
-    from alfwrapper.host.syscalls import RingReader
+    from alfwrapper.host.ringbuf import RingReader
 
     rules = SocketRules(SubnetRules(allow=(Prefix(4, 0xC0000200, 24),)))
     plan = program.plan_program(rules)

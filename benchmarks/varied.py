@@ -26,8 +26,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from alfwrapper.bpf import compiler, program  # noqa: E402
-from alfwrapper.host import syscalls  # noqa: E402
-from alfwrapper.host.syscalls import prog_test_run, udp_frame  # noqa: E402
+from alfwrapper.host import bpf_calls  # noqa: E402
+from alfwrapper.host.bpf_calls import prog_test_run  # noqa: E402
+from alfwrapper.host.frames import udp_frame  # noqa: E402
 from alfwrapper.policy.prefixes import Prefix  # noqa: E402
 from alfwrapper.policy.rules import SocketRules, SubnetRules  # noqa: E402
 
@@ -192,7 +193,7 @@ def map_memory(loaded: compiler.LoadedFilter, prefix: str) -> int:
     """Kernel memory charged to the program's maps whose names start with ``prefix``
     (memlock in /proc/self/fdinfo)."""
     maps = compiler.map_fds(loaded.bpf)
-    return sum(syscalls.fd_memlock(fd) for name, fd in maps.items() if name.startswith(prefix))
+    return sum(bpf_calls.fd_memlock(fd) for name, fd in maps.items() if name.startswith(prefix))
 
 
 def run_cost(fd: int, repeat: int, rounds: int) -> float:

@@ -23,7 +23,7 @@
  *                  (SIGSTOP, by an application of its own user) stops
  *                  renewing, and after that no interface passes either.
  *
- * Macros: IFACE_SLOTS, max_entries of iface_allowed (default 4096).
+ * Macros: IFACE_SLOTS, max_entries of iface_allowed (parts.py's Interfaces).
  * The coarse clock read per packet (Linux 5.11) is a jiffy behind at most.
  * alfwrapper composes it: interfaces_pass() says whether the packet's
  * interface is allowed.
@@ -33,7 +33,7 @@
 #include "common.h"
 
 #ifndef IFACE_SLOTS
-#define IFACE_SLOTS 4096
+#error "IFACE_SLOTS is defined by parts.py (Interfaces.MIN_SLOTS or more)"
 #endif
 
 BPF_HASH(iface_allowed, u32, u32, IFACE_SLOTS);

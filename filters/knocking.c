@@ -49,13 +49,13 @@
 #error "knocking.c is compiled by alfwrapper, which defines KNOCK_MAX_STEPS (knocking.py)"
 #endif
 #ifndef KNOCK_ROWS
-#define KNOCK_ROWS 1
+#error "KNOCK_ROWS is defined by parts.py"
 #endif
 #ifndef KNOCK_SOURCES
-#define KNOCK_SOURCES 131072
+#error "KNOCK_SOURCES is defined by parts.py (KnockRules.sources)"
 #endif
 #ifndef KNOCK_SECRET
-#define KNOCK_SECRET 0
+#error "KNOCK_SECRET is defined by parts.py"
 #endif
 #ifndef KNOCK_LISTENERS
 #define KNOCK_LISTENERS 64

@@ -48,6 +48,20 @@ UNPRIVILEGED_DAEMON = (
 )
 MUTATIONS = [
     Mutation(
+        "layers-upward-import-allowed",
+        "tests/layers.py",
+        "            if mine is not None and theirs is not None and theirs > mine:",
+        "            if mine is not None and theirs is not None and theirs > mine + 99:",
+        ("tests/unit/test_layers.py",),
+    ),
+    Mutation(
+        "layers-lazy-imports-unread",
+        "tests/layers.py",
+        '    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):',
+        '    for node in ast.parse(path.read_text(encoding="utf-8")).body:',
+        ("tests/unit/test_layers.py",),
+    ),
+    Mutation(
         "deny-precedence",
         "alfwrapper/bpf/subnet_table.py",
         "    if deny == _FULL:\n        return 0\n",
@@ -81,7 +95,7 @@ MUTATIONS = [
     Mutation(
         "capability-drop",
         "alfwrapper/host/privileges.py",
-        "        syscalls.capset(keep, keep, 0)\n",
+        "        process.capset(keep, keep, 0)\n",
         "        pass\n",
         (
             "tests/integration/test_privileges.py::"
@@ -91,14 +105,14 @@ MUTATIONS = [
     Mutation(
         "no-new-privs",
         "alfwrapper/host/privileges.py",
-        "        keep &= permitted()\n        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)\n",
+        "        keep &= permitted()\n        process.prctl(process.PR_SET_NO_NEW_PRIVS, 1)\n",
         "        keep &= permitted()\n",
         (NO_CAPABILITIES,),
     ),
     Mutation(
         "no-new-privs-when-keeping",
         "alfwrapper/host/privileges.py",
-        "    try:\n        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)\n        for cap in",
+        "    try:\n        process.prctl(process.PR_SET_NO_NEW_PRIVS, 1)\n        for cap in",
         "    try:\n        for cap in",
         ("tests/integration/test_privileges.py::test_unprivileged_user_with_cap_bpf",),
     ),
@@ -128,7 +142,7 @@ MUTATIONS = [
     Mutation(
         "bpffs-not-hidden",
         "alfwrapper/host/privileges.py",
-        "        for target in mounts:\n            syscalls.umount_detach(target)\n",
+        "        for target in mounts:\n            process.umount_detach(target)\n",
         "        pass\n",
         (ROOT_DAEMON,),
     ),
@@ -404,7 +418,7 @@ MUTATIONS = [
     Mutation(
         "fd-calls-not-through-loader",
         "alfwrapper/loader/client.py",
-        "    syscalls.use_fd_proxy(broker.fd_call)\n",
+        "    bpf_calls.use_fd_proxy(broker.fd_call)\n",
         "    pass\n",
         ("tests/integration/test_loader.py::test_ordinary_users_service_behind_their_own_policy",),
     ),
@@ -424,7 +438,7 @@ MUTATIONS = [
     ),
     Mutation(
         "ring-mmap-unaligned",
-        "alfwrapper/host/syscalls.py",
+        "alfwrapper/host/ringbuf.py",
         "                position += (length + 8 + 7) & ~7",
         "                position += length + 8",
         ("tests/integration/test_filter_kernel.py::test_ring_buffer_read_by_mmap_across_the_wrap",),  # noqa: E501
@@ -545,7 +559,7 @@ MUTATIONS += [
     ),
     Mutation(
         "empty-slot-drops",
-        "alfwrapper/host/syscalls.py",
+        "alfwrapper/host/bpf_calls.py",
         "            _insn(0xB7, dst=0, imm=0),  # r0 = 0: drop",
         "            _insn(0xB7, dst=0, imm=-1),  # r0 = 0: drop",
         ("tests/integration/test_live.py::test_an_emptied_slot_drops_everything",),
@@ -794,8 +808,8 @@ MUTATIONS += [
     Mutation(
         "slot-not-checked",
         "alfwrapper/state.py",
-        '                    if name == "slot" and syscalls.map_info_id(fd) not in calls:',
-        "                    if False and syscalls.map_info_id(fd) not in calls:",
+        '                    if name == "slot" and bpf_calls.map_info_id(fd) not in calls:',
+        "                    if False and bpf_calls.map_info_id(fd) not in calls:",
         (
             "tests/integration/test_state.py::test_a_restart_refuses_a_slot_that_is_not_the_dispatchers",
         ),
@@ -835,12 +849,12 @@ MUTATIONS += [
     Mutation(
         "live-rule-before-its-flag",
         "alfwrapper/state.py",
-        "        syscalls.map_update(flag, _U32.pack(0), _U32.pack(1))\n"
+        "        bpf_calls.map_update(flag, _U32.pack(0), _U32.pack(1))\n"
         '        crash_point("rule-flagged")\n'
-        "        syscalls.map_update(fd, key, bytes([verdict]))\n",
-        "        syscalls.map_update(fd, key, bytes([verdict]))\n"
+        "        bpf_calls.map_update(fd, key, bytes([verdict]))\n",
+        "        bpf_calls.map_update(fd, key, bytes([verdict]))\n"
         '        crash_point("rule-flagged")\n'
-        "        syscalls.map_update(flag, _U32.pack(0), _U32.pack(1))\n",
+        "        bpf_calls.map_update(flag, _U32.pack(0), _U32.pack(1))\n",
         ("tests/adversarial/test_crash.py::test_a_live_deny_killed_midway_is_in_force_or_absent",),
     ),
     Mutation(
@@ -897,8 +911,8 @@ MUTATIONS += [
     Mutation(
         "loader-compile-reads-anything",
         "alfwrapper/loader/server.py",
-        "        syscalls.landlock_restrict([str(tree.base), scratch], readable)",
-        "        syscalls.landlock_restrict([str(tree.base), scratch], None)",
+        "        landlock.landlock_restrict([str(tree.base), scratch], readable)",
+        "        landlock.landlock_restrict([str(tree.base), scratch], None)",
         ("tests/integration/test_confine.py",),
     ),
     Mutation(
@@ -911,7 +925,7 @@ MUTATIONS += [
     Mutation(
         "loader-map-sizes-unread",
         "alfwrapper/loader/server.py",
-        "    size = sum(syscalls.fd_memlock(fd) for fd in maps.values())",
+        "    size = sum(bpf_calls.fd_memlock(fd) for fd in maps.values())",
         "    size = 0",
         ("tests/integration/test_loader.py::test_quota_is_enforced_and_said",),
     ),

@@ -7,7 +7,6 @@ user can act on.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import sys
@@ -28,7 +27,7 @@ from alfwrapper.errors import (
     AlfError,
     missing_library,
 )
-from alfwrapper.host import kernel_headers, syscalls
+from alfwrapper.host import bpf_calls, kernel_headers, libc, process
 from alfwrapper.policy.rules import SocketRules
 
 
@@ -65,7 +64,7 @@ def _output_to(sink: list[str]) -> Iterator[None]:
 
 def _flush_c_stdio() -> None:
     """fflush(NULL): C stdio's buffers (libbcc's std::cout goes through them)."""
-    syscalls.flush_c_stdio()
+    libc.flush_c_stdio()
 
 
 @contextmanager
@@ -95,7 +94,7 @@ _NEED_CAP = (
 
 def _permission_error(what: str, details: str, plan: ProgramPlan | None = None) -> AlfError:
     hint = _NEED_CAP
-    unprivileged_allowed = syscalls.unprivileged_bpf_disabled() == 0
+    unprivileged_allowed = bpf_calls.unprivileged_bpf_disabled() == 0
     if unprivileged_allowed and plan is not None and plan.rules.knock:
         hint = (
             "knocking needs CAP_BPF even where unprivileged BPF is allowed (its LRU map "
@@ -116,7 +115,7 @@ def prepare_to_compile() -> None:
     """Load now what compiling loads lazily (BCC, libbpf, which ctypes finds by running
     ld): for a process about to lose the right to read them (the loader's confine)."""
     _import_bcc()
-    syscalls.libbpf()
+    bpf_calls.libbpf()
 
 
 def _first_error(log: str) -> str:
@@ -211,7 +210,8 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             fn = bpf.load_func(plan.entry.encode(), bcc.BPF.SOCKET_FILTER)
             if plan.rules.interfaces:
                 body = bpf.load_func(plan.body.encode(), bcc.BPF.SOCKET_FILTER)
-                bpf[b"iface_alive"][ctypes.c_int(0)] = ctypes.c_int(body.fd)
+                alive = bpf[b"iface_alive"]
+                alive[alive.Key(0)] = alive.Leaf(body.fd)
     except Exception as err:
         text = "".join(log)
         message = str(err)
@@ -253,9 +253,9 @@ def refused_without_perfmon(loaded: LoadedFilter) -> str:
         os.close(read_end)
         complaint = ""
         try:
-            syscalls.capset(cap_bpf, cap_bpf, 0)
+            process.capset(cap_bpf, cap_bpf, 0)
             for name, insns in programs:
-                fd, log = syscalls.prog_load_logged(insns, name)
+                fd, log = bpf_calls.prog_load_logged(insns, name)
                 if fd < 0:
                     complaint = _verifier_reason(log) if log else os.strerror(-fd)
                     break
@@ -276,7 +276,7 @@ def _return_freed_memory() -> None:
     what parsing a big rule file freed (about 35 MiB at a million rules); after, what
     LLVM freed (about 40 MiB), before the maps are filled.  Both would otherwise add
     to the peak RSS."""
-    syscalls.malloc_trim()
+    libc.malloc_trim()
 
 
 def name_maps(bpf: Any, label: str, pinned: set[str]) -> None:
@@ -290,7 +290,7 @@ def name_maps(bpf: Any, label: str, pinned: set[str]) -> None:
     application may not call (privileges.py)."""
     for name, fd in map_fds(bpf).items():
         try:
-            renamed = syscalls.map_renamed(
+            renamed = bpf_calls.map_renamed(
                 fd, object_name(label, name), keep_btf=name not in pinned
             )
         except OSError as err:
@@ -316,15 +316,15 @@ def adopt_pinned(bpf: Any, pinned: tuple[tuple[str, str], ...]) -> None:
         fresh = bpf[name.encode()].map_fd
         try:
             if os.path.exists(path):
-                kept = syscalls.obj_get(path)
+                kept = bpf_calls.obj_get(path)
                 try:
-                    if syscalls.map_shape(kept) == syscalls.map_shape(fresh):
+                    if bpf_calls.map_shape(kept) == bpf_calls.map_shape(fresh):
                         os.dup2(kept, fresh, inheritable=False)
                         continue
                 finally:
                     os.close(kept)
                 os.unlink(path)
-            syscalls.obj_pin(fresh, path)
+            bpf_calls.obj_pin(fresh, path)
         except OSError as err:
             raise AlfError(
                 f"pinned map {path}",
@@ -351,23 +351,14 @@ def set_knock_listeners(bpf: Any, cookies: list[int]) -> None:
 
 def prog_id(loaded: LoadedFilter) -> int:
     """The kernel's id of the loaded program (as bpftool shows it)."""
-    from alfwrapper.host.syscalls import prog_info  # noqa: PLC0415
+    from alfwrapper.host.bpf_calls import prog_info  # noqa: PLC0415
 
     return prog_info(loaded.fd).id
 
 
 def map_fds(bpf: Any) -> dict[str, int]:
-    """Every map of a compiled BCC module, by its declaration's name (libbcc's table
-    list; BCC's Python has none)."""
-    from bcc.libbcc import lib  # noqa: PLC0415
-
-    lib.bpf_num_tables.restype = ctypes.c_size_t
-    lib.bpf_num_tables.argtypes = [ctypes.c_void_p]
-    lib.bpf_table_name.restype = ctypes.c_char_p
-    lib.bpf_table_name.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    module = bpf.module
-    names = [lib.bpf_table_name(module, i) for i in range(lib.bpf_num_tables(module))]
-    return {name.decode(): bpf[name].map_fd for name in names}
+    """Every map of a compiled BCC module, by its declaration's name."""
+    return {name.decode(): bpf[name].map_fd for name in bpf_calls.bcc_table_names(bpf.module)}
 
 
 def counters(loaded: LoadedFilter) -> dict[str, int]:

@@ -19,12 +19,12 @@ Adding a part means adding one class here and one file in filters/.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import hashlib
 import mmap
 import re
 import struct
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,12 +139,13 @@ class Interfaces(Part):
     name = reason = "interfaces"
     source = "interfaces.c"
     condition = "interfaces_pass(skb)"
+    MIN_SLOTS = 4096  # iface_allowed's entries at least: interfaces the watcher may add
 
     def used(self, rules: SocketRules, pins: Pins | None) -> bool:
         return bool(rules.interfaces)
 
     def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
-        return PartPlan(self, (("IFACE_SLOTS", str(max(4096, len(rules.interfaces)))),))
+        return PartPlan(self, (("IFACE_SLOTS", str(max(self.MIN_SLOTS, len(rules.interfaces)))),))
 
     def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         set_interfaces(bpf, {i: n for i, n in env.interfaces.items() if n in rules.interfaces})
@@ -395,7 +396,7 @@ def fill_mapped(map_fd: int, data: bytes | memoryview, name: str) -> None:
 
 
 def u32s(values: Sequence[int]) -> bytes:
-    return bytes((ctypes.c_uint32 * len(values))(*values))
+    return array("I", values).tobytes()  # u32s in the host's order, as the maps hold them
 
 
 def set_interfaces(bpf: Any, allowed: dict[int, str]) -> None:

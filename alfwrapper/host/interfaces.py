@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
-from alfwrapper.host import companion, syscalls
+from alfwrapper.host import bpf_calls, companion
 
 RTMGRP_LINK = 1
 # interfaces.c's iface_lease: the watcher renews it every second for LEASE_NS ahead;
@@ -34,7 +34,7 @@ START_LEASE_NS = 120_000_000_000
 
 def renew_lease(lease_fd: int, ahead_ns: int) -> None:
     """iface_lease's one entry: now (CLOCK_MONOTONIC, the filter's clock) + ahead."""
-    syscalls.map_update(
+    bpf_calls.map_update(
         lease_fd, struct.pack("=I", 0), struct.pack("=Q", time.monotonic_ns() + ahead_ns)
     )
 

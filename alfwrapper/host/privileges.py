@@ -32,7 +32,7 @@ import errno
 import os
 
 from alfwrapper.errors import EX_OSERR, AlfError
-from alfwrapper.host import syscalls
+from alfwrapper.host import landlock, process
 
 CAP_CHOWN = 0
 CAP_DAC_OVERRIDE = 1
@@ -93,17 +93,17 @@ def effective() -> int:
 def set_dumpable(dumpable: bool) -> None:
     """PR_SET_DUMPABLE: an undumpable process cannot be traced or read through /proc
     by processes of its own user that lack CAP_SYS_PTRACE."""
-    syscalls.prctl(PR_SET_DUMPABLE, int(dumpable))
+    process.prctl(PR_SET_DUMPABLE, int(dumpable))
 
 
 def switch_user(uid: int, gid: int, keep: int = 0) -> None:
     """As root: become uid/gid with no supplementary groups, keeping only ``keep``."""
     _drop_bounding(keep)
-    syscalls.prctl(PR_SET_KEEPCAPS, 1)
+    process.prctl(PR_SET_KEEPCAPS, 1)
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
-    syscalls.prctl(PR_SET_KEEPCAPS, 0)
+    process.prctl(PR_SET_KEEPCAPS, 0)
     drop_privileges(keep)
 
 
@@ -112,7 +112,7 @@ def _drop_bounding(keep: int) -> None:
         if keep >> cap & 1:
             continue
         try:
-            syscalls.prctl(syscalls.PR_CAPBSET_DROP, cap)
+            process.prctl(process.PR_CAPBSET_DROP, cap)
         except OSError as err:
             if err.errno not in (errno.EPERM, errno.EINVAL):
                 raise
@@ -122,10 +122,10 @@ def drop_privileges(keep: int = 0) -> None:
     """Keep only the capabilities in the ``keep`` mask that we hold, and set no_new_privs."""
     try:
         keep &= permitted()
-        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)
-        syscalls.prctl(syscalls.PR_CAP_AMBIENT, syscalls.PR_CAP_AMBIENT_CLEAR_ALL)
+        process.prctl(process.PR_SET_NO_NEW_PRIVS, 1)
+        process.prctl(process.PR_CAP_AMBIENT, process.PR_CAP_AMBIENT_CLEAR_ALL)
         _drop_bounding(keep)
-        syscalls.capset(keep, keep, 0)
+        process.capset(keep, keep, 0)
     except OSError as err:
         raise _failed(err) from None
 
@@ -143,16 +143,16 @@ def drop_reaching_filter() -> int:
     """Remove REACHES_FILTER from every set and set no_new_privs; keep the rest.
     Returns the permitted set kept."""
     try:
-        syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)
+        process.prctl(process.PR_SET_NO_NEW_PRIVS, 1)
         for cap in REACHES_FILTER:
             try:
-                syscalls.prctl(syscalls.PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, cap)
+                process.prctl(process.PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, cap)
             except OSError as err:
                 if err.errno != errno.EINVAL:  # a capability this kernel does not know
                     raise
         _drop_bounding(((1 << (CAP_LAST + 1)) - 1) & ~REACHES_FILTER_MASK)
         keep = permitted() & ~REACHES_FILTER_MASK
-        syscalls.capset(effective() & keep, keep, permitted("CapInh") & ~REACHES_FILTER_MASK)
+        process.capset(effective() & keep, keep, permitted("CapInh") & ~REACHES_FILTER_MASK)
         return keep
     except OSError as err:
         raise _failed(err) from None
@@ -190,9 +190,9 @@ def hide_bpf_file_systems(mounts: list[str]) -> str:
     if not effective() >> CAP_SYS_ADMIN & 1:
         return "no CAP_SYS_ADMIN to make a mount namespace"
     try:
-        syscalls.unshare_mounts()
+        process.unshare_mounts()
         for target in mounts:
-            syscalls.umount_detach(target)
+            process.umount_detach(target)
     except OSError as err:
         return err.strerror or str(err)
     return ""
@@ -241,7 +241,7 @@ def landlock_application(mounts: list[str]) -> str:
     outside their own tree; and may signal none of those either (the interface
     watcher, the log forwarder).  "" once done, else why not."""
     try:
-        syscalls.landlock_restrict(writable_outside(mounts), scope_signals=True)
+        landlock.landlock_restrict(writable_outside(mounts), scope_signals=True)
     except OSError as err:
         return err.strerror or str(err)
     return ""

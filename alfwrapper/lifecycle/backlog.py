@@ -55,7 +55,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from alfwrapper.host.attach import has_filter
-from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame
+from alfwrapper.host.bpf_calls import prog_test_run
+from alfwrapper.host.frames import tcp_syn_frame, udp_frame
 
 SO_PEEK_OFF = 42
 TCP_ESTABLISHED, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LISTEN = 1, 7, 8, 10

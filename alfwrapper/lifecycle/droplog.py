@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from alfwrapper.bpf import parts
-from alfwrapper.host import syscalls
+from alfwrapper.host import bpf_calls, ringbuf
 from alfwrapper.policy.prefixes import address_text
 
 PROTOCOLS = {6: "tcp", 17: "udp"}
@@ -119,7 +119,7 @@ def read(
     ``follow`` everything after, until interrupted.  ``name`` names interfaces."""
     buffered: list[Event] = []
     sink: list[Callable[[Event], None]] = [buffered.append]
-    reader = syscalls.RingReader(
+    reader = ringbuf.RingReader(
         [fd for _, _, fd in rings],
         lambda i, raw: sink[0](decode(rings[i][0], rings[i][1], raw, name)),
     )
@@ -173,7 +173,7 @@ def to_journal(event: Event) -> None:
 
 
 def forward(rings: Sequence[tuple[str, str, int]], pidfd: int) -> None:
-    reader = syscalls.RingReader(
+    reader = ringbuf.RingReader(
         [fd for _, _, fd in rings],
         lambda i, raw: to_journal(decode(rings[i][0], rings[i][1], raw, interface_name)),
     )
@@ -198,7 +198,7 @@ def main(argv: Sequence[str]) -> int:
                  for spec in argv[3:]]  # fmt: skip
         from systemd import journal  # noqa: F401, PLC0415  (before giving up root)
 
-        syscalls.libbpf()
+        bpf_calls.libbpf()
         from alfwrapper.lifecycle.watcher import become_watcher_user  # noqa: PLC0415
 
         become_watcher_user()

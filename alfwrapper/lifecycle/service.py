@@ -22,8 +22,9 @@ from alfwrapper import state
 from alfwrapper.bpf import program
 from alfwrapper.bpf.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_key
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_USAGE, AlfError, excerpt
-from alfwrapper.host import interfaces, syscalls
+from alfwrapper.host import interfaces
 from alfwrapper.host.faults import crash_point
+from alfwrapper.host.netns import netns as enter_netns
 from alfwrapper.policy.files import Policy
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import SocketRules
@@ -240,7 +241,7 @@ def service_netns(service: str, netns: object, app: int, strict: bool = True) ->
         )
     with ExitStack() as inside:
         try:
-            inside.enter_context(syscalls.netns(f"/proc/{app}/ns/net"))
+            inside.enter_context(enter_netns(f"/proc/{app}/ns/net"))
         except PermissionError:
             raise AlfError(
                 f"reloading {service}",

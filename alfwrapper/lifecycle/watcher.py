@@ -13,7 +13,7 @@ It resynchronises from a full dump on start and whenever netlink reports
 lost events, renews every program's iface_lease every second (a watcher that
 is stopped stops renewing, and the filter then drops every packet:
 interfaces.c), and exits when the application does (its pidfd, Linux 5.3).
-It never loads BCC: the maps are updated through libbpf (syscalls.py).
+It never loads BCC: the maps are updated through libbpf (host/bpf_calls.py).
 Started as root, it first moves to its own user, so that the application
 (root or not, with no capabilities) cannot signal it, and makes itself
 undumpable, so that no process of its own user can trace it.
@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from alfwrapper.host import privileges, syscalls
+from alfwrapper.host import bpf_calls, privileges
 from alfwrapper.host.interfaces import LEASE_NS, RTMGRP_LINK, renew_lease
 
 WATCHER_USERS = ("alfwrapper", "nobody")  # the first that exists
@@ -55,10 +55,10 @@ class Target:
         """Make the map hold exactly the allowed indexes: additions first, then removals."""
         wanted = {index for index, name in state.items() if name in self.names}
         for index in wanted:
-            syscalls.map_update(self.map_fd, _U32.pack(index), _U32.pack(1))
-        for key in syscalls.map_keys(self.map_fd, _U32.size):
+            bpf_calls.map_update(self.map_fd, _U32.pack(index), _U32.pack(1))
+        for key in bpf_calls.map_keys(self.map_fd, _U32.size):
             if _U32.unpack(key)[0] not in wanted:
-                syscalls.map_delete(self.map_fd, key)
+                bpf_calls.map_delete(self.map_fd, key)
 
 
 def become_watcher_user() -> None:
@@ -142,7 +142,7 @@ def main(argv: Sequence[str]) -> int:
         # installed package may not be readable by the watcher's own user.
         from pyroute2 import IPRoute  # noqa: PLC0415
 
-        syscalls.libbpf()
+        bpf_calls.libbpf()
         events, dump = IPRoute(), IPRoute()
         events.bind(groups=RTMGRP_LINK)
         link_names(dump)  # loads what decoding needs

@@ -7,7 +7,7 @@ Since 2021 distributions set kernel.unprivileged_bpf_disabled: creating a map
 or loading a program needs CAP_BPF.  Attaching a loaded program to one's own
 socket needs nothing (SO_ATTACH_BPF), and since Linux 6.5 neither does using
 a map or program one holds an fd of; before 6.5 the loader makes those calls
-too ("fd" requests: syscalls.use_fd_proxy), on the fds the user sends, which
+too ("fd" requests: bpf_calls.use_fd_proxy), on the fds the user sends, which
 the kernel checks as it would check the user's own on 6.5.  So a small service, `alfwrapper loader`
 (units alfwrapper-loader.socket and alfwrapper-loader.service), holding
 CAP_BPF alone and running as the user alfwrapper-loader, compiles and loads

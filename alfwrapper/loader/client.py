@@ -17,7 +17,7 @@ from alfwrapper.errors import (
     EX_UNAVAILABLE,
     AlfError,
 )
-from alfwrapper.host import syscalls
+from alfwrapper.host import bpf_calls
 from alfwrapper.loader.protocol import (
     BUSY_SECONDS,
     READ_SECONDS,
@@ -148,7 +148,7 @@ class Broker(state.Store):
         return removed, "your services' state, through the loader"
 
     def fd_call(self, name: str, fds: list[int], args: dict[str, Any]) -> Any:
-        """A syscalls call the kernel refused us (before Linux 6.5), made by the loader."""
+        """A bpf_calls call the kernel refused us (before Linux 6.5), made by the loader."""
         answer, _ = self.request(
             {"op": "fd", "call": name, "args": {k: to_wire(v) for k, v in args.items()}}, fds
         )
@@ -215,7 +215,7 @@ def needed() -> bool:
 
     if effective() & ((1 << CAP_BPF) | (1 << CAP_SYS_ADMIN)):
         return False
-    return syscalls.unprivileged_bpf_disabled() != 0  # unknown: as the strict setting
+    return bpf_calls.unprivileged_bpf_disabled() != 0  # unknown: as the strict setting
 
 
 def use_if_needed() -> bool:
@@ -224,5 +224,5 @@ def use_if_needed() -> bool:
         return False
     broker = Broker()
     state.use_store(broker)
-    syscalls.use_fd_proxy(broker.fd_call)
+    bpf_calls.use_fd_proxy(broker.fd_call)
     return True

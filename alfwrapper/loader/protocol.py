@@ -20,7 +20,7 @@ from alfwrapper.errors import (
     EX_USAGE,
     AlfError,
 )
-from alfwrapper.host import syscalls
+from alfwrapper.host import bpf_calls
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import CustomFilter, KnockRules, MapSetting, SocketRules, SubnetRules
 
@@ -271,7 +271,7 @@ def to_wire(value: Any) -> Any:
         return {"bytes": value.hex()}
     if isinstance(value, list):
         return [to_wire(v) for v in value]
-    if isinstance(value, syscalls.TestRun):
+    if isinstance(value, bpf_calls.TestRun):
         return {"run": [value.retval, value.duration_ns]}
     return value
 
@@ -280,7 +280,7 @@ def from_wire(value: Any) -> Any:
     if isinstance(value, dict) and set(value) == {"bytes"} and isinstance(value["bytes"], str):
         return bytes.fromhex(value["bytes"])
     if isinstance(value, dict) and set(value) == {"run"}:
-        return syscalls.TestRun(*(int(x) for x in value["run"]))
+        return bpf_calls.TestRun(*(int(x) for x in value["run"]))
     if isinstance(value, list):
         return [from_wire(v) for v in value]
     if isinstance(value, dict):

@@ -33,7 +33,7 @@ from alfwrapper.errors import (
     EX_USAGE,
     AlfError,
 )
-from alfwrapper.host import cgroups, syscalls
+from alfwrapper.host import bpf_calls, cgroups, landlock
 from alfwrapper.loader.protocol import (
     FD_VALUE_LIMIT,
     LENGTH,
@@ -83,21 +83,21 @@ OPENABLE = frozenset(
 # The map types the built-in filters use (BPF_MAP_TYPE_*): hash, array,
 # prog array, percpu array, LRU hash, LPM trie, ring buffer.
 MAP_TYPES = frozenset({
-    syscalls.BPF_MAP_TYPE_HASH, syscalls.BPF_MAP_TYPE_ARRAY, syscalls.BPF_MAP_TYPE_PROG_ARRAY,
-    syscalls.BPF_MAP_TYPE_PERCPU_ARRAY, syscalls.BPF_MAP_TYPE_LRU_HASH,
-    syscalls.BPF_MAP_TYPE_LPM_TRIE, syscalls.BPF_MAP_TYPE_RINGBUF,
+    bpf_calls.BPF_MAP_TYPE_HASH, bpf_calls.BPF_MAP_TYPE_ARRAY, bpf_calls.BPF_MAP_TYPE_PROG_ARRAY,
+    bpf_calls.BPF_MAP_TYPE_PERCPU_ARRAY, bpf_calls.BPF_MAP_TYPE_LRU_HASH,
+    bpf_calls.BPF_MAP_TYPE_LPM_TRIE, bpf_calls.BPF_MAP_TYPE_RINGBUF,
 })  # fmt: skip
 
 
 # Those whose values are data (not fds: a program array's value, written, names an
 # fd of whoever makes the call): the ones an "fd" request may write.
-DATA_MAP_TYPES = MAP_TYPES - {syscalls.BPF_MAP_TYPE_PROG_ARRAY, syscalls.BPF_MAP_TYPE_RINGBUF}
+DATA_MAP_TYPES = MAP_TYPES - {bpf_calls.BPF_MAP_TYPE_PROG_ARRAY, bpf_calls.BPF_MAP_TYPE_RINGBUF}
 
 
-PROG_ARRAY = syscalls.BPF_MAP_TYPE_PROG_ARRAY
+PROG_ARRAY = bpf_calls.BPF_MAP_TYPE_PROG_ARRAY
 
 
-PROG_TYPE_SOCKET_FILTER = syscalls.BPF_PROG_TYPE_SOCKET_FILTER
+PROG_TYPE_SOCKET_FILTER = bpf_calls.BPF_PROG_TYPE_SOCKET_FILTER
 
 
 _LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,9}$")  # program.label()
@@ -383,7 +383,7 @@ def _limits(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits
         "programs": limits.programs,
         "memory_mib": limits.map_memory >> 20,
         "counted_by_kernel": limits.memory is not None,
-        "landlock": syscalls.landlock_abi(),
+        "landlock": landlock.landlock_abi(),
     }, []
 
 
@@ -472,14 +472,14 @@ def _bpf_kind(fd: int) -> str:
 
 
 def fd_call(message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-    """Make one of syscalls.FD_CALLS on the caller's fds.  Its answer is what the
+    """Make one of bpf_calls.FD_CALLS on the caller's fds.  Its answer is what the
     kernel says to us, which, for these calls and these object types, is what
     Linux 6.5 says to any holder of the fds: the kernel checks each fd's own read
     and write modes.  Never on a map whose values are fds (they would name ours)."""
     name = request_field(message, "call", str)
-    if name not in syscalls.FD_CALLS:
+    if name not in bpf_calls.FD_CALLS:
         raise bad_request(f"{name!r} is not a call the loader makes on your fds")
-    call, fd_params = syscalls.FD_CALLS[name]
+    call, fd_params = bpf_calls.FD_CALLS[name]
     if len(fds) != len(fd_params):
         raise bad_request(f"{name} takes {len(fd_params)} fd(s)")
     raw = message.get("args")
@@ -497,7 +497,7 @@ def fd_call(message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         if kinds[param] != wanted:
             raise bad_request(f"{param} must be the fd of a BPF {wanted}")
         if wanted == "map" and name != "_info":
-            kind = syscalls.map_shape(fd)[0]
+            kind = bpf_calls.map_shape(fd)[0]
             allowed = {
                 "prog_array_set": {PROG_ARRAY},
                 "map_lookup": DATA_MAP_TYPES | {PROG_ARRAY},  # a slot's program id
@@ -505,7 +505,7 @@ def fd_call(message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
             }.get(name, DATA_MAP_TYPES)
             if kind not in allowed:
                 raise AlfError(f"{name}", f"not on a map of type {kind}", "", EX_NOPERM)
-        if wanted == "prog" and syscalls.prog_type(fd) != PROG_TYPE_SOCKET_FILTER:
+        if wanted == "prog" and bpf_calls.prog_type(fd) != PROG_TYPE_SOCKET_FILTER:
             raise AlfError(f"{name}", "only on socket filters", "", EX_NOPERM)
     try:
         return {"result": to_wire(call(**dict(zip(fd_params, fds, strict=True)), **args))}
@@ -567,9 +567,9 @@ def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) 
             raise quota_reached(limits) from None
         raise
     maps = compiler.map_fds(loaded.bpf)
-    info = syscalls.prog_info(loaded.fd)
+    info = bpf_calls.prog_info(loaded.fd)
     _check_objects(maps, loaded.fd, probe, set(_pinned_ids(where)) if where else set())
-    size = sum(syscalls.fd_memlock(fd) for fd in maps.values())
+    size = sum(bpf_calls.fd_memlock(fd) for fd in maps.values())
     record_program(who, limits, ledger, cookie, size)
     return {"program": info.id, "map_bytes": size}, [loaded.fd]
 
@@ -577,9 +577,9 @@ def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) 
 def _fresh_map_id() -> int:
     """The id the kernel gives a map made now: every map made by this request is
     newer, and any older one was opened, not made."""
-    fd = syscalls.map_create(syscalls.BPF_MAP_TYPE_ARRAY, "alf_probe", 4, 4, 1)
+    fd = bpf_calls.map_create(bpf_calls.BPF_MAP_TYPE_ARRAY, "alf_probe", 4, 4, 1)
     try:
-        return syscalls.map_info_id(fd)
+        return bpf_calls.map_info_id(fd)
     finally:
         os.close(fd)
 
@@ -590,11 +590,11 @@ def _pinned_ids(where: state.SocketState) -> list[int]:
     folder = where.dir
     for path in [*folder.iterdir(), *where.service_dir.glob("knock-*/*")]:
         try:
-            fd = syscalls.obj_get(str(path))
+            fd = bpf_calls.obj_get(str(path))
         except OSError:
             continue
         try:
-            ids.append(syscalls.map_info_id(fd))
+            ids.append(bpf_calls.map_info_id(fd))
         except OSError:
             pass
         finally:
@@ -603,15 +603,15 @@ def _pinned_ids(where: state.SocketState) -> list[int]:
 
 
 def _check_objects(maps: dict[str, int], prog: int, probe: int, own: set[int]) -> None:
-    if syscalls.prog_type(prog) != PROG_TYPE_SOCKET_FILTER:
+    if bpf_calls.prog_type(prog) != PROG_TYPE_SOCKET_FILTER:
         raise AlfError("loader", "only socket filters are loaded", "", EX_NOPERM)
     for name, fd in maps.items():
-        kind = syscalls.map_shape(fd)[0]
+        kind = bpf_calls.map_shape(fd)[0]
         if kind not in MAP_TYPES:
             raise AlfError(
                 f"map {name}", f"its type ({kind}) is not one the loader makes", "", EX_NOPERM
             )
-        ident = syscalls.map_info_id(fd)
+        ident = bpf_calls.map_info_id(fd)
         if ident <= probe and ident not in own:
             raise AlfError(
                 f"map {name}",
@@ -660,7 +660,7 @@ def confine(tree: state.Store, custom: bool) -> None:
     tempfile.tempdir = scratch
     os.environ["TMPDIR"] = scratch
     try:
-        syscalls.landlock_restrict([str(tree.base), scratch], readable)
+        landlock.landlock_restrict([str(tree.base), scratch], readable)
     except OSError as err:
         if custom:
             raise AlfError(

@@ -14,7 +14,7 @@ from typing import Any
 from alfwrapper.bpf import compiler, program
 from alfwrapper.bpf.parts import FillEnv
 from alfwrapper.errors import EX_CONFIG, AlfError
-from alfwrapper.host import interfaces, syscalls
+from alfwrapper.host import bpf_calls, interfaces
 from alfwrapper.policy.files import Policy
 from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
 from alfwrapper.policy.rules import ListenSpec, SocketRules
@@ -157,11 +157,11 @@ def summary(
         "filtered": loaded is not None,
     }
     if loaded is not None:
-        info = syscalls.prog_info(loaded.fd)
+        info = bpf_calls.prog_info(loaded.fd)
         maps = compiler.map_fds(loaded.bpf)
         out["parts"] = list(loaded.plan.part_names)
         out["instructions"] = info.instructions
-        out["map_bytes"] = sum(syscalls.fd_memlock(fd) for fd in maps.values())
+        out["map_bytes"] = sum(bpf_calls.fd_memlock(fd) for fd in maps.values())
     return out
 
 

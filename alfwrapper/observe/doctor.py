@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alfwrapper.errors import EX_UNAVAILABLE, LIBRARIES, AlfError
-from alfwrapper.host import kernel_headers, syscalls
+from alfwrapper.host import bpf_calls, frames, kernel_headers
 from alfwrapper.host.privileges import CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN
 from alfwrapper.policy.prefixes import parse_prefix
 from alfwrapper.policy.rules import SocketRules, SubnetRules
@@ -85,7 +85,7 @@ def check_jit() -> Check:
 
 def check_privilege() -> Check:
     """Which way this user's filters get loaded, and whether that way works."""
-    setting = syscalls.unprivileged_bpf_disabled()
+    setting = bpf_calls.unprivileged_bpf_disabled()
     unpriv = None if setting is None else str(setting)
     caps = effective_capabilities(_read("/proc/self/status") or "")
     held = [
@@ -120,7 +120,7 @@ def check_loader(unpriv: str | None, held_text: str) -> Check:
 
     why = f"kernel.unprivileged_bpf_disabled={unpriv} and this process holds {held_text}"
     try:
-        refused = syscalls.fd_calls_refused()
+        refused = bpf_calls.fd_calls_refused()
     except OSError:
         refused = False  # no libbpf: check_imports says so
     if refused:
@@ -236,7 +236,7 @@ def check_build_through_loader() -> Check:
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
             fd, _ = client.Broker().load(rules, None, "doctor_u0", False, sock)
-            verdict = syscalls.prog_test_run(fd, syscalls.udp_frame(4, 0xC0000202)).retval
+            verdict = bpf_calls.prog_test_run(fd, frames.udp_frame(4, 0xC0000202)).retval
             os.close(fd)
     except (AlfError, OSError) as err:
         text = err.line() if isinstance(err, AlfError) else str(err)

@@ -14,7 +14,8 @@ from alfwrapper.bpf import compiler, program
 from alfwrapper.bpf.parts import BY_REASON, Dropped, FillEnv
 from alfwrapper.errors import EX_USAGE, AlfError, excerpt
 from alfwrapper.host import interfaces
-from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame
+from alfwrapper.host.bpf_calls import prog_test_run
+from alfwrapper.host.frames import tcp_syn_frame, udp_frame
 from alfwrapper.policy.files import Policy, RuleSource
 from alfwrapper.policy.prefix_list import PrefixList
 from alfwrapper.policy.prefixes import Prefix, parse_prefix

@@ -13,7 +13,7 @@ import sys
 from alfwrapper import state
 from alfwrapper.bpf.parts import RUNTIME_ALLOW
 from alfwrapper.errors import EX_CANTCREAT, EX_USAGE, AlfError
-from alfwrapper.host import syscalls
+from alfwrapper.host import bpf_calls
 from alfwrapper.lifecycle.service import Member, collect, members, service_netns
 from alfwrapper.policy.prefixes import address_text
 from alfwrapper.state import alive
@@ -37,7 +37,7 @@ def counters(member: Member) -> dict[str, int]:
     try:
         out = {}
         for i, reason in enumerate(REASONS):
-            raw = syscalls.map_lookup(fd, struct.pack("I", i), 8 * cpus) or b""
+            raw = bpf_calls.map_lookup(fd, struct.pack("I", i), 8 * cpus) or b""
             out[reason] = sum(struct.unpack(f"{len(raw) // 8}Q", raw))
         return out
     finally:
@@ -48,7 +48,7 @@ def program_in_slot(member: Member) -> int:
     """The id of the program in the socket's slot (0 if empty)."""
     fd = state.open_pin(member.state, "slot")
     try:
-        raw = syscalls.map_lookup(fd, struct.pack("I", 0), 4)
+        raw = bpf_calls.map_lookup(fd, struct.pack("I", 0), 4)
         return struct.unpack("I", raw)[0] if raw else 0
     finally:
         os.close(fd)
@@ -62,7 +62,7 @@ def log_suppressed(member: Member) -> int | None:
         return None
     fd = state.open_pin(member.state, "log_bucket")
     try:
-        raw = syscalls.map_lookup(fd, struct.pack("I", 0), BUCKET.size)
+        raw = bpf_calls.map_lookup(fd, struct.pack("I", 0), BUCKET.size)
         return int(BUCKET.unpack(raw)[3]) if raw else 0
     finally:
         os.close(fd)

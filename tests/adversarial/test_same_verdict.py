@@ -22,7 +22,7 @@ from test_queued import ATTACKER, PARTS
 from alfwrapper import cli
 from alfwrapper.bpf import compiler, program
 from alfwrapper.bpf.parts import FillEnv
-from alfwrapper.host.syscalls import prog_test_run
+from alfwrapper.host.bpf_calls import prog_test_run
 
 
 @dataclass(frozen=True)

@@ -17,16 +17,16 @@ import os
 import socket
 import sys
 
-from alfwrapper.host import syscalls
+from alfwrapper.host import bpf_calls
 from alfwrapper.loader import client, protocol
 
 
 def kind(fd: int) -> str:
     link = os.readlink(f"/proc/self/fd/{fd}")
     if link == "anon_inode:bpf-prog":
-        return f"prog:{syscalls.prog_type(fd)}"
+        return f"prog:{bpf_calls.prog_type(fd)}"
     if link == "anon_inode:bpf-map":
-        return f"map:{syscalls.map_shape(fd)[0]}"
+        return f"map:{bpf_calls.map_shape(fd)[0]}"
     return link
 
 

@@ -11,7 +11,8 @@ import pytest
 from oracle import passes, probe_addresses, random_rules
 
 from alfwrapper.bpf import compiler
-from alfwrapper.host.syscalls import prog_test_run, tcp_syn_frame, udp_frame
+from alfwrapper.host.bpf_calls import prog_test_run
+from alfwrapper.host.frames import tcp_syn_frame, udp_frame
 from alfwrapper.policy import knocking
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import KnockRules, SocketRules, SubnetRules
@@ -209,14 +210,14 @@ def test_ring_buffer_read_by_mmap_across_the_wrap(bpf_root: None) -> None:
     record once, in order, also those that wrap around the end of the ring."""
     import bcc  # noqa: PLC0415
 
-    from alfwrapper.host import kernel_headers, syscalls  # noqa: PLC0415
+    from alfwrapper.host import kernel_headers, ringbuf  # noqa: PLC0415
 
     with kernel_headers.for_bcc(kernel_headers.find()) as include:
         bpf = bcc.BPF(text=RING_WRITER.encode(), cflags=include)
     try:
         prog = bpf.load_func(b"write", bcc.BPF.SOCKET_FILTER)
         got: list[bytes] = []
-        rings = syscalls._MappedRings([bpf[b"events"].map_fd], lambda _, raw: got.append(raw))  # noqa: SLF001
+        rings = ringbuf._MappedRings([bpf[b"events"].map_fd], lambda _, raw: got.append(raw))  # noqa: SLF001
         try:
             frame = udp_frame(4, 0xC0000202)
             for _ in range(7):  # 7 x 80 records of 48 bytes: round the 4096-byte ring 6 times

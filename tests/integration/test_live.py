@@ -81,10 +81,10 @@ def test_state_of_closed_sockets_is_collected(network: Network, services: list[S
         svc.stop()
     # A map pinned where a knock folder would be (as a hostile filter once could): gc
     # takes it too, or the service would be listed for ever.
-    from alfwrapper.host import syscalls  # noqa: PLC0415
+    from alfwrapper.host import bpf_calls  # noqa: PLC0415
 
-    stray = syscalls.map_create(2, "alf_stray", 4, 4, 1)
-    syscalls.obj_pin(stray, str(STATE / "churn" / "knock-0"))
+    stray = bpf_calls.map_create(2, "alf_stray", 4, 4, 1)
+    bpf_calls.obj_pin(stray, str(STATE / "churn" / "knock-0"))
     os.close(stray)
     out = cli("gc")
     assert out.returncode == 0 and "removed churn" in out.stdout, out.stdout
@@ -101,10 +101,10 @@ def test_pins_are_out_of_reach_of_the_application(
     # uid 0 without capabilities, as the application runs: nothing opens, nothing lists.
     probe = (
         "import os, sys\n"
-        "from alfwrapper.host import syscalls\n"
+        "from alfwrapper.host import bpf_calls\n"
         "for path in sys.argv[1:]:\n"
         "    try:\n"
-        "        syscalls.obj_get(path); print(path, 'OPENED')\n"
+        "        bpf_calls.obj_get(path); print(path, 'OPENED')\n"
         "    except OSError as e:\n"
         "        print(path, e.errno)\n"
         "try:\n"
@@ -125,11 +125,11 @@ def test_an_emptied_slot_drops_everything(network: Network, services: list[Servi
     a = network.allowed
     svc = start(network, services, "emptied", "--allow", "192.0.2.0/24")
     check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[])
-    from alfwrapper.host import syscalls
+    from alfwrapper.host import bpf_calls
 
     for folder in pins_of("emptied"):
-        slot = syscalls.obj_get(str(folder / "slot"))
-        syscalls.map_delete(slot, struct.pack("I", 0))
+        slot = bpf_calls.obj_get(str(folder / "slot"))
+        bpf_calls.map_delete(slot, struct.pack("I", 0))
         os.close(slot)
     check_policy(svc, served=[], dropped=all_probes(a, 8080, 8081))
 

@@ -27,7 +27,7 @@ from support import ECHO_SERVER, ROOT, WRAPPER
 from alfwrapper import state
 from alfwrapper.bpf import compiler
 from alfwrapper.errors import AlfError
-from alfwrapper.host import syscalls
+from alfwrapper.host import bpf_calls
 from alfwrapper.loader import protocol, server
 from alfwrapper.policy.prefixes import parse_prefix
 from alfwrapper.policy.rules import SocketRules, SubnetRules
@@ -275,8 +275,8 @@ def test_only_socket_filters_and_only_new_maps(
     # A's own counters, declared by A with their exact shape: refused (BCC 0.26 cannot
     # even open a pinned map with CAP_BPF alone; should a BCC adopt it, the loader's
     # own check refuses any map older than the request: the test below).
-    fd = syscalls.obj_get(str(tree / "app" / f"sock-{cookie}" / "counters"))
-    kind, key, value, entries, _ = syscalls.map_shape(fd)
+    fd = bpf_calls.obj_get(str(tree / "app" / f"sock-{cookie}" / "counters"))
+    kind, key, value, entries, _ = bpf_calls.map_shape(fd)
     os.close(fd)
     assert (kind, key, value) == (6, 4, 8)  # BPF_MAP_TYPE_PERCPU_ARRAY, u32 -> u64
     same_shape = (
@@ -348,15 +348,15 @@ def test_maps_older_than_the_request_are_refused(bpf_root: None) -> None:
     """The loader's last check on what it hands back, on real kernel objects: a map that
     existed before the request (opened, not made) is refused; one made after is not."""
     check = server._check_objects  # noqa: SLF001
-    old = syscalls.map_create(2, "alf_old", 4, 4, 1)
+    old = bpf_calls.map_create(2, "alf_old", 4, 4, 1)
     probe = server._fresh_map_id()  # noqa: SLF001
-    new = syscalls.map_create(2, "alf_new", 4, 4, 1)
+    new = bpf_calls.map_create(2, "alf_new", 4, 4, 1)
     loaded = compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("::1"),))))
     try:
         check({"new": new}, loaded.fd, probe, set())
         with pytest.raises(AlfError, match="existed before"):
             check({"new": new, "old": old}, loaded.fd, probe, set())
-        check({"old": old}, loaded.fd, probe, {syscalls.map_info_id(old)})  # its own pins
+        check({"old": old}, loaded.fd, probe, {bpf_calls.map_info_id(old)})  # its own pins
     finally:
         os.close(old)
         os.close(new)
@@ -526,14 +526,14 @@ def test_root_services_pins_are_out_of_the_loaders_reach(
     raw(users(USER_A), readable_copy, {"op": "services"})  # the loader is running
     pid = manager.run("show", "-p", "MainPID", "--value", "alfwrapper-loader.service").stdout
     probe = (
-        "import os, sys; from alfwrapper.host import syscalls\n"
+        "import os, sys; from alfwrapper.host import bpf_calls\n"
         "path = sys.argv[1]\n"
         "print('listed', os.path.isdir(os.path.dirname(os.path.dirname(path))))\n"
         "for name in ('meta', 'slot', 'counters'):\n"
-        "    try: os.close(syscalls.obj_get(path.replace('meta', name))); print('opened', name)\n"
+        "    try: os.close(bpf_calls.obj_get(path.replace('meta', name))); print('opened', name)\n"
         "    except OSError as err: print('refused', name, err.errno)\n"
-        "fd = syscalls.map_create(2, 'x', 4, 4, 1)\n"
-        "try: syscalls.obj_pin(fd, path + 'x'); print('pinned')\n"
+        "fd = bpf_calls.map_create(2, 'x', 4, 4, 1)\n"
+        "try: bpf_calls.obj_pin(fd, path + 'x'); print('pinned')\n"
         "except OSError as err: print('refused pin', err.errno)\n"
     )
     out = subprocess.run(

@@ -20,7 +20,7 @@ from hosts import Network, Probe, Service, check_policy
 from support import ECHO_SERVER, ROOT, WRAPPER
 
 from alfwrapper import state
-from alfwrapper.host import syscalls
+from alfwrapper.host import bpf_calls
 
 ACTIVATE = ROOT / "tests/integration/activate.py"
 ALLOW_A = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]
@@ -39,7 +39,7 @@ def one_socket(service: str) -> state.SocketState:
 def write_meta_raw(where: state.SocketState, data: bytes) -> None:
     fd = state.open_pin(where, "meta")
     try:
-        syscalls.map_update(fd, struct.pack("=I", 0), data.ljust(state.META_SIZE, b"\0"))
+        bpf_calls.map_update(fd, struct.pack("=I", 0), data.ljust(state.META_SIZE, b"\0"))
     finally:
         os.close(fd)
 
@@ -63,9 +63,9 @@ def foreign_slot(where: state.SocketState) -> None:
     whose slot lost its only pin drops everything; see the restart test)."""
     HELD.append(state.open_pin(where, "slot"))
     Path(where.path("slot")).unlink()
-    other = syscalls.map_create(syscalls.BPF_MAP_TYPE_PROG_ARRAY, "foreign", 4, 4, 1)
+    other = bpf_calls.map_create(bpf_calls.BPF_MAP_TYPE_PROG_ARRAY, "foreign", 4, 4, 1)
     try:
-        syscalls.obj_pin(other, where.path("slot"))
+        bpf_calls.obj_pin(other, where.path("slot"))
     finally:
         os.close(other)
 
