@@ -390,7 +390,7 @@ def reload_main(argv: Sequence[str]) -> int:
     options = list(argv[1:] if given else argv)
     service = default_service(given)
     found = _service_ops().reload(service, options or None, parse_policy)
-    print(f"reloaded {service}: {len(found)} socket(s), " + ", ".join(m.label() for m in found))
+    print(f"reloaded {service}: {len(found)} socket(s), " + ", ".join(m.title() for m in found))
     return 0
 
 

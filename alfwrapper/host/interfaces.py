@@ -88,14 +88,15 @@ class WatchedMap:
     lease_fd: int
 
 
-def start_watcher(maps: Sequence[WatchedMap], label: str, app_pid: int = 0) -> int:
+def start_watcher(maps: Sequence[WatchedMap], service: str, app_pid: int = 0) -> int:
     """Start the watcher for these maps; returns its pid once it reports ready (after its
     first full dump: until then the rules would not follow renames).
 
-    ``label`` names the service in the watcher's command line and messages;
+    ``service`` names the service in the watcher's command line and messages;
     the watcher exits with the process ``app_pid`` (default: this one, which
     becomes the application).
     """
-    args = [label] + [f"{m.allowed_fd}:{m.alive_fd}:{m.lease_fd}:{','.join(m.names)}" for m in maps]
+    watched = (f"{m.allowed_fd}:{m.alive_fd}:{m.lease_fd}:{','.join(m.names)}" for m in maps)
+    args = [service, *watched]
     keep = [fd for m in maps for fd in (m.allowed_fd, m.alive_fd, m.lease_fd)]
     return companion.spawn("alfwrapper.lifecycle.watcher", "interface watcher", args, keep, app_pid)

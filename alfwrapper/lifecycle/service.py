@@ -51,7 +51,8 @@ class Member:
         protocol = str(self.meta.get("protocol", ""))
         return program.label(self.state.service, protocol, port if isinstance(port, int) else 0)
 
-    def label(self) -> str:
+    def title(self) -> str:
+        """How messages name it: name (protocol address:port)."""
         address = str(self.meta.get("address", "?"))
         host = f"[{address}]" if ":" in address else address
         return f"{self.name} ({self.meta.get('protocol', '?')} {host}:{self.meta.get('port', '?')})"
@@ -111,7 +112,7 @@ def reload(
         if problem:
             raise AlfError(
                 f"reloading {service}",
-                f"the pinned state of socket {m.label()} is damaged: {problem}",
+                f"the pinned state of socket {m.title()} is damaged: {problem}",
                 "nothing was changed; restart the service's socket unit",
                 EX_CONFIG,
             )
@@ -278,9 +279,9 @@ def change(service: str, name: str, verb: str, cidrs: Sequence[str]) -> list[str
             changed = state.set_runtime(m.state, key, verdict)
             what = "revoked" if verdict is None else f"{verb} rule for"
             if verdict is None and not changed:
-                lines.append(f"{service} {m.label()}: no runtime rule for {prefix} to revoke")
+                lines.append(f"{service} {m.title()}: no runtime rule for {prefix} to revoke")
             else:
-                lines.append(f"{service} {m.label()}: {what} {prefix}")
+                lines.append(f"{service} {m.title()}: {what} {prefix}")
     return lines
 
 
@@ -288,7 +289,7 @@ def show(service: str) -> list[str]:
     lines = []
     for m in members(service):
         rules = state.runtime_rules(m.state) if state.store().has_pin(m.state, "runtime") else []
-        lines.append(f"{service} {m.label()}: {len(rules)} runtime rule(s)")
+        lines.append(f"{service} {m.title()}: {len(rules)} runtime rule(s)")
         for family, value, length, verdict in sorted(rules):
             kind = "allow" if verdict == RUNTIME_ALLOW else "deny"
             lines.append(f"  {kind} {Prefix(family, value, length)}")

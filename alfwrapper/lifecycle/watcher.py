@@ -1,6 +1,6 @@
 """The interface watcher process: keeps iface_allowed following interface names.
 
-Started by interfaces.start_watcher as ``python3 -m alfwrapper.lifecycle.watcher LABEL
+Started by interfaces.start_watcher as ``python3 -m alfwrapper.lifecycle.watcher SERVICE
 PIDFD READYFD ALLOWED:ALIVE:NAME,NAME ...``.  It listens to netlink link
 events in the service's network namespace:
 
@@ -132,11 +132,11 @@ def watch(targets: Sequence[Target], pidfd: int, ready_w: int, events: Any, dump
 
 
 def main(argv: Sequence[str]) -> int:
-    label, pidfd, ready_w = argv[0], int(argv[1]), int(argv[2])
+    service, pidfd, ready_w = argv[0], int(argv[1]), int(argv[2])
     try:
         from alfwrapper.host.companion import name_process  # noqa: PLC0415
 
-        name_process(f"alfwrapper-watch {label}")
+        name_process(f"alfwrapper-watch {service}")
         targets = [Target(spec) for spec in argv[3:]]
         # Everything read from files before giving up root: the checkout or the
         # installed package may not be readable by the watcher's own user.
@@ -151,7 +151,7 @@ def main(argv: Sequence[str]) -> int:
         return 0
     except Exception as err:  # one line, never a traceback
         print(
-            f"alfwrapper: interface watcher of {label}: {err} (its sockets now drop every "
+            f"alfwrapper: interface watcher of {service}: {err} (its sockets now drop every "
             "packet: restart the service)",
             file=sys.stderr,
         )

@@ -303,7 +303,7 @@ def judge_backlog(record: SocketRecord, command: str) -> bool:
     return True
 
 
-def start_watcher(loaded: list[compiler.LoadedFilter], label: str, app_pid: int = 0) -> int:
+def start_watcher(loaded: list[compiler.LoadedFilter], service: str, app_pid: int = 0) -> int:
     """The interface watcher for the programs with interface rules; its pid, or 0."""
     following = [lf for lf in loaded if lf.plan.rules.interfaces]
     if not following:
@@ -318,7 +318,7 @@ def start_watcher(loaded: list[compiler.LoadedFilter], label: str, app_pid: int 
             )
             for lf in following
         ],
-        label,
+        service,
         app_pid,
     )
 

@@ -28,7 +28,7 @@ class Target:
     spec: ListenSpec | None = None
 
     @property
-    def label(self) -> str:
+    def title(self) -> str:
         if self.name is None:
             return "any other socket"
         return f"socket {self.name}" + (f" ({self.spec})" if self.spec else "")
@@ -64,7 +64,7 @@ def _where(rules: SocketRules, kind: str, prefix: Prefix) -> str:
 def warnings_for(policy: Policy, target: Target, rules: SocketRules) -> list[str]:
     """Rules that can never match on this socket."""
     out: list[str] = []
-    label = target.label
+    title = target.title
     allow, deny = rules.subnets.allow, rules.subnets.deny
     if target.spec is not None:
         families = _socket_families(target.spec)
@@ -72,13 +72,13 @@ def warnings_for(policy: Policy, target: Target, rules: SocketRules) -> list[str
             foreign = [p for p in prefixes if p.family not in families]
             if foreign:
                 out.append(
-                    f"{label}: {len(foreign)} {kind} rule(s) for IPv{foreign[0].family} "
+                    f"{title}: {len(foreign)} {kind} rule(s) for IPv{foreign[0].family} "
                     f"(such as {foreign[0]}{_where(rules, kind, foreign[0])}) can never "
                     f"match: the socket receives IPv{min(families)} only"
                 )
         if allow and not any(p.family in families for p in allow):
             out.append(
-                f"{label}: no allow rule is for a family the socket receives: it drops everything"
+                f"{title}: no allow rule is for a family the socket receives: it drops everything"
             )
     deny_set = set(deny)
     for p in [p for p in allow if p in deny_set][:3]:
@@ -183,9 +183,9 @@ def _line(target: Target, s: dict[str, Any]) -> str:
     if r["filter"]:
         kinds.append(f"filter {r['filter']} ({r['set']} --set)")
     if not s["filtered"]:
-        return f"{target.label}: no rules, not filtered"
+        return f"{target.title}: no rules, not filtered"
     return (
-        f"{target.label}: {', '.join(kinds)}; program of {s['instructions']} instructions, "
+        f"{target.title}: {', '.join(kinds)}; program of {s['instructions']} instructions, "
         f"maps {_size(s['map_bytes'])}"
     )
 
@@ -206,12 +206,12 @@ def main(
             if rules not in loaded:
                 plan = program.plan_program(rules)
                 if print_filter and not as_json:
-                    sys.stdout.write(f"/* ===== {target.label} ===== */\n{program.render(plan)}")
+                    sys.stdout.write(f"/* ===== {target.title} ===== */\n{program.render(plan)}")
                 loaded[rules] = compiler.load_program(plan, env)
                 refused = compiler.refused_without_perfmon(loaded[rules])
                 if refused:
                     warnings.append(
-                        f"{target.label}: the verifier refuses its program with CAP_BPF alone, "
+                        f"{target.title}: the verifier refuses its program with CAP_BPF alone, "
                         f"as the shipped units and the loader load it: {refused}"
                     )
             lf = loaded[rules]

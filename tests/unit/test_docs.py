@@ -78,3 +78,18 @@ def test_the_lighttpd_example_leaves_no_untracked_logs() -> None:
         ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q",
                                   f"examples/lighttpd/{log}"])  # fmt: skip
         assert ignored.returncode == 0, log
+
+
+def test_readme_layout_names_every_package_and_module() -> None:
+    """README's Layout shows each package of alfwrapper and each module in it."""
+    text = (ROOT / "README.md").read_text()
+    layout = text.split("## Layout", 1)[1].split("```", 2)[1]
+    missing = []
+    for path in sorted((ROOT / "alfwrapper").rglob("*.py")):
+        rel = path.relative_to(ROOT / "alfwrapper")
+        if path.name in ("__init__.py", "__main__.py"):
+            if path.name == "__init__.py" and rel.parent != rel.parent.parent:
+                missing += [] if f"{rel.parent}/" in layout else [f"{rel.parent}/"]
+            continue
+        missing += [] if re.search(rf"\b{path.stem}\b", layout) else [str(rel)]
+    assert not missing, f"README's Layout does not name {missing}"
