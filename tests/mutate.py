@@ -523,7 +523,7 @@ MUTATIONS = [
     Mutation(
         "watcher-unnamed",
         "alfwrapper/lifecycle/watcher.py",
-        '        name_process(f"alfwrapper-watch {label}")\n',
+        '        name_process(f"alfwrapper-watch {service}")\n',
         "",
         (
             "tests/integration/test_parts.py::test_watcher_is_small_named_and_exits_with_the_application",
@@ -545,9 +545,9 @@ MUTATIONS += [
     Mutation(
         "restart-fills-the-slot",
         "alfwrapper/lifecycle/wrapper.py",
-        "            state.install(record.state, record.loaded.fd)\n",
+        "            state.install(record.pins, record.loaded.fd)\n",
         "            if record.fresh:\n"
-        "                state.install(record.state, record.loaded.fd)\n",
+        "                state.install(record.pins, record.loaded.fd)\n",
         ("tests/boot/test_lifecycle.py::test_restarts_and_idle_exits_keep_the_current_rules",),
     ),
     Mutation(
@@ -581,7 +581,7 @@ MUTATIONS += [
     Mutation(
         "reload-swaps",
         "alfwrapper/lifecycle/service.py",
-        "        state.install(m.state, loaded[id(m)].fd)\n",
+        "        state.install(m.pins, loaded[id(m)].fd)\n",
         "        pass\n",
         ("tests/boot/test_lifecycle.py::test_reload_keeps_a_long_lived_connection",),
     ),

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
 from alfwrapper.host import bpf_calls, companion
 
-RTMGRP_LINK = 1
 # interfaces.c's iface_lease: the watcher renews it every second for LEASE_NS ahead;
 # a start gives it START_LEASE_NS, to cover the time until its watcher runs.
 LEASE_NS = 5_000_000_000

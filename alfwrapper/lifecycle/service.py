@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 class Member:
     """One socket of a running service, as its pinned state describes it."""
 
-    state: state.SocketState
+    pins: state.SocketState  # where its pinned state is
     meta: dict[str, object]
 
     @property
@@ -49,7 +49,7 @@ class Member:
         """Its programs' and maps' name, as the wrapper gave it (program.label)."""
         port = self.meta.get("port", 0)
         protocol = str(self.meta.get("protocol", ""))
-        return program.label(self.state.service, protocol, port if isinstance(port, int) else 0)
+        return program.label(self.pins.service, protocol, port if isinstance(port, int) else 0)
 
     def title(self) -> str:
         """How messages name it: name (protocol address:port)."""
@@ -108,7 +108,7 @@ def reload(
 
     found = members(service)
     for m in found:  # what is read is checked before anything is changed
-        problem = state.store().check_pins(m.state)
+        problem = state.store().check_pins(m.pins)
         if problem:
             raise AlfError(
                 f"reloading {service}",
@@ -136,8 +136,8 @@ def reload(
         loaded, watcher = load_members(service, found, rules, app)
         crash_point("reload-loaded")
         for m in found:
-            state.clear_runtime(m.state)  # runtime rules last until the next reload
-            state.install(m.state, loaded[id(m)].fd)
+            state.clear_runtime(m.pins)  # runtime rules last until the next reload
+            state.install(m.pins, loaded[id(m)].fd)
             crash_point("reload-installed")
         old_watchers = {int(str(m.meta.get("watcher", 0)) or 0) for m in found} - {0, watcher}
         for pid in old_watchers:
@@ -151,7 +151,7 @@ def reload(
         wanted_log = any(rules[id(m)].log_rate for m in found)
         running = {m.meta.get("forwarder") for m in found} - {None, 0}
         if wanted_log and app and not any(alive(p) for p in running):
-            logging = [(m.name, m.state) for m in found if rules[id(m)].log_rate]
+            logging = [(m.name, m.pins) for m in found if rules[id(m)].log_rate]
             forwarder = wrapper.start_forwarder(logging, service, app)
         else:
             forwarder = next((int(str(p)) for p in running if alive(p)), 0)
@@ -167,7 +167,7 @@ def reload(
         )
         if argv is not None:
             m.meta["cwd"] = here
-        state.write_meta(m.state, m.meta)
+        state.write_meta(m.pins, m.meta)
     collect()  # knock state no socket uses any more
     return found
 
@@ -208,9 +208,9 @@ def load_members(
     loaded = {
         id(m): state.store().load_filter(
             rules[id(m)],
-            m.state,
+            m.pins,
             m.program_label(),
-            [m.state.cookie] if rules[id(m)].knock and m.meta.get("protocol") == "tcp" else [],
+            [m.pins.cookie] if rules[id(m)].knock and m.meta.get("protocol") == "tcp" else [],
             env=env,
         )
         for m in found
@@ -276,7 +276,7 @@ def change(service: str, name: str, verb: str, cidrs: Sequence[str]) -> list[str
     for m in members(service, name):
         for prefix in prefixes:
             key = state.runtime_key(prefix.family, prefix.value, prefix.length)
-            changed = state.set_runtime(m.state, key, verdict)
+            changed = state.set_runtime(m.pins, key, verdict)
             what = "revoked" if verdict is None else f"{verb} rule for"
             if verdict is None and not changed:
                 lines.append(f"{service} {m.title()}: no runtime rule for {prefix} to revoke")
@@ -288,7 +288,7 @@ def change(service: str, name: str, verb: str, cidrs: Sequence[str]) -> list[str
 def show(service: str) -> list[str]:
     lines = []
     for m in members(service):
-        rules = state.runtime_rules(m.state) if state.store().has_pin(m.state, "runtime") else []
+        rules = state.runtime_rules(m.pins) if state.store().has_pin(m.pins, "runtime") else []
         lines.append(f"{service} {m.title()}: {len(rules)} runtime rule(s)")
         for family, value, length, verdict in sorted(rules):
             kind = "allow" if verdict == RUNTIME_ALLOW else "deny"

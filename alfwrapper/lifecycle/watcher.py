@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from alfwrapper.host import bpf_calls, privileges
-from alfwrapper.host.interfaces import LEASE_NS, RTMGRP_LINK, renew_lease
+from alfwrapper.host.interfaces import LEASE_NS, renew_lease
 
 WATCHER_USERS = ("alfwrapper", "nobody")  # the first that exists
 RENEW_SECONDS = 1.0  # the lease is renewed this often, LEASE_NS ahead
@@ -141,6 +141,7 @@ def main(argv: Sequence[str]) -> int:
         # Everything read from files before giving up root: the checkout or the
         # installed package may not be readable by the watcher's own user.
         from pyroute2 import IPRoute  # noqa: PLC0415
+        from pyroute2.netlink.rtnl import RTMGRP_LINK  # noqa: PLC0415
 
         bpf_calls.libbpf()
         events, dump = IPRoute(), IPRoute()

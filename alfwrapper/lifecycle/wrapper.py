@@ -46,7 +46,7 @@ class SocketRecord:
     rules: SocketRules
     spec: ListenSpec | None = None  # created by us (bound after attaching), else inherited
     loaded: compiler.LoadedFilter | None = None
-    state: state.SocketState | None = None  # its pinned state, unless Accept=yes
+    pins: state.SocketState | None = None  # its pinned state, unless Accept=yes
     judged: bool = False  # what was queued on it is judged (state.take_socket)
     made: bool = False  # its pinned state was made by this start
 
@@ -136,14 +136,14 @@ def load_programs(records: list[SocketRecord], service: str) -> list[compiler.Lo
     shared: dict[SocketRules, compiler.LoadedFilter] = {}
     loaded: list[compiler.LoadedFilter] = []
     for record in records:
-        if record.state is not None:
+        if record.pins is not None:
             record.loaded = state.store().load_filter(
-                record.rules, record.state, record.label(service), listeners([record]), env=env
+                record.rules, record.pins, record.label(service), listeners([record]), env=env
             )
             loaded.append(record.loaded)
         elif not record.rules.empty:
             if record.rules not in shared:
-                sharing = [r for r in records if r.state is None and r.rules == record.rules]
+                sharing = [r for r in records if r.pins is None and r.rules == record.rules]
                 shared[record.rules] = state.store().load_filter(
                     record.rules, None, record.label(service), listeners(sharing), record.sock, env
                 )
@@ -173,16 +173,16 @@ def take_sockets(records: list[SocketRecord], service: str) -> None:
         if record.connected:
             continue
         taken = state.take_socket(state.store(), service, record.sock, record.label(service))
-        record.state, record.judged, record.made = taken.state, taken.judged, taken.made
+        record.pins, record.judged, record.made = taken.state, taken.judged, taken.made
 
 
 def install_programs(records: list[SocketRecord]) -> None:
     """Programs into slots (atomically), or, where no state is kept, onto the sockets."""
     for record in records:
-        if record.state is not None:
+        if record.pins is not None:
             assert record.loaded is not None
-            state.clear_runtime(record.state)  # runtime rules last until the next start
-            state.install(record.state, record.loaded.fd)
+            state.clear_runtime(record.pins)  # runtime rules last until the next start
+            state.install(record.pins, record.loaded.fd)
         elif record.loaded is not None:
             attach.attach_filter(record.sock, record.loaded.fd)
     crash_point("installed")
@@ -227,11 +227,11 @@ def describe_sockets(
 ) -> None:
     """What status and reload need to know, in each socket's pinned meta."""
     for record in records:
-        if record.state is None:
+        if record.pins is None:
             continue
         host, port = record.sock.getsockname()[:2]
         state.write_meta(
-            record.state,
+            record.pins,
             {
                 "service": service,
                 "name": record.name,
@@ -393,8 +393,8 @@ def run(
                     return 0
         crash_point("judged")
         for record in records:
-            if record.state is not None and not record.judged:
-                state.mark_judged(record.state)
+            if record.pins is not None and not record.judged:
+                state.mark_judged(record.pins)
         for record in records:
             if record.spec is not None:
                 bind_socket(record.sock, record.spec)
@@ -404,8 +404,8 @@ def run(
         # inherited one keeps its state (its dispatcher is attached: the next start
         # takes it from there).
         for record in records:
-            if record.made and record.spec is not None and record.state is not None:
-                state.store().remove(record.state)
+            if record.made and record.spec is not None and record.pins is not None:
+                state.store().remove(record.pins)
         raise
     if pinned:
         collect_stale_state()
@@ -419,7 +419,7 @@ def run(
         if record.rules.empty:
             what = (
                 "every packet passes until a reload gives it rules"
-                if record.state
+                if record.pins
                 else "it is not filtered"
             )  # fmt: skip
             print(
@@ -429,7 +429,7 @@ def run(
             )
     watcher = start_watcher(loaded, service)
     forwarder = start_forwarder(
-        [(r.name, r.state) for r in records if r.state is not None and r.rules.log_rate],
+        [(r.name, r.pins) for r in records if r.pins is not None and r.rules.log_rate],
         service,
     )
     describe_sockets(records, service, argv, watcher, forwarder)

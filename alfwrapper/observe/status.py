@@ -33,7 +33,7 @@ def counters(member: Member) -> dict[str, int]:
     from alfwrapper.bpf.parts import REASONS  # noqa: PLC0415
 
     cpus = possible_cpus()
-    fd = state.open_pin(member.state, "counters")
+    fd = state.open_pin(member.pins, "counters")
     try:
         out = {}
         for i, reason in enumerate(REASONS):
@@ -46,7 +46,7 @@ def counters(member: Member) -> dict[str, int]:
 
 def program_in_slot(member: Member) -> int:
     """The id of the program in the socket's slot (0 if empty)."""
-    fd = state.open_pin(member.state, "slot")
+    fd = state.open_pin(member.pins, "slot")
     try:
         raw = bpf_calls.map_lookup(fd, struct.pack("I", 0), 4)
         return struct.unpack("I", raw)[0] if raw else 0
@@ -58,9 +58,9 @@ def log_suppressed(member: Member) -> int | None:
     """Drop-log events suppressed by the rate limit so far, or None without a drop log."""
     from alfwrapper.bpf.parts import BUCKET  # noqa: PLC0415
 
-    if not state.store().has_pin(member.state, "log_bucket"):
+    if not state.store().has_pin(member.pins, "log_bucket"):
         return None
-    fd = state.open_pin(member.state, "log_bucket")
+    fd = state.open_pin(member.pins, "log_bucket")
     try:
         raw = bpf_calls.map_lookup(fd, struct.pack("I", 0), BUCKET.size)
         return int(BUCKET.unpack(raw)[3]) if raw else 0
@@ -69,15 +69,15 @@ def log_suppressed(member: Member) -> int | None:
 
 
 def socket_status(m: Member) -> dict[str, object]:
-    counts = counters(m) if state.store().has_pin(m.state, "counters") else {}
-    runtime = state.runtime_rules(m.state) if state.store().has_pin(m.state, "runtime") else []
+    counts = counters(m) if state.store().has_pin(m.pins, "counters") else {}
+    runtime = state.runtime_rules(m.pins) if state.store().has_pin(m.pins, "runtime") else []
     pid = m.meta.get("pid")
     return {
         "name": m.name,
         "protocol": m.meta.get("protocol"),
         "address": m.meta.get("address"),
         "port": m.meta.get("port"),
-        "cookie": m.state.cookie,
+        "cookie": m.pins.cookie,
         "pid": pid if alive(pid) else None,
         "rules": m.meta.get("rules", {}),
         "runtime": [
@@ -202,7 +202,7 @@ def log(service: str, follow: bool, as_json: bool) -> int:
 
     everyone = [service] if service else state.store().services()
     found = [
-        m for name in everyone for m in members(name) if state.store().has_pin(m.state, "events")
+        m for name in everyone for m in members(name) if state.store().has_pin(m.pins, "events")
     ]
     if not found:
         raise AlfError(
@@ -211,13 +211,13 @@ def log(service: str, follow: bool, as_json: bool) -> int:
             "start it (or reload it) with --log-drops RATE, or log-drops = RATE in its policy",
             EX_USAGE,
         )
-    for name in sorted({m.state.service for m in found}):
-        if any(alive(m.meta.get("forwarder")) for m in found if m.state.service == name):
+    for name in sorted({m.pins.service for m in found}):
+        if any(alive(m.meta.get("forwarder")) for m in found if m.pins.service == name):
             print(
                 f"note: {name}'s drops go to the journal: journalctl ALF_SERVICE={name}",
                 file=sys.stderr,
             )
-    rings = [(m.state.service, m.name, state.open_pin(m.state, "events")) for m in found]
+    rings = [(m.pins.service, m.name, state.open_pin(m.pins, "events")) for m in found]
     pids = [m.meta.get("pid") for m in found]
     app = next((p for p in pids if isinstance(p, int) and alive(p)), 0)
     netns = {m.meta.get("netns") for m in found}
