@@ -52,9 +52,10 @@ unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # The fast tiers (tests/conftest.py TIERS): pure Python, and BPF on this kernel
-# without network namespaces or systemd.  As root.
+# without network namespaces or systemd, on every core (pytest-xdist; a test
+# file stays on one worker).  As root.
 test-fast: setup
-	$(PY) -m pytest -m "unit or kernel" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "unit or kernel" -n auto --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -110,7 +110,7 @@ def test_seeded_random_kills_leave_the_socket_filtered(
 def test_every_crash_point_is_met() -> None:
     """The points the tests kill at are the ones the code has, and every one is met on
     some path: a point nobody reaches tests nothing."""
-    code = "".join(p.read_text() for p in (ROOT / "alfwrapper").glob("*.py"))
+    code = "".join(p.read_text() for p in (ROOT / "alfwrapper").rglob("*.py"))
     for point in faults.POINTS:
         assert f'crash_point("{point}")' in code, point
     assert set(START_POINTS) <= set(faults.POINTS)
