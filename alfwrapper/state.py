@@ -35,6 +35,7 @@ things in the user's tree; store() is the one in use.
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import json
 import os
@@ -45,7 +46,9 @@ import socket
 import stat
 import struct
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -151,12 +154,22 @@ def trusted_dir(path: Path, create: bool) -> None:
             pass
         except OSError as err:
             raise _fail(f"creating {path}", err) from None
-    try:
-        info = path.lstat()
-    except FileNotFoundError:
-        raise AlfError(f"{path}", "does not exist", "nothing is pinned there", EX_USAGE) from None
-    except OSError as err:
-        raise _fail(f"{path}", err) from None
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            raise AlfError(
+                f"{path}", "does not exist", "nothing is pinned there", EX_USAGE
+            ) from None
+        except OSError as err:
+            raise _fail(f"{path}", err) from None
+        # Made by another start of ours (we are root, so was it) that has yet to hand it
+        # to its owner: mkdir and chown are two steps.
+        handing_over = create and info.st_uid == os.geteuid() != uid
+        if not (handing_over and stat.S_ISDIR(info.st_mode) and time.monotonic() < deadline):
+            break
+        time.sleep(0.01)
     if not stat.S_ISDIR(info.st_mode):
         raise AlfError(f"{path}", "is not a directory", f"remove it as root: rm {path}", EX_CONFIG)
     if info.st_uid != uid or info.st_mode & 0o077:
@@ -514,7 +527,25 @@ class Store:
         is the process that will hold the socket (default: this one)."""
         state = self.state(service, socket_cookie(sock))
         self.root()
-        trusted_dir(state.service_dir, True)
+        for attempt in range(3):
+            trusted_dir(state.service_dir, True)
+            # Shared until the meta names this pid: a gc (of another start, or the timer's)
+            # then leaves this state alone, and the folder too.
+            with service_lock(state.service_dir, exclusive=False) as held:
+                if held:
+                    return self._make(state, service, sock, label, pid)
+            if attempt == 2:
+                raise AlfError(
+                    f"{state.service_dir}",
+                    "removed by a gc each time this start made it",
+                    "start the service again",
+                    EX_OSERR,
+                )
+        raise AssertionError("unreachable")
+
+    def _make(
+        self, state: SocketState, service: str, sock: socket.socket, label: str, pid: int
+    ) -> tuple[SocketState, int]:
         if state.dir.exists():
             self.remove(state)  # a stale socket of the same cookie cannot exist: leftovers
         trusted_dir(state.dir, True)
@@ -649,33 +680,82 @@ class Store:
             return []
         removed = []
         for service_dir in sorted(p for p in root.iterdir() if _service_folder(p)):
-            kept_knock = set()
-            for entry in sorted(service_dir.glob("sock-*")):
-                if not entry.name[5:].isdigit():
-                    continue
-                where = self.state(service_of(service_dir.name), int(entry.name[5:]))
-                meta = read_meta(where) if (entry / "meta").exists() else {}
-                known = namespaces is None or meta.get("netns") in namespaces or not meta
-                owner_alive = alive(meta.get("pid"))  # its process: the socket may be unbound
-                if known and where.cookie not in live and not owner_alive:
-                    self.remove(where)
-                    removed.append(where)
-                elif "knock" in meta:
-                    kept_knock.add(str(meta["knock"]))
-                elif meta.get("pid") != os.getpid():
-                    # Another process's start in progress: its knock state may be pinned
-                    # and not named yet.  (This process's own is named once it runs.)
-                    kept_knock.add("*")
-            for knock in service_dir.glob("knock-*"):
-                if knock.name in kept_knock or "*" in kept_knock:
-                    continue
-                if knock.is_dir():
-                    shutil.rmtree(knock, ignore_errors=True)
-                else:  # a pin where a knock folder would be: nothing of ours
-                    knock.unlink(missing_ok=True)
-            if not any(service_dir.iterdir()):
-                service_dir.rmdir()
+            with service_lock(service_dir, exclusive=True) as alone:
+                removed += self._collect_service(service_dir, live, namespaces, alone)
         return removed
+
+    def _collect_service(
+        self, service_dir: Path, live: set[int], namespaces: set[int] | None, alone: bool
+    ) -> list[SocketState]:
+        """One service's folder.  Unless ``alone`` (no start is making state in it), state
+        without meta is a start's in progress, and the folder stays."""
+        removed = []
+        kept_knock = set()
+        try:
+            entries = sorted(service_dir.iterdir())
+        except FileNotFoundError:
+            return []  # removed by another gc
+        for entry in entries:
+            if not entry.name.startswith("sock-") or not entry.name[5:].isdigit():
+                continue
+            where = self.state(service_of(service_dir.name), int(entry.name[5:]))
+            try:
+                meta = read_meta(where) if (entry / "meta").exists() else {}
+            except AlfError:
+                if (entry / "meta").exists():
+                    raise
+                meta = {}  # removed meanwhile, by another gc
+            if not meta and not alone:
+                kept_knock.add("*")  # a start's in progress: its knock state too
+                continue
+            known = namespaces is None or meta.get("netns") in namespaces or not meta
+            owner_alive = alive(meta.get("pid"))  # its process: the socket may be unbound
+            if known and where.cookie not in live and not owner_alive:
+                self.remove(where)
+                removed.append(where)
+            elif "knock" in meta:
+                kept_knock.add(str(meta["knock"]))
+            elif meta.get("pid") != os.getpid():
+                # Another process's start in progress: its knock state may be pinned
+                # and not named yet.  (This process's own is named once it runs.)
+                kept_knock.add("*")
+        for knock in entries:
+            if not knock.name.startswith("knock-") or knock.name in kept_knock or "*" in kept_knock:
+                continue
+            if knock.is_dir():
+                shutil.rmtree(knock, ignore_errors=True)
+            else:  # a pin where a knock folder would be: nothing of ours
+                knock.unlink(missing_ok=True)
+        if alone:
+            try:
+                service_dir.rmdir()  # if empty
+            except OSError:
+                pass  # not empty, or removed by another gc
+        return removed
+
+
+@contextmanager
+def service_lock(folder: Path, exclusive: bool) -> Iterator[bool]:
+    """flock(2) on a service's folder.  A start holds it shared while it makes a
+    socket's state there (until its meta names its pid); gc holds it exclusive to
+    remove state without meta or the folder itself, and does not wait: it yields
+    False when a start holds it.  The kernel lets go when the holder dies."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
+            now = os.stat(folder)
+        except (BlockingIOError, FileNotFoundError):
+            yield False
+            return
+        mine = os.fstat(fd)
+        yield (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)  # not removed meanwhile
+    finally:
+        os.close(fd)
 
 
 def _service_folder(path: Path) -> bool:

@@ -48,6 +48,20 @@ UNPRIVILEGED_DAEMON = (
 )
 MUTATIONS = [
     Mutation(
+        "gc-takes-a-start-in-progress",
+        "alfwrapper/state.py",
+        "            if not meta and not alone:\n",
+        "            if False:\n",
+        ("tests/integration/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",),
+    ),
+    Mutation(
+        "concurrent-mkdir-is-foreign",
+        "alfwrapper/state.py",
+        "        handing_over = create and info.st_uid == os.geteuid() != uid\n",
+        "        handing_over = False\n",
+        ("tests/integration/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",),
+    ),
+    Mutation(
         "layers-upward-import-allowed",
         "tests/layers.py",
         "            if mine is not None and theirs is not None and theirs > mine:",
@@ -574,8 +588,8 @@ MUTATIONS += [
     Mutation(
         "gc-collects",
         "alfwrapper/state.py",
-        "                if known and where.cookie not in live and not owner_alive:",
-        "                if False:",
+        "            if known and where.cookie not in live and not owner_alive:",
+        "            if False:",
         ("tests/integration/test_live.py::test_a_thousand_starts_leave_no_stale_pins",),
     ),
     Mutation(
@@ -897,8 +911,8 @@ MUTATIONS += [
     Mutation(
         "gc-keeps-stray-knock-pin",
         "alfwrapper/state.py",
-        "                    knock.unlink(missing_ok=True)",
-        "                    pass",
+        "                knock.unlink(missing_ok=True)",
+        "                pass",
         ("tests/integration/test_live.py::test_state_of_closed_sockets_is_collected",),
     ),
     Mutation(
@@ -960,8 +974,8 @@ MUTATIONS += [
     Mutation(
         "gc-removes-starting-knock-state",
         "alfwrapper/state.py",
-        '                if knock.name in kept_knock or "*" in kept_knock:',
-        "                if knock.name in kept_knock:",
+        ' or knock.name in kept_knock or "*" in kept_knock:',
+        " or knock.name in kept_knock:",
         ("tests/integration/test_state.py::test_gc_keeps_the_knock_state_of_a_start_in_progress",),
     ),
 ]

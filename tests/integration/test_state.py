@@ -165,6 +165,28 @@ def test_options_too_long_to_keep_are_refused_before_anything_is_attached(
     assert not (state.ROOT / "long-options").exists()
 
 
+@pytest.mark.parametrize("services", [("race_a", "race_b"), ("race_c", "race_c")])
+def test_starts_and_gcs_at_once_do_not_fail_each_other(
+    bpf_root: None, services: tuple[str, str]
+) -> None:
+    """Many services start at boot, each collecting first what gone sockets left: a
+    gc must not take the state another start is making (its folder, its socket's
+    folder before the meta names the start's pid), nor fail on what a gc beside it
+    removed.  Two processes, 150 starts each, of two services and of one."""
+    race = ROOT / "tests/integration/gc_race.py"
+    sides = [
+        subprocess.Popen([sys.executable, str(race), name, "150"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in services
+    ]  # fmt: skip
+    for side in sides:
+        out, err = side.communicate(timeout=240)
+        assert out.strip() == "failed 0", err[-3000:]
+    state.store().gc()
+    for name in set(services):
+        assert not (state.ROOT / name).exists(), name
+
+
 def test_gc_keeps_the_knock_state_of_a_start_in_progress(bpf_root: None) -> None:
     """A start pins its knock state before its meta names it (the meta is written last);
     a gc by any other command meanwhile (a wrapper, status, reload) must leave it, or
