@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from attacks import attack, seen_from, wait_line
 from hosts import Network, Probe, Service, check_policy
 from support import ECHO_SERVER, ROOT, WRAPPER
-from test_queued import attack, seen_from, wait_line
 
 from alfwrapper.host import faults
 

@@ -8,66 +8,21 @@ attacks are queued, and only then does it exec the wrapper, as systemd does.
 
 from __future__ import annotations
 
-import select
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from hosts import Host, Network, Probe, Service, check_policy
+from attacks import PARTS, attack, seen_from, wait_line
+from hosts import Network, Probe, Service, check_policy
 from support import ECHO_SERVER, ROOT, WRAPPER
 
-HERE = Path(__file__).resolve().parent
 ACTIVATE = ROOT / "tests/integration/activate.py"
-ATTACKER = HERE / "attacker.py"
-ALLOWLIST = str(ROOT / "tests/data/allowlist.c")
 
-PARTS = {
-    "subnets": ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"],
-    "interfaces": ["--interface", "{allowed_if}"],
-    "knocking": ["--knock", "7001,7002,7003"],
-    "filter": [
-        "--filter",
-        ALLOWLIST,
-        "--set",
-        "allowed4",
-        "192.0.2.2",
-        "1",
-        "--set",
-        "allowed6",
-        "2001:db8:a::2",
-        "1",
-        "--set",
-        "port_limits",
-        "0",
-        "8080,1",
-        "--set",
-        "port_limits",
-        "1",
-        "8081,1",
-    ],
-}
 # With these parts, a queued connection from the allowed host can be judged, and is kept;
 # a developer's filter may read any header, which a test run cannot give it (backlog.py).
 JUDGED = ("subnets",)
-
-
-def attack(host: Host, *argv: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        host.command([sys.executable, str(ATTACKER), *argv]),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
-    """The first line proc prints, within timeout."""
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, f"{proc.args}: nothing printed in {timeout} s"
-    return proc.stdout.readline().strip()
 
 
 class Activation:
@@ -95,15 +50,6 @@ class Activation:
     def start(self) -> None:
         self.go.touch()
         self.svc.wait_for(r"^ready ", timeout=60)
-
-
-def seen_from(svc: Service, *sources: str) -> list[str]:
-    """Lines of the application's log that show anything from these sources."""
-    return [
-        line
-        for line in svc.output().splitlines()
-        if line.split()[:1] in (["accept"], ["tcp"], ["udp"]) and set(line.split()) & set(sources)
-    ]
 
 
 @pytest.mark.parametrize("scenario", ["everything", "reset-only"])

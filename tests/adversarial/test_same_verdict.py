@@ -14,10 +14,10 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
+from attacks import ATTACKER, PARTS
 from craft import frame, packet
 from hosts import Host, Network, Service, ifindex
 from support import ECHO_SERVER, WRAPPER
-from test_queued import ATTACKER, PARTS
 
 from alfwrapper import cli
 from alfwrapper.bpf import compiler, program

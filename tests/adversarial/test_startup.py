@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from attacks import ATTACKER, seen_from, wait_line
 from hosts import Network, Service, all_probes, check_policy
 from support import ECHO_SERVER, WRAPPER
-from test_queued import ATTACKER, seen_from, wait_line
-from test_wrapper import million_rule_file
+from wrapping import million_rule_file
 
 
 def test_nothing_reaches_created_sockets_during_a_slow_start(

@@ -9,32 +9,7 @@ from pathlib import Path
 
 import pytest
 from support import NO_CAPS, ROOT, WRAPPER
-
-
-def run(
-    tmp_path: Path, *options: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
-) -> tuple[int, str, bool]:
-    """Run the wrapper with a COMMAND that leaves a mark; return (code, stderr, ran)."""
-    mark = tmp_path / "command-ran"
-    argv = [*prefix, *WRAPPER, *options, "--", "/bin/sh", "-c", f"touch {mark}"]
-    out = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        cwd=tmp_path,
-    )
-    return out.returncode, out.stderr, mark.exists()
-
-
-def assert_one_line(stderr: str, *needles: str) -> None:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith("alfwrapper: "), stderr
-    assert "Traceback" not in stderr
-    for needle in needles:
-        assert needle in lines[0], stderr
+from wrapping import assert_one_line, run
 
 
 @pytest.mark.parametrize(

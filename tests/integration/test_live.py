@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hosts import Network, Probe, Service, all_probes, check_policy
 from support import ECHO_SERVER, NO_CAPS, ROOT, WRAPPER
-from test_wrapper import million_rule_file
+from wrapping import million_rule_file
 
 STATE = Path("/sys/fs/bpf/alfwrapper")
 

@@ -21,26 +21,13 @@ from hosts import (
     mac,
 )
 from support import ROOT, WRAPPER
-from test_wrapper import allowed_in_denied_out, start, wrapped
+from wrapping import allowed_in_denied_out, knock, start, wrapped
 
 from alfwrapper.policy.knocking import secret_ports, utc_window
 
 SOCKETS = ["--listen", "[::]:8080", "--listen-datagram", "[::]:8081"]
 SEQ = "7001,7002,7003"
 HERE = Path(__file__).resolve().parent
-
-
-def knock(host: Host, family: int, *how: str, port: int = 8080) -> str:
-    """Knock with `alfwrapper knock`; returns the ports it knocked from."""
-    target = host.server_v4 if family == 4 else host.server_v6
-    out = subprocess.run(
-        host.command([*WRAPPER, "knock", target, str(port), *how]),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.split("from ports ")[1].strip()
 
 
 def wait_served(

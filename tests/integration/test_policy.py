@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from hosts import CLIENT, Host, Network, Service, ip, link_hosts
 from support import ECHO_SERVER, ROOT, WRAPPER
-from test_errors import assert_one_line, run
-from test_parts import knock
+from wrapping import assert_one_line, knock, run
 
 SOCKETS_TOML = (
     '[[listen]]\naddress = "[::]:8080"\nname = "web"\n'

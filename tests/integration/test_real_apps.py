@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hosts import Host, Network, Service, wait_listening
 from support import ECHO_SERVER, ROOT, WRAPPER
-from test_wrapper import start
+from wrapping import start
 
 PROXYD = "/lib/systemd/systemd-socket-proxyd"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -24,33 +23,9 @@ from hosts import (
     wait_listening,
 )
 from support import ECHO_SERVER, ROOT, WRAPPER
+from wrapping import allowed_in_denied_out, million_rule_file, start, wrapped
 
 ALLOW_A = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]
-
-
-def start(
-    network: Network, services: list[Service], argv: list[str], ready: bool = True
-) -> Service:
-    svc = Service(network.server, argv)
-    services.append(svc)
-    if ready:
-        svc.wait_for(r"^ready ")
-    return svc
-
-
-def allowed_in_denied_out(
-    svc: Service, network: Network, tcp: int = 8080, udp: int | None = 8081
-) -> None:
-    """The allowed host is served over TCP (and UDP), IPv4 and IPv6; the denied one is not."""
-    check_policy(
-        svc,
-        served=all_probes(network.allowed, tcp, udp),
-        dropped=all_probes(network.denied, tcp, udp),
-    )
-
-
-def wrapped(*options: str) -> list[str]:
-    return [*WRAPPER, *options, "--", *ECHO_SERVER]
 
 
 POLICIES = {
@@ -189,24 +164,6 @@ def test_inherited_and_created_sockets(network: Network, services: list[Service]
     assert network.allowed.probe("tcp", 6, 8080, "trigger", timeout=20) == "echo", svc.errors()
     assert svc.wait_for(r"^ready (.*)$").group(1) == "fds=0,1,2,3,4 names=web:dns"
     allowed_in_denied_out(svc, network)
-
-
-def million_rule_file(path: Path, allowed: list[str]) -> None:
-    """1,000,000 CIDRs: random /24s and /32s plus some IPv6, none covering the denied host."""
-    rng = random.Random(2018)
-    lines = []
-    while len(lines) < 1_000_000 - len(allowed):
-        value = rng.getrandbits(32)
-        if value >> 24 in (0, 127, 198) or value >> 28 >= 14:
-            continue  # keep clear of 198.51.100.0/24 (the denied host) and odd ranges
-        if len(lines) % 2:
-            lines.append(f"{value >> 24}.{value >> 16 & 255}.{value >> 8 & 255}.0/24")
-        elif len(lines) % 10 == 4:
-            # 2001:XXXX::/32 with XXXX odd never covers 2001:db8::/32.
-            lines.append(f"2001:{value >> 16 | 1:x}:{value & 0xFFFF:x}::/48")
-        else:
-            lines.append(f"{value >> 24}.{value >> 16 & 255}.{value >> 8 & 255}.{value & 255}")
-    path.write_text("# a million rules\n" + "\n".join(lines + allowed) + "\n")
 
 
 def test_million_rule_allow_file(network: Network, services: list[Service], tmp_path: Path) -> None:
