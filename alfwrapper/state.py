@@ -16,7 +16,7 @@ live allow/deny, status and gc all find a socket's state here by its cookie.
           runtime, runtime_count        LPM_TRIE and ARRAY[1]: live allow and deny
     /sys/fs/bpf/alfwrapper-users/       0700, owned by the alfwrapper-loader user
       UID/SERVICE/...                   the same, for the services of user UID, kept by
-                                        the loader (loader.py) on that user's requests
+                                        the loader (loader/) on that user's requests
 
 Pinned objects are guarded by file permissions alone (since Linux 6.5 the
 unprivileged_bpf_disabled check covers only creating maps and loading
@@ -28,7 +28,7 @@ namespace: a loader taken over by a local user's filter reaches no root service.
 
 A Store is one such tree and what can be done to it: the root's, or a user's
 (alfwrapper-users/UID).  A wrapper or command that cannot reach the tree itself uses the
-loader's Store instead (loader.Broker), which asks the loader to do the same
+loader's Store instead (loader.client.Broker), which asks the loader to do the same
 things in the user's tree; store() is the one in use.
 """
 
@@ -55,7 +55,15 @@ from typing import TYPE_CHECKING
 
 from alfwrapper.bpf.parts import RUNTIME_KEY
 from alfwrapper.bpf.program import object_name
-from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.errors import (
+    EX_CONFIG,
+    EX_NOPERM,
+    EX_OSERR,
+    EX_TEMPFAIL,
+    EX_USAGE,
+    AlfError,
+    excerpt,
+)
 from alfwrapper.host import attach, bpf_calls, libc, netns
 from alfwrapper.host.faults import crash_point
 
@@ -74,6 +82,7 @@ _USERS_VIEWS = [USERS_ROOT]
 BPF_FS_MAGIC = 0xCAFE4A11
 TMPFS_MAGIC = 0x01021994
 META_SIZE = 8192
+LOCK_SECONDS = 10.0  # how long a start waits for a gc to let go of its service's folder
 SO_NETNS_COOKIE = 71  # Linux 5.14
 _SERVICE = re.compile(r"^[A-Za-z0-9_.@:\\-]{1,200}$")
 _U32 = struct.Struct("=I")
@@ -144,30 +153,40 @@ def hidden(path: Path) -> bool:
 
 
 def trusted_dir(path: Path, create: bool) -> None:
-    """A directory of ours: made if asked, then checked (no link, our owner, mode 0700)."""
+    """A directory of ours: made if asked, then checked (no link, our owner, mode 0700).
+
+    Starts that make the same folder at once (several units' first starts after a
+    boot) see each other's: one made between its mkdir and its chown (by whatever uid
+    the unit runs as) is waited for, and one a gc removed meanwhile is made again,
+    for up to a second."""
     uid, gid = owner(path)
-    if create:
-        try:
-            path.mkdir(mode=0o700)
-            os.chown(path, uid, gid)
-        except FileExistsError:
-            pass
-        except OSError as err:
-            raise _fail(f"creating {path}", err) from None
     deadline = time.monotonic() + 1.0
     while True:
+        if create:
+            try:
+                path.mkdir(mode=0o700)
+                os.chown(path, uid, gid)
+            except FileExistsError:
+                pass
+            except OSError as err:
+                raise _fail(f"creating {path}", err) from None
         try:
             info = path.lstat()
         except FileNotFoundError:
+            if create and time.monotonic() < deadline:
+                continue  # removed by a gc since: make it again
             raise AlfError(
                 f"{path}", "does not exist", "nothing is pinned there", EX_USAGE
             ) from None
         except OSError as err:
             raise _fail(f"{path}", err) from None
-        # Made by another start of ours (we are root, so was it) that has yet to hand it
-        # to its owner: mkdir and chown are two steps.
-        handing_over = create and info.st_uid == os.geteuid() != uid
-        if not (handing_over and stat.S_ISDIR(info.st_mode) and time.monotonic() < deadline):
+        handing_over = (
+            create
+            and stat.S_ISDIR(info.st_mode)
+            and info.st_uid != uid
+            and not info.st_mode & 0o077  # as mkdir(0o700) makes it, before its chown
+        )
+        if not handing_over or time.monotonic() >= deadline:
             break
         time.sleep(0.01)
     if not stat.S_ISDIR(info.st_mode):
@@ -313,10 +332,16 @@ def netns_cookie() -> int:
 
 
 def own(path: Path) -> None:
-    """Give everything below path to the state's owner (BCC pins as whoever loads)."""
+    """Give everything below path to the state's owner (BCC pins as whoever loads).
+    What a gc removes meanwhile is passed over."""
     uid, gid = owner(path)
-    for entry in [path, *path.rglob("*")]:
-        os.chown(entry, uid, gid, follow_symlinks=False)
+    os.chown(path, uid, gid, follow_symlinks=False)
+    for folder, dirs, files in os.walk(path):  # listing errors (a folder gone) are skipped
+        for name in dirs + files:
+            try:
+                os.chown(os.path.join(folder, name), uid, gid, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
 
 
 def install(state: SocketState, prog_fd: int) -> None:
@@ -501,7 +526,7 @@ class Store:
     ) -> LoadedFilter:
         """Compile and load a program for these rules: against the socket's pinned maps
         (made if missing) if ``where``, else on its own.  Here, with BCC; the loader's
-        client (loader.Broker) asks the loader instead, so no caller asks which it has.
+        client (loader.client.Broker) asks the loader instead, so no caller asks which it has.
         ``cookies``: the knock part's listening sockets; ``sock``: the socket of an
         unpinned program (the loader checks it; here unused)."""
         from alfwrapper.bpf import compiler, program  # noqa: PLC0415  (BCC only to load)
@@ -527,21 +552,21 @@ class Store:
         is the process that will hold the socket (default: this one)."""
         state = self.state(service, socket_cookie(sock))
         self.root()
-        for attempt in range(3):
+        deadline = time.monotonic() + LOCK_SECONDS
+        while True:
             trusted_dir(state.service_dir, True)
             # Shared until the meta names this pid: a gc (of another start, or the timer's)
             # then leaves this state alone, and the folder too.
             with service_lock(state.service_dir, exclusive=False) as held:
                 if held:
                     return self._make(state, service, sock, label, pid)
-            if attempt == 2:
+            if time.monotonic() >= deadline:  # a gc removed it each time it was made
                 raise AlfError(
                     f"{state.service_dir}",
-                    "removed by a gc each time this start made it",
+                    f"removed by a gc each time this start made it, for {LOCK_SECONDS:.0f} s",
                     "start the service again",
-                    EX_OSERR,
+                    EX_TEMPFAIL,
                 )
-        raise AssertionError("unreachable")
 
     def _make(
         self, state: SocketState, service: str, sock: socket.socket, label: str, pid: int
@@ -737,19 +762,42 @@ class Store:
 @contextmanager
 def service_lock(folder: Path, exclusive: bool) -> Iterator[bool]:
     """flock(2) on a service's folder.  A start holds it shared while it makes a
-    socket's state there (until its meta names its pid); gc holds it exclusive to
-    remove state without meta or the folder itself, and does not wait: it yields
-    False when a start holds it.  The kernel lets go when the holder dies."""
+    socket's state there (until its meta names its pid), waiting at most
+    LOCK_SECONDS for a gc to let go; gc holds it exclusive to remove state without
+    meta or the folder itself, and does not wait: it yields False when a start holds
+    it.  False too when the folder was removed meanwhile.  The kernel lets go when
+    the holder dies."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         yield False
         return
+    except OSError as err:
+        raise _fail(f"{folder}", err) from None
     try:
+        deadline = time.monotonic() + LOCK_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if exclusive:
+                    yield False
+                    return
+                if time.monotonic() >= deadline:
+                    raise AlfError(
+                        f"{folder}",
+                        f"a gc has held it for {LOCK_SECONDS:.0f} s (a stopped "
+                        "`alfwrapper gc` or `status`?)",
+                        "let it finish, or stop it, then start again",
+                        EX_TEMPFAIL,
+                    ) from None
+                time.sleep(0.01)
+            except OSError as err:
+                raise _fail(f"locking {folder}", err) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
             now = os.stat(folder)
-        except (BlockingIOError, FileNotFoundError):
+        except FileNotFoundError:
             yield False
             return
         mine = os.fstat(fd)

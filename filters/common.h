@@ -221,7 +221,7 @@ static __always_inline int alf_parse_packet(struct __sk_buff *skb, struct alf_pa
  * (ts_ns), where (ifindex), why (reason) and from whom (family, proto, addr,
  * sport, dport). */
 /* struct alf_event and struct alf_bucket are generated before this file, from
- * their one definition (droplog.py). */
+ * their one definition (bpf/parts.py). */
 BPF_RINGBUF_OUTPUT(alf_events, ALF_LOG_PAGES);
 BPF_ARRAY(alf_log_bucket, struct alf_bucket, 1);
 

@@ -48,6 +48,21 @@ UNPRIVILEGED_DAEMON = (
 )
 MUTATIONS = [
     Mutation(
+        "gc-before-the-meta-names-the-knock-state",
+        "alfwrapper/lifecycle/wrapper.py",
+        "    describe_sockets(records, service, argv, watcher, forwarder)\n",
+        "    collect_stale_state()\n"
+        "    describe_sockets(records, service, argv, watcher, forwarder)\n",
+        ("tests/integration/test_state.py::test_a_start_keeps_its_own_knock_state_pinned",),
+    ),
+    Mutation(
+        "start-waits-forever-for-gc",
+        "alfwrapper/state.py",
+        "                if time.monotonic() >= deadline:\n",
+        "                if False:\n",
+        ("tests/integration/test_state.py::test_a_start_waits_for_a_stopped_gc_only_so_long",),
+    ),
+    Mutation(
         "gc-takes-a-start-in-progress",
         "alfwrapper/state.py",
         "            if not meta and not alone:\n",
@@ -57,8 +72,8 @@ MUTATIONS = [
     Mutation(
         "concurrent-mkdir-is-foreign",
         "alfwrapper/state.py",
-        "        handing_over = create and info.st_uid == os.geteuid() != uid\n",
-        "        handing_over = False\n",
+        "            and info.st_uid != uid\n",
+        "            and False\n",
         ("tests/integration/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",),
     ),
     Mutation(
@@ -581,8 +596,8 @@ MUTATIONS += [
     Mutation(
         "state-owned-by-another-user",
         "alfwrapper/state.py",
-        "    uid, gid = owner(path)\n    if create:",
-        "    uid, gid = 0, 0\n    if create:",
+        "    uid, gid = owner(path)\n    deadline = time.monotonic() + 1.0\n",
+        "    uid, gid = 0, 0\n    deadline = time.monotonic() + 1.0\n",
         ("tests/integration/test_live.py::test_pins_are_out_of_reach_of_the_application",),
     ),
     Mutation(

@@ -12,7 +12,7 @@ refuses the allocation that would.
 
 Where the controller is not delegated (a cgroup v1 or hybrid host, or a manager
 that is not PID 1 without a memory controller to give), delegated() is None and
-the loader counts only the maps of its users' live sockets (loader._record); it
+the loader counts only the maps of its users' live sockets (loader.quota.record_program); it
 says so when it starts.  Written by hand: the cgroup v2 interface is files, and no
 library in Debian 12 wraps delegation for an unprivileged process.
 """

@@ -7,7 +7,7 @@ process kills itself there with SIGKILL, as the OOM killer, a `systemctl kill` o
 power cut would: no clean-up runs.  ``NAME@DIR`` crashes only if it can make the
 directory DIR (so once), so that a restarted process gets past: systemd keeps a
 unit's environment across its restarts, and a sandboxed unit may write nowhere but
-the BPF file system.  The tests (tests/integration/test_crash.py,
+the BPF file system.  The tests (tests/adversarial/test_crash.py,
 tests/boot/test_kills.py) kill at each point in turn and check, with real traffic,
 that the next start leaves the socket filtered.
 """

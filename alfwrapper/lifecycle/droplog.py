@@ -1,4 +1,4 @@
-"""The drop log: the event layout (defined once, here), reading and printing events, and
+"""The drop log: reading and printing events (their layout is bpf/parts.py's), and
 the journal forwarder.
 
 With --log-drops RATE a socket's program puts an event for each dropped packet

@@ -1,5 +1,5 @@
 """A running service's firewall, changed in place: reload, live allow/deny/revoke, show, gc.
-(What it does, read only, is observe.py's: status, metrics, the drop log.)
+(What it does, read only, is observe/status.py's: status, metrics, the drop log.)
 
 Everything here works on the pinned state (state.py) of the service's sockets,
 while the application keeps running: a reload puts new programs into the

@@ -1,7 +1,7 @@
 """The interface watcher process: keeps iface_allowed following interface names.
 
 Started by interfaces.start_watcher as ``python3 -m alfwrapper.lifecycle.watcher SERVICE
-PIDFD READYFD ALLOWED:ALIVE:NAME,NAME ...``.  It listens to netlink link
+PIDFD READYFD ALLOWED:ALIVE:LEASE:NAME,NAME ...``.  It listens to netlink link
 events in the service's network namespace:
 
 - a link with an allowed name appears (created or renamed): its index enters

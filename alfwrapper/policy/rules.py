@@ -89,7 +89,7 @@ class CustomFilter:
 class SocketRules:
     """Everything that applies to one socket; a packet must pass every part.
 
-    ``sources`` says where the subnet rules were written (policy.RuleSource),
+    ``sources`` says where the subnet rules were written (policy.files.RuleSource),
     for `explain`; it takes no part in comparisons, so sockets with the same
     rules share a program wherever the rules came from.
     """

@@ -1,5 +1,5 @@
 """The loader's compile cannot read a file it was not meant to, however the source
-names it: Landlock (loader.confine) is the guard, not the text check.
+names it: Landlock (loader.server.confine) is the guard, not the text check.
 
 Each source is compiled as the loader compiles it, in a child of its own, and an
 inotify watch on a secret file counts every open of it.  The control compiles the

@@ -5,6 +5,7 @@ folder someone else could have made).  And what is checked before anything chang
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from hosts import Network, Probe, Service, check_policy
 from support import ECHO_SERVER, ROOT, WRAPPER
 
 from alfwrapper import state
+from alfwrapper.errors import AlfError
 from alfwrapper.host import bpf_calls
 
 ACTIVATE = ROOT / "tests/integration/activate.py"
@@ -185,6 +188,63 @@ def test_starts_and_gcs_at_once_do_not_fail_each_other(
     state.store().gc()
     for name in set(services):
         assert not (state.ROOT / name).exists(), name
+
+
+def test_a_start_keeps_its_own_knock_state_pinned(bpf_root: None, tmp_path: Path) -> None:
+    """Every start collects what gone sockets left; its own knock state, pinned while
+    its programs load, must survive that (a reload shares it, so a knock in progress
+    or an opened source outlives the reload).  The application runs only after."""
+    service = "knockkeep"
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]
+    mark = tmp_path / "started"
+    wrapper = subprocess.Popen(
+        [*WRAPPER, "--service", service, "--listen", f"[::1]:{port}", "--knock", "7001,7002",
+         "--", "/bin/sh", "-c", f"touch {mark}; exec sleep 60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists():
+            assert wrapper.poll() is None, wrapper.communicate()[1]
+            assert time.monotonic() < deadline, "the application never started"
+            time.sleep(0.05)
+        knocks = sorted((state.ROOT / service).glob("knock-*"))
+        assert len(knocks) == 1 and any(knocks[0].iterdir()), list((state.ROOT / service).iterdir())
+        assert one_socket(service).cookie
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+    state.store().gc()
+    assert not (state.ROOT / service).exists()
+
+
+def test_a_start_waits_for_a_stopped_gc_only_so_long(
+    bpf_root: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gc stopped while it holds a service's folder (Ctrl-Z on `alfwrapper gc`) makes
+    a start of that service wait LOCK_SECONDS, then fail with one line and EX_TEMPFAIL,
+    which the shipped units restart from; not hang until systemd's timeout."""
+    service = "lockheld"
+    folder = state.ROOT / service
+    state.store().root(create=True)
+    state.trusted_dir(folder, create=True)
+    monkeypatch.setattr(state, "LOCK_SECONDS", 0.3)
+    held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            with pytest.raises(AlfError) as err:
+                state.store().create(service, sock, "lockheld_t0")
+        assert err.value.exit_code == 75 and "a gc has held it" in err.value.why
+    finally:
+        os.close(held)
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+        where, dispatch = state.store().create(service, sock, "lockheld_t0")  # once let go
+    os.close(dispatch)
+    state.store().remove(where)
+    folder.rmdir()
 
 
 def test_gc_keeps_the_knock_state_of_a_start_in_progress(bpf_root: None) -> None:
