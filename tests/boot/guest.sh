@@ -214,11 +214,18 @@ netns_down() {
     ip netns del "$NAME" 2>/dev/null || true
 }
 # One master connection, kept for 10 minutes: a key exchange under TCG takes seconds.
+# ssh's connection sharing socket: a Unix socket path has at most 107 bytes, and ssh
+# adds 17 to it while it sets one up, so it lives under /run (not in a checkout, whose
+# path may be long), named for this checkout's run folder and the guest.
+CONTROL=/run/alfguest-ssh/$(printf %s "$RUN" | md5sum | cut -c1-8)-$NAME
 SSH_OPTS=(-q -i "$IMG/id_ed25519" -p "$SSH_PORT" -o BatchMode=yes -o StrictHostKeyChecking=no
     -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=5
     -o ServerAliveInterval=10 -o ServerAliveCountMax=6
-    -o ControlMaster=auto -o "ControlPath=$RUN/ssh.%C" -o ControlPersist=600)
-guest_ssh() { ip netns exec "$NAME" ssh "${SSH_OPTS[@]}" "root@$GUEST4" "$@"; }
+    -o ControlMaster=auto -o "ControlPath=$CONTROL" -o ControlPersist=600)
+guest_ssh() {
+    mkdir -p -m 700 "${CONTROL%/*}"
+    ip netns exec "$NAME" ssh "${SSH_OPTS[@]}" "root@$GUEST4" "$@"
+}
 
 running() {
     case "$(cat "$RUN/route" 2>/dev/null)" in
