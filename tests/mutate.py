@@ -48,14 +48,6 @@ UNPRIVILEGED_DAEMON = (
 )
 MUTATIONS = [
     Mutation(
-        "gc-before-the-meta-names-the-knock-state",
-        "alfwrapper/lifecycle/wrapper.py",
-        "    describe_sockets(records, service, argv, watcher, forwarder)\n",
-        "    collect_stale_state()\n"
-        "    describe_sockets(records, service, argv, watcher, forwarder)\n",
-        ("tests/integration/test_state.py::test_a_start_keeps_its_own_knock_state_pinned",),
-    ),
-    Mutation(
         "start-waits-forever-for-gc",
         "alfwrapper/state.py",
         "                if time.monotonic() >= deadline:\n",

@@ -407,6 +407,8 @@ def run(
             if record.made and record.spec is not None and record.pins is not None:
                 state.store().remove(record.pins)
         raise
+    if pinned:
+        collect_stale_state()
     if unpinned:
         print(
             f"alfwrapper: note: no pinned state ({unpinned}): the filters cannot be "
@@ -432,8 +434,6 @@ def run(
     )
     describe_sockets(records, service, argv, watcher, forwarder)
     crash_point("described")
-    if pinned:
-        collect_stale_state()  # after the meta names this start's knock state, which it keeps
     note = privileges.confine_application(keep_capabilities)
     if note:
         print(f"alfwrapper: note: {note}", file=sys.stderr)

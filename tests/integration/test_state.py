@@ -13,7 +13,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -188,36 +187,6 @@ def test_starts_and_gcs_at_once_do_not_fail_each_other(
     state.store().gc()
     for name in set(services):
         assert not (state.ROOT / name).exists(), name
-
-
-def test_a_start_keeps_its_own_knock_state_pinned(bpf_root: None, tmp_path: Path) -> None:
-    """Every start collects what gone sockets left; its own knock state, pinned while
-    its programs load, must survive that (a reload shares it, so a knock in progress
-    or an opened source outlives the reload).  The application runs only after."""
-    service = "knockkeep"
-    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
-        probe.bind(("::1", 0))
-        port = probe.getsockname()[1]
-    mark = tmp_path / "started"
-    wrapper = subprocess.Popen(
-        [*WRAPPER, "--service", service, "--listen", f"[::1]:{port}", "--knock", "7001,7002",
-         "--", "/bin/sh", "-c", f"touch {mark}; exec sleep 60"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not mark.exists():
-            assert wrapper.poll() is None, wrapper.communicate()[1]
-            assert time.monotonic() < deadline, "the application never started"
-            time.sleep(0.05)
-        knocks = sorted((state.ROOT / service).glob("knock-*"))
-        assert len(knocks) == 1 and any(knocks[0].iterdir()), list((state.ROOT / service).iterdir())
-        assert one_socket(service).cookie
-    finally:
-        wrapper.kill()
-        wrapper.wait()
-    state.store().gc()
-    assert not (state.ROOT / service).exists()
 
 
 def test_a_start_waits_for_a_stopped_gc_only_so_long(
