@@ -686,7 +686,8 @@ class Store:
         wrapper that pinned it, then the application) is gone too, is gone.  State
         from other namespaces is left to `alfwrapper gc` (gc_everywhere).
         """
-        return self._collect(live_cookies(), {netns_cookie()})
+        settled = self.socket_folders()
+        return self._collect(settled, live_cookies(), {netns_cookie()})
 
     def collect(self) -> tuple[list[SocketState], str]:
         """Forget sockets that are gone: in every network namespace when we may enter
@@ -696,9 +697,21 @@ class Store:
         except OSError:
             return self.gc(), "this network namespace (run as root for all)"
 
-    def _collect(self, live: set[int], namespaces: set[int] | None) -> list[SocketState]:
-        """Remove socket state whose cookie is not alive (only from these namespaces, if
-        given), and knock state no socket refers to any more."""
+    def socket_folders(self) -> set[Path]:
+        """The socket folders there are now: a gc lists them before it asks which
+        sockets live, and judges only these.  A socket made after that question is
+        alive whatever its meta says, and a meta may say nothing (damaged)."""
+        try:
+            root = self.root(create=False)
+            return {p for d in root.iterdir() if _service_folder(d) for p in d.glob("sock-*")}
+        except (AlfError, OSError):
+            return set()
+
+    def _collect(
+        self, settled: set[Path], live: set[int], namespaces: set[int] | None
+    ) -> list[SocketState]:
+        """Remove the state of the ``settled`` sockets whose cookie is not alive (only
+        from these namespaces, if given), and knock state no socket refers to any more."""
         try:
             root = self.root(create=False)
         except AlfError:
@@ -706,11 +719,16 @@ class Store:
         removed = []
         for service_dir in sorted(p for p in root.iterdir() if _service_folder(p)):
             with service_lock(service_dir, exclusive=True) as alone:
-                removed += self._collect_service(service_dir, live, namespaces, alone)
+                removed += self._collect_service(service_dir, settled, live, namespaces, alone)
         return removed
 
     def _collect_service(
-        self, service_dir: Path, live: set[int], namespaces: set[int] | None, alone: bool
+        self,
+        service_dir: Path,
+        settled: set[Path],
+        live: set[int],
+        namespaces: set[int] | None,
+        alone: bool,
     ) -> list[SocketState]:
         """One service's folder.  Unless ``alone`` (no start is making state in it), state
         without meta is a start's in progress, and the folder stays."""
@@ -722,6 +740,9 @@ class Store:
             return []  # removed by another gc
         for entry in entries:
             if not entry.name.startswith("sock-") or not entry.name[5:].isdigit():
+                continue
+            if entry not in settled:  # made after the gc asked which sockets live
+                kept_knock.add("*")
                 continue
             where = self.state(service_of(service_dir.name), int(entry.name[5:]))
             try:
@@ -830,14 +851,16 @@ def gc_everywhere() -> list[SocketState]:
     in, held only by a socket unit, or one deleted) is kept: it cannot be told
     from alive.
     """
+    trees = [Store(ROOT), *user_stores()]
+    settled = {p for tree in trees for p in tree.socket_folders()}
     live: set[int] = set()
     seen: set[int] = set()
     for _ in netns.each_netns():
         live |= live_cookies()
         seen.add(netns_cookie())
     removed = []
-    for tree in [Store(ROOT), *user_stores()]:
-        removed += tree._collect(live, seen)  # noqa: SLF001
+    for tree in trees:
+        removed += tree._collect(settled, live, seen)  # noqa: SLF001
     return removed
 
 

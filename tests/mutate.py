@@ -48,6 +48,26 @@ UNPRIVILEGED_DAEMON = (
 )
 MUTATIONS = [
     Mutation(
+        "gc-judges-sockets-made-after-it-asked",
+        "alfwrapper/state.py",
+        "            if entry not in settled:  # made after the gc asked which sockets live\n",
+        "            if False:  # made after the gc asked which sockets live\n",
+        (
+            "tests/integration/test_state.py::"
+            "test_gc_judges_only_the_sockets_it_listed_before_asking_which_live",
+        ),
+    ),
+    Mutation(
+        "status-fails-on-state-a-gc-took",
+        "alfwrapper/observe/status.py",
+        '        if tree.has_pin(pins, "meta"):\n            raise\n',
+        "        raise\n",
+        (
+            "tests/integration/test_state.py::"
+            "test_status_of_every_service_passes_over_state_a_gc_takes_meanwhile",
+        ),
+    ),
+    Mutation(
         "start-waits-forever-for-gc",
         "alfwrapper/state.py",
         "                if time.monotonic() >= deadline:\n",

@@ -102,12 +102,30 @@ def _address(family: int, value: int) -> str:
 
 def status(service: str) -> dict[str, object]:
     collect()
-    names = [service] if service else state.store().services()
+    tree = state.store()
+    names = [service] if service else tree.services()
     services = []
     for name in names:
-        found = [Member(s, state.read_meta(s)) for s in state.store().sockets_of(name)]
-        services.append({"name": name, "sockets": [socket_status(m) for m in found]})
+        try:
+            found = tree.sockets_of(name)
+        except AlfError:
+            if service or name in tree.services():
+                raise
+            continue  # its last socket closed and a gc took the folder since the listing
+        sockets = [report for s in found if (report := read_socket(tree, s)) is not None]
+        services.append({"name": name, "sockets": sockets})
     return {"services": services}
+
+
+def read_socket(tree: state.Store, pins: state.SocketState) -> dict[str, object] | None:
+    """A socket's status, or None if a gc took its state while it was read (the socket
+    had closed): a status must not fail for what other processes do meanwhile."""
+    try:
+        return socket_status(Member(pins, state.read_meta(pins)))
+    except AlfError:
+        if tree.has_pin(pins, "meta"):
+            raise
+        return None
 
 
 def status_lines(report: dict[str, object]) -> list[str]:
