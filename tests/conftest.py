@@ -10,11 +10,31 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hosts import Network, Service, make_network
 from managers import UserManager
-from support import ROOT, WRAPPER, bpf_problem, require
+from support import ROOT, WRAPPER, bpf_problem, host_hold, require
+
+
+def another_workers(pid: int) -> bool:
+    """Was this process started by another pytest-xdist worker (a sibling of ours, under
+    the same controller)?  Such a process in our namespace is a visitor: its gc or
+    status enters every namespace.  Ours, and orphans, are this test's to kill."""
+    me, controller = os.getpid(), os.getppid()
+    for _ in range(64):
+        if pid in (me, 1) or pid <= 0:
+            return False
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        parent = int(stat[stat.rfind(")") + 2 :].split()[1])
+        if parent == controller and "PYTEST_XDIST_WORKER" in os.environ:
+            return True
+        pid = parent
+    return False
 
 
 @pytest.fixture
@@ -31,12 +51,17 @@ def network(bpf_root: None) -> Iterator[Network]:
     finally:
         # Whatever still runs in them goes first; then alfwrapper forgets the state of
         # their sockets (it can tell only while the namespaces exist); then they go.
+        # Only this test's: the other worker's gc and status visit every namespace.
         deadline = time.monotonic() + 10
         for name in net.names:
             while time.monotonic() < deadline:
-                pids = subprocess.run(
-                    ["ip", "netns", "pids", name], capture_output=True, text=True
-                ).stdout.split()
+                pids = [
+                    pid
+                    for pid in subprocess.run(
+                        ["ip", "netns", "pids", name], capture_output=True, text=True
+                    ).stdout.split()
+                    if not another_workers(int(pid))
+                ]
                 if not pids:
                     break
                 subprocess.run(["kill", "-9", *pids], capture_output=True)
@@ -129,6 +154,7 @@ RELEASE = {"test_package.py", "test_install.py", "test_bench.py"}
 def pytest_configure(config: pytest.Config) -> None:
     for name, what in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
+    config.addinivalue_line("markers", "alone: no test of the other worker runs meanwhile")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -148,3 +174,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         else:
             tier = "kernel"
         item.add_marker(getattr(pytest.mark, tier))
+
+
+# `make test` runs two pytest-xdist workers, and this sends them work by lanes: a lane's
+# tests run on one worker, one after another, as written.  The boot and release tiers
+# are one lane: they build the Debian package once (`deb`), and two `make deb` in one
+# tree trip over each other.  The loader's tests are one: its unit (test_loader.py) and
+# its stand-in (test_crash.py) mount the same /run/alfwrapper-loader.  Every other test
+# file is a lane of its own (its services' names are unique among files, and the echo
+# server's default name differs between workers: support.ECHO_SERVER).
+LANES = {"boot": "guests", "kernel": "guests", "test_loader.py": "loader",
+         "test_crash.py": "loader", **{name: "guests" for name in RELEASE}}  # fmt: skip
+
+
+def lane_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    parts = Path(path).parts
+    return LANES.get(parts[1] if len(parts) > 2 else "", "") or LANES.get(parts[-1], path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid)
+
+    return Lanes(config, log)
+
+
+@pytest.fixture(autouse=True)
+def host_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The other worker's tests run beside this one.  One marked `alone` holds the host
+    to itself: it changes a sysctl that every namespace and guest sees, or watches what
+    any gc (each network test ends with one) would change.  Every other test shares it."""
+    with host_hold(exclusive=request.node.get_closest_marker("alone") is not None):
+        yield

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,16 @@ WRAPPER = [sys.executable, "-m", "alfwrapper"]
 # Runs a command as root but with no capability left in any set.
 NO_CAPS = ("setpriv", "--bounding-set=-all", "--inh-caps=-all")
 ECHO_SERVER = [sys.executable, str(EXAMPLES / "echo_server.py")]
+# Under pytest-xdist the echo server runs as python-gw0, python-gw1 ...: a service with
+# no --service is named after its command, and two workers' tests must not share one
+# service's pinned state, knock state and counters.  (It needs nothing but the stdlib.)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if WORKER and os.geteuid() == 0:
+    _named = Path("/run/alfwrapper-tests") / f"python-{WORKER}"
+    _named.parent.mkdir(mode=0o755, exist_ok=True)
+    if not _named.is_symlink():
+        _named.symlink_to(os.path.realpath(sys.executable))
+    ECHO_SERVER[0] = str(_named)
 
 
 def require(condition: bool, reason: str) -> None:
@@ -46,3 +59,22 @@ def bpf_problem() -> str:
             except AlfError as err:
                 _bpf_problem.append(f"needs BPF: {err.line()}")
     return _bpf_problem[0]
+
+
+# Tests run in two processes (make test: pytest-xdist); this keeps the ones marked
+# `alone` apart from every other (conftest.host_share).
+HOST_LOCK = Path("/run/alfwrapper-tests/lock")
+
+
+@contextmanager
+def host_hold(exclusive: bool) -> Iterator[None]:
+    if os.geteuid() != 0:  # changes nothing another test would see
+        yield
+        return
+    HOST_LOCK.parent.mkdir(mode=0o755, exist_ok=True)
+    fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)

@@ -222,6 +222,7 @@ def test_a_live_deny_killed_midway_is_in_force_or_absent(
     assert answer == ("timeout" if listed else "echo"), (listed, answer)
 
 
+@pytest.mark.alone  # a gc by another test would finish the one it killed
 def test_gc_killed_midway_leaves_nothing_a_start_takes(
     network: Network, services: list[Service]
 ) -> None:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from hosts import Network, Probe, Service, all_probes, check_policy
 from support import ECHO_SERVER, NO_CAPS, ROOT, WRAPPER
 from wrapping import million_rule_file
@@ -74,6 +75,7 @@ def pins_of(service: str) -> list[Path]:
     return sorted((STATE / service).glob("sock-*"))
 
 
+@pytest.mark.alone  # it asserts what its own gc removes
 def test_state_of_closed_sockets_is_collected(network: Network, services: list[Service]) -> None:
     for _ in range(5):
         svc = start(network, services, "churn", "--allow", "192.0.2.0/24")
@@ -181,6 +183,7 @@ def test_watcher_is_replaced_on_reload(network: Network, services: list[Service]
     check_policy(svc, served=[], dropped=[Probe(b, "tcp", 4, 8080)])
 
 
+@pytest.mark.alone  # it counts stale pins a gc by another test would take
 def test_a_thousand_starts_leave_no_stale_pins(bpf_root: None) -> None:
     """What each start does to the pins, a thousand times, each in a process of its own
     as a start is: collect what closed sockets left (state.gc, as the wrapper does first

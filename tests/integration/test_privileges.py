@@ -121,6 +121,7 @@ def unprivileged_bpf() -> Iterator[None]:
         SYSCTL.write_text(before)
 
 
+@pytest.mark.alone  # the sysctl is the whole kernel's
 def test_builtin_filters_need_no_capability_where_unprivileged_bpf_is_allowed(
     network: Network, services: list[Service], unprivileged_bpf: None, readable_copy: Path
 ) -> None:
@@ -149,6 +150,7 @@ def test_builtin_filters_need_no_capability_where_unprivileged_bpf_is_allowed(
     )
 
 
+@pytest.mark.alone  # the sysctl is the whole kernel's
 def test_knocking_needs_cap_bpf_even_then(
     network: Network, unprivileged_bpf: None, readable_copy: Path
 ) -> None:
