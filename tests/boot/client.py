@@ -12,9 +12,9 @@ guest's link.  Prints one line and exits 0:
   client.py udp SRC DST PORT SECONDS [SEND]
   client.py tftp SRC DST SECONDS FILE           a read request; answered = DATA
   client.py git SRC DST PATH SECONDS            git:// upload-pack ref advertisement
-  client.py hammer SRC DST PORT tcp|udp TAG COUNT
-                    COUNT clients, 8 at a time, each sending TAG-i and waiting 1 s
-                    for its echo: prints "answered N of COUNT"
+  client.py hammer SRC DST PORT tcp|udp TAG COUNT [SECONDS]
+                    COUNT clients, 8 at a time, each sending TAG-i and waiting
+                    SECONDS (default 1) for its echo: prints "answered N of COUNT"
   client.py long SRC DST PORT FLAGFILE
                     one connection: "before", then (once FLAGFILE exists) "after",
                     each echoed: prints "answered before after" or what failed
@@ -80,11 +80,11 @@ def datagram(src: str, dst: str, port: int, seconds: float, payload: bytes) -> t
     return "answered", data
 
 
-def hammer(src: str, dst: str, port: int, proto: str, tag: str, count: int) -> str:
+def hammer(src: str, dst: str, port: int, proto: str, tag: str, count: int, seconds: float) -> str:
     def one(i: int) -> bool:
         if proto == "tcp":
-            return stream(src, dst, port, 1.0, f"{tag}-{i}\n".encode()).startswith("answered")
-        return datagram(src, dst, port, 1.0, f"{tag}-{i}".encode())[0] == "answered"
+            return stream(src, dst, port, seconds, f"{tag}-{i}\n".encode()).startswith("answered")
+        return datagram(src, dst, port, seconds, f"{tag}-{i}".encode())[0] == "answered"
 
     with ThreadPoolExecutor(8) as pool:
         served = sum(pool.map(one, range(count)))
@@ -147,7 +147,8 @@ def main(argv: list[str]) -> str:
         request = f"{len(line) + 4:04x}".encode() + line
         return stream(src, dst, 9418, float(argv[4]), request, line=False)
     if kind == "hammer":
-        return hammer(src, dst, int(argv[3]), argv[4], argv[5], int(argv[6]))
+        seconds = float(argv[7]) if len(argv) > 7 else 1.0
+        return hammer(src, dst, int(argv[3]), argv[4], argv[5], int(argv[6]), seconds)
     if kind == "long":
         return long_lived(src, dst, int(argv[3]), argv[4])
     if kind == "talker":
