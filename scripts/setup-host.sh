@@ -9,8 +9,13 @@ venv() {
     if [ ! -x .venv/bin/python ]; then
         /usr/bin/python3 -m venv --system-site-packages .venv
     fi
-    if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
-        .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    # editable_mode=compat: the checkout goes on sys.path ahead of dist-packages, so an
+    # installed Debian package cannot shadow it (setuptools' default editable finder
+    # comes after every path entry).
+    if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ] \
+        || [ "$0" -nt .venv/.installed ]; then
+        .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' \
+            --config-settings editable_mode=compat
         touch .venv/.installed
     fi
 }

@@ -49,6 +49,7 @@ def package(deb: Path) -> Iterator[list[str]]:
             sh("dpkg", "--purge", "alfwrapper", check=False)
 
 
+@pytest.mark.alone  # the package changes the host for every other test while installed
 def test_package_installs_works_and_leaves_nothing(network: Network, package: list[str]) -> None:
     # Where everything is.  BCC's headers are Debian's in /usr/src, found there by
     # alfwrapper (kernel_headers.py): nothing is linked under /lib/modules.
@@ -73,6 +74,10 @@ def test_package_installs_works_and_leaves_nothing(network: Network, package: li
     assert version.strip() == "alfwrapper 0.1.0", version
     where = sh("/usr/bin/python3", "-c", "import alfwrapper; print(alfwrapper.__file__)").stdout
     assert where.startswith("/usr/lib/python3/dist-packages/"), where
+    # The checkout's virtualenv still runs the checkout, not the package beside it (its
+    # editable install is a path ahead of dist-packages: scripts/setup-host.sh).
+    venv = sh(str(ROOT / ".venv/bin/python"), "-c", "import alfwrapper; print(alfwrapper.__file__)")
+    assert venv.stdout.startswith(f"{ROOT}/alfwrapper/"), venv.stdout
     doctor = sh("/usr/bin/alfwrapper", "doctor", check=False)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert sh("man", "-w", "alfwrapper-loader").stdout.strip().endswith("alfwrapper-loader.8.gz")
