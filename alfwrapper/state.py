@@ -931,10 +931,25 @@ def take_socket(tree: Store, service: str, sock: socket.socket, label: str) -> T
     if not filtered:  # a start died between pinning and attaching
         tree.attach_pinned(found, sock)
         crash_point("attached")
+        claim(found)
         return Taken(found, judged=False, made=False)
     if not attach.is_locked(sock):  # ... or between attaching and locking
         attach.attach_filter(sock, -1)
-    return Taken(found, judged=read_meta(found).get("judged") is True, made=False)
+    return Taken(found, judged=claim(found).get("judged") is True, made=False)
+
+
+def claim(where: SocketState) -> dict[str, object]:
+    """Name this process in the meta of a socket's state taken from an earlier start
+    (dead, or stopped for a restart), and return the meta.  Until describe_sockets
+    rewrites it, a gc then keeps the state by this pid as well as by the socket's
+    cookie: whatever a gc's sock_diag listing misses while this start compiles, it
+    does not take the state from under it (which would leave the socket locked on a
+    dispatcher no start can find again)."""
+    meta = read_meta(where)
+    if meta.get("pid") != os.getpid():
+        meta["pid"] = os.getpid()
+        write_meta(where, meta)
+    return meta
 
 
 def mark_judged(where: SocketState) -> None:

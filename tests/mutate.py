@@ -58,6 +58,16 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "a-start-leaves-a-dead-start-named-in-the-meta",
+        "alfwrapper/state.py",
+        '    if meta.get("pid") != os.getpid():\n',
+        "    if False:\n",
+        (
+            "tests/integration/test_state.py::"
+            "test_a_start_claims_the_state_it_takes_before_it_compiles",
+        ),
+    ),
+    Mutation(
         "status-fails-on-state-a-gc-took",
         "alfwrapper/observe/status.py",
         '        if tree.has_pin(pins, "meta"):\n            raise\n',
@@ -792,7 +802,7 @@ MUTATIONS += [
     Mutation(
         "queue-judged-once-pinned",
         "alfwrapper/state.py",
-        '    return Taken(found, judged=read_meta(found).get("judged") is True, made=False)',
+        '    return Taken(found, judged=claim(found).get("judged") is True, made=False)',
         "    return Taken(found, judged=True, made=False)",
         ("tests/adversarial/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
     ),

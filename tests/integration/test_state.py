@@ -257,6 +257,30 @@ def test_gc_judges_only_the_sockets_it_listed_before_asking_which_live(bpf_root:
             shutil.rmtree(where.service_dir, ignore_errors=True)
 
 
+def test_a_start_claims_the_state_it_takes_before_it_compiles(bpf_root: None) -> None:
+    """A start that finds its socket's state from a start that died names itself in the
+    meta at once: while it compiles, a gc that does not see the socket alive (its
+    sock_diag listing missed it) keeps the state by the start's pid.  Taken from under
+    the start, the state would be gone while the socket stays locked on its dispatcher,
+    and every later start would refuse the socket as filtered by someone else."""
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)  # a pid that was a process and is no more: the dead start's
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+        tree = state.store()
+        first = state.take_socket(tree, "claimed", sock, "claimed_t0")
+        try:
+            state.write_meta(first.state, {**state.read_meta(first.state), "pid": child})
+            taken = state.take_socket(tree, "claimed", sock, "claimed_t0")  # the next start
+            assert taken.state == first.state and not taken.made
+            assert state.read_meta(taken.state)["pid"] == os.getpid()
+            assert tree._collect({taken.state.dir}, set(), None) == []  # noqa: SLF001
+            assert (taken.state.dir / "dispatch").exists(), "a gc took a start's state"
+        finally:
+            shutil.rmtree(first.state.service_dir, ignore_errors=True)
+
+
 def test_status_of_every_service_passes_over_state_a_gc_takes_meanwhile(
     bpf_root: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
