@@ -193,6 +193,7 @@ def lane_of(nodeid: str) -> str:
     return LANES.get(parts[1] if len(parts) > 2 else "", "") or LANES.get(parts[-1], path)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest -p no:xdist runs too
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadscope":
         return None

@@ -68,6 +68,20 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "ipv6-lines-go-one-at-a-time",
+        "alfwrapper/policy/prefix_list.py",
+        "    if (char == 58).any():  # a colon: IPv6 lines, in bulk too\n",
+        "    if False:  # a colon: IPv6 lines, in bulk too\n",
+        ("tests/unit/test_prefix_list.py::test_ipv6_and_mapped_lines_are_read_in_bulk",),
+    ),
+    Mutation(
+        "ipv6-bulk-takes-seven-groups",
+        "alfwrapper/policy/prefix_list.py",
+        "            colons == 7,  # eight groups\n",
+        "            colons >= 6,  # eight groups\n",
+        ("tests/unit/test_prefix_list.py::test_each_edge_alone_agrees",),
+    ),
+    Mutation(
         "status-fails-on-state-a-gc-took",
         "alfwrapper/observe/status.py",
         '        if tree.has_pin(pins, "meta"):\n            raise\n',

@@ -5,9 +5,10 @@ of MiB at start-up.  A PrefixList keeps them in four columns (family, length
 and the value's high and low 64 bits: 18 bytes a rule) and makes a ``Prefix``
 only when one is asked for; the subnet table reads the columns directly.
 
-``parse_rule_bytes`` parses the lines that are a plain IPv4 address or CIDR in
-bulk with numpy, and hands every other line (IPv6, comments, spaces, anything
-it is not sure of) to ``prefixes.parse_prefix`` one at a time, so that both ways
+``parse_rule_bytes`` parses the lines that are a plain IPv4 address or CIDR, and
+those that are an IPv6 one in hex groups (``_parse_v6``), in bulk with numpy, and
+hands every other line (a dotted IPv4 tail, comments, spaces, anything it is not
+sure of) to ``prefixes.parse_prefix`` one at a time, so that both ways
 accept, refuse and number lines alike (tests/unit/test_prefix_list.py checks
 that they agree).  numpy is imported where used, so that a missing numpy is
 one clear line (cli).
@@ -425,6 +426,15 @@ def _parse_chunk(chunk: bytes, first: int, origin: str) -> tuple[PrefixList, int
 
     family = np.where(ok, 4, 0).astype(np.uint8)
     high = np.zeros(lines, np.uint64)
+    if (char == 58).any():  # a colon: IPv6 lines, in bulk too
+        ok6, length6, high6, low6 = _parse_v6(a, lines)
+        # IPv4-mapped prefixes become IPv4 ones, as parse_prefix makes them.
+        mapped = ok6 & (high6 == 0) & ((low6 >> np.uint64(32)) == 0xFFFF) & (length6 >= 96)
+        family = np.where(mapped, 4, np.where(ok6, 6, family)).astype(np.uint8)
+        length = np.where(mapped, length6 - 96, np.where(ok6, length6, length)).astype(np.uint8)
+        high = np.where(ok6 & ~mapped, high6, high)
+        octets = np.where(mapped, low6 & np.uint64(0xFFFFFFFF), np.where(ok6, low6, octets))
+        ok = ok | ok6
     # The other lines, one at a time, each in its place among the bulk ones.
     rest = np.flatnonzero(~ok & ~blank)
     if len(rest):
@@ -441,3 +451,111 @@ def _parse_chunk(chunk: bytes, first: int, origin: str) -> tuple[PrefixList, int
         octets[rows] = [p.value & _LOW for p in found]
     keep = np.flatnonzero(family)
     return PrefixList(family[keep], length[keep], high[keep], octets[keep]), lines
+
+
+_HEX_DIGITS = b"0123456789abcdef"
+_NOT_HEX = 255
+
+
+def _parse_v6(a: Array, lines: int) -> tuple[Array, Array, Array, Array]:
+    """The lines of a chunk (bytes ``a``, ``lines`` lines, each ending in a newline) that
+    are an IPv6 address or CIDR written in hex groups (``2001:db8::/64``, ``::1``,
+    ``::ffff:c000:200/120``), in bulk: per line, whether it is one, its length, and
+    its value's high and low 64 bits.  Only what ``ipaddress`` takes, and only in a
+    form this reads for sure: 1 to 4 hex digits a group, at most one ``::``, a
+    canonical decimal length, host bits zero.  Anything else (a dotted IPv4 tail, a
+    scope id, spaces, a comment, an error) is left to the line-by-line parser."""
+    import numpy as np  # noqa: PLC0415
+
+    table = np.full(256, _NOT_HEX, np.uint8)
+    table[np.frombuffer(_HEX_DIGITS, np.uint8)] = np.arange(16, dtype=np.uint8)
+    table[np.frombuffer(_HEX_DIGITS[10:].upper(), np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+    digit = table[a]
+    sep = np.flatnonzero(digit == _NOT_HEX)  # every non-hex byte; the last is a newline
+    char = a[sep]
+    is_end = char == 10
+    newline = np.flatnonzero(is_end)
+    line_of = np.cumsum(is_end) - is_end  # the line each separator ends in
+    start = np.empty(len(sep), np.int64)
+    start[0] = 0
+    start[1:] = sep[:-1] + 1
+    size = sep - start
+    # The token before each separator: its last four digits, read back from it.
+    padded = np.zeros(len(a) + 4, np.uint64)
+    padded[4:] = np.where(digit == _NOT_HEX, 0, digit)
+    d = [padded[sep + 3 - k] for k in range(4)]  # d[0] the last digit
+    group = d[0].copy()
+    for k in range(1, 4):
+        group |= np.where(size > k, d[k] << np.uint64(4 * k), np.uint64(0))
+
+    def per_line(mask: Array) -> Array:
+        return np.bincount(line_of[mask], minlength=lines)
+
+    colon, slash = char == 58, char == 47
+    ok = per_line(~(colon | slash | is_end)) == 0  # hex, colons, one "/" before the end
+    before_end = np.maximum(newline - 1, 0)
+    has_length = (per_line(slash) == 1) & slash[before_end] & (newline > 0)
+    ok &= per_line(slash) == (has_length * 1)
+    colons = per_line(colon)
+    ok &= (colons >= 2) & (colons <= 8)
+    # The address's groups: the tokens before each colon, and the one before the "/"
+    # (or the newline).  Where a group is empty, "::" stands.
+    address = colon | slash | (is_end & ~has_length[line_of])
+    ok &= per_line(address & (size > 4)) == 0
+    empty = address & (size == 0)
+    empties = per_line(empty)
+    first_of_line = np.zeros(lines + 1, np.int64)
+    first_of_line[1:] = np.cumsum(per_line(address))
+    index = np.cumsum(address) - 1 - first_of_line[line_of]  # the group's place in its line
+    gap_from = np.full(lines, 99, np.int64)
+    gap_to = np.full(lines, -1, np.int64)
+    at = np.flatnonzero(empty)  # in order, so a line's empty groups are next to each other
+    its = line_of[at]
+    first = np.ones(len(at), bool)
+    first[1:] = its[1:] != its[:-1]
+    final = np.ones(len(at), bool)
+    final[:-1] = its[1:] != its[:-1]
+    gap_from[its[first]] = index[at[first]]
+    gap_to[its[final]] = index[at[final]]
+    last = colons  # the index of the last group
+    ok &= np.select(
+        [empties == 0, empties == 1, empties == 2, empties == 3],
+        [
+            colons == 7,  # eight groups
+            (gap_from > 0) & (gap_from < last) & (colons <= 7),  # a::b
+            (((gap_from == 0) & (gap_to == 1)) | ((gap_from == last - 1) & (gap_to == last)))
+            & (colons <= 8),  # ::a, a::
+            colons == 2,  # ::
+        ],
+        False,
+    )
+    # Each group into its place of eight: before the gap from the left, after it from
+    # the right.
+    place = np.where(index < gap_from[line_of], index, 7 - (last[line_of] - index))
+    keep = np.flatnonzero(address & ~empty & ok[line_of])
+    groups = np.zeros((lines, 8), np.uint64)
+    groups[line_of[keep], place[keep]] = group[keep]
+    sixteen = np.uint64(16)
+    high = ((groups[:, 0] << sixteen | groups[:, 1]) << sixteen | groups[:, 2]) << sixteen
+    high |= groups[:, 3]
+    low = ((groups[:, 4] << sixteen | groups[:, 5]) << sixteen | groups[:, 6]) << sixteen
+    low |= groups[:, 7]
+    # The length: the token before the newline, 1 to 3 decimal digits, no leading zero.
+    tail = newline
+    tail_size = size[tail]
+    decimal = (
+        (d[0][tail] < 10)
+        & ((tail_size < 2) | (d[1][tail] < 10))
+        & ((tail_size < 3) | (d[2][tail] < 10))
+    )
+    leading = np.where(tail_size == 3, d[2][tail], np.where(tail_size == 2, d[1][tail], 1))
+    value = d[0][tail] + np.where(tail_size >= 2, d[1][tail] * np.uint64(10), np.uint64(0))
+    value += np.where(tail_size >= 3, d[2][tail] * np.uint64(100), np.uint64(0))
+    canonical = decimal & (tail_size >= 1) & (tail_size <= 3) & (leading != 0) & (value <= 128)
+    ok &= ~has_length | canonical
+    length = np.where(has_length, value, np.uint64(128)).astype(np.int64)
+    shift = 128 - length
+    keep_high = _mask_above(np.clip(shift - 64, 0, 64))
+    keep_low = _mask_above(np.clip(shift, 0, 64))
+    ok &= ((high & ~keep_high) == 0) & ((low & ~keep_low) == 0)  # host bits: the error's
+    return ok, length, high, low
