@@ -82,6 +82,23 @@ MUTATIONS = [
         ("tests/unit/test_prefix_list.py::test_each_edge_alone_agrees",),
     ),
     Mutation(
+        "accept-yes-peer-judged-by-allow-only",
+        "alfwrapper/policy/rules.py",
+        "        if len(deny.covering(family, address)):\n",
+        "        if False:\n",
+        (
+            "tests/integration/test_filter_kernel.py::test_kernel_agrees_with_rules",
+            "tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",
+        ),
+    ),
+    Mutation(
+        "accept-yes-compiles-again",
+        "alfwrapper/lifecycle/wrapper.py",
+        "        if record.connected:\n            continue\n        if record.pins is not None:\n",
+        "        if False:\n            continue\n        if record.pins is not None:\n",
+        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+    ),
+    Mutation(
         "status-fails-on-state-a-gc-took",
         "alfwrapper/observe/status.py",
         '        if tree.has_pin(pins, "meta"):\n            raise\n',
@@ -297,9 +314,8 @@ MUTATIONS = [
     Mutation(
         "inetd-peer-not-judged",
         "alfwrapper/lifecycle/wrapper.py",
-        "            if record.inherited and not record.judged and record.loaded is not None:",
-        "            if record.inherited and not record.judged and record.loaded"
-        " and not record.stdin:",
+        "            if record.connected:\n",
+        "            if record.connected and not record.stdin:\n",
         (
             "tests/integration/test_inetd.py::test_a_peer_gone_before_the_filter_starts_nothing",
             "tests/integration/test_gallery.py::test_sshd_from_systemd_socket_activate_inetd",

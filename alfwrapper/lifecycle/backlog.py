@@ -36,7 +36,10 @@ kernel's, for every part.  What cannot be judged is treated as denied.
   discarded; allowed ones after it stay.
 - Accept=yes (a connected socket): its peer is judged before the
   application starts; if it is denied, or already reset, it is reset and the
-  application is not started.
+  application is not started.  Every packet such a socket will receive comes
+  from that one peer, and only subnet rules may apply to it (the wrapper
+  refuses the others), so it is judged by the rules in Python (rules_judge),
+  with no program compiled or loaded: a denied peer costs a Python start.
 
 Interface rules need the interface a packet came in on, which nothing
 records for a queued connection; a developer's filter may read any header,
@@ -57,6 +60,7 @@ from dataclasses import dataclass
 from alfwrapper.host.attach import has_filter
 from alfwrapper.host.bpf_calls import prog_test_run
 from alfwrapper.host.frames import tcp_syn_frame, udp_frame
+from alfwrapper.policy.rules import SubnetRules
 
 SO_PEEK_OFF = 42
 TCP_ESTABLISHED, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LISTEN = 1, 7, 8, 10
@@ -136,6 +140,16 @@ def program_judge(prog_fd: int, unjudgeable: bool) -> Judge:
         else:
             frame = udp_frame(peer.family, peer.address, payload, peer.port, to, local.port)
         return prog_test_run(prog_fd, frame).retval != 0
+
+    return judge
+
+
+def rules_judge(subnets: SubnetRules) -> Judge:
+    """Judge by the subnet rules alone (SubnetRules.passes), for a connected socket,
+    whose packets all come from the peer judged."""
+
+    def judge(peer: Endpoint, local: Endpoint, payload: bytes | None) -> bool:
+        return subnets.passes(peer.family, peer.address)
 
     return judge
 

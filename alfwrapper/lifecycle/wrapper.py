@@ -130,12 +130,15 @@ def gather_sockets(policy: Policy) -> list[SocketRecord]:
 
 def load_programs(records: list[SocketRecord], service: str) -> list[compiler.LoadedFilter]:
     """A program for each socket with pinned state (its maps are its own), and one
-    per distinct rule set for the others (connected Accept=yes sockets, or every
-    socket when no state can be kept)."""
+    per distinct rule set for the others (every socket when no state can be kept).
+    None for a connected Accept=yes socket: its rules judge its one peer
+    (judge_connection)."""
     env = fill_env(records)
     shared: dict[SocketRules, compiler.LoadedFilter] = {}
     loaded: list[compiler.LoadedFilter] = []
     for record in records:
+        if record.connected:
+            continue
         if record.pins is not None:
             record.loaded = state.store().load_filter(
                 record.rules, record.pins, record.label(service), listeners([record]), env=env
@@ -253,39 +256,44 @@ def describe_sockets(
         )
 
 
-def judge_backlog(record: SocketRecord, command: str) -> bool:
-    """Deal with what reached an inherited socket before its filter (backlog.py).
+def judge_connection(record: SocketRecord, command: str) -> bool:
+    """Judge the peer of a connected Accept=yes socket by its rules, before COMMAND
+    starts (backlog.rules_judge: no program, no BCC).  Returns False when it is
+    denied, or gone: the connection has been reset and COMMAND must not start."""
+    sock, rules = record.sock, record.rules
+    if rules.knock or rules.interfaces or rules.custom:
+        # Their verdict needs packets this connection's were not: its handshake
+        # (knocking), its interface, or any header a developer's filter reads.
+        kind = "knocking" if rules.knock else "--interface" if rules.interfaces else "--filter"
+        raise AlfError(
+            attach.describe(sock),
+            f"{kind} cannot check a connection handed over already accepted (Accept=yes)",
+            "use Accept=no for this socket, or leave that rule out",
+            EX_CONFIG,
+        )
+    if rules.empty:
+        return True  # not filtered (the note says so)
+    try:
+        peer = sock.getpeername()[0]
+    except OSError:
+        peer = "a peer that has already reset it"
+    if backlog.connected_peer_allowed(sock, backlog.rules_judge(rules.subnets)):
+        return True
+    backlog.reset(sock)
+    print(
+        f"alfwrapper: note: connection from {peer} denied and reset; {command} not started",
+        file=sys.stderr,
+    )
+    return False
 
-    Returns False when the socket is a denied Accept=yes connection: it has
-    been reset and COMMAND must not start.
-    """
+
+def judge_backlog(record: SocketRecord) -> None:
+    """Deal with what reached an inherited listening or datagram socket before its
+    filter (backlog.py)."""
     assert record.loaded is not None
     sock, rules = record.sock, record.rules
     where = attach.describe(sock)
     judge = backlog.program_judge(record.loaded.fd, bool(rules.interfaces or rules.custom))
-    if activation.is_connected_stream(sock):
-        if rules.knock or rules.interfaces or rules.custom:
-            # Their verdict needs packets this connection's were not: its handshake
-            # (knocking), its interface, or any header a developer's filter reads.
-            kind = "knocking" if rules.knock else "--interface" if rules.interfaces else "--filter"
-            raise AlfError(
-                where,
-                f"{kind} cannot check a connection handed over already accepted (Accept=yes)",
-                "use Accept=no for this socket, or leave that rule out",
-                EX_CONFIG,
-            )
-        try:
-            peer = sock.getpeername()[0]
-        except OSError:
-            peer = "a peer that has already reset it"
-        if backlog.connected_peer_allowed(sock, judge):
-            return True
-        backlog.reset(sock)
-        print(
-            f"alfwrapper: note: connection from {peer} denied and reset; {command} not started",
-            file=sys.stderr,
-        )
-        return False
     try:
         if sock.type == socket.SOCK_STREAM:
             report = backlog.purge_listener(sock, judge)
@@ -300,7 +308,6 @@ def judge_backlog(record: SocketRecord, command: str) -> bool:
         ) from None
     if report.removed:
         print(f"alfwrapper: note: {where}: {report}", file=sys.stderr)
-    return True
 
 
 def start_watcher(loaded: list[compiler.LoadedFilter], service: str, app_pid: int = 0) -> int:
@@ -388,9 +395,11 @@ def run(
         crash_point("loaded")
         install_programs(records)
         for record in records:
-            if record.inherited and not record.judged and record.loaded is not None:
-                if not judge_backlog(record, policy.command[0]):
+            if record.connected:
+                if not judge_connection(record, policy.command[0]):
                     return 0
+            elif record.inherited and not record.judged and record.loaded is not None:
+                judge_backlog(record)
         crash_point("judged")
         for record in records:
             if record.pins is not None and not record.judged:

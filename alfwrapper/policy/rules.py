@@ -32,6 +32,16 @@ class SubnetRules:
         object.__setattr__(self, "allow", PrefixList.of(self.allow))
         object.__setattr__(self, "deny", PrefixList.of(self.deny))
 
+    def passes(self, family: int, address: int) -> bool:
+        """The subnet part's verdict on a source (an IPv4-mapped one given as IPv4, as
+        the packet carries it): denied if a deny rule covers it; else passed if an
+        allow rule does, or if there are no allow rules.  tests/kernel holds it to
+        the compiled program's."""
+        deny, allow = PrefixList.of(self.deny), PrefixList.of(self.allow)  # as they are
+        if len(deny.covering(family, address)):
+            return False
+        return not allow or bool(len(allow.covering(family, address)))
+
 
 @dataclass(frozen=True)
 class ListenSpec:

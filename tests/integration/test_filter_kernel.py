@@ -36,6 +36,11 @@ def test_kernel_agrees_with_rules(bpf_root: None, seed: int) -> None:
         (f, hex(v)) for (f, v), g in zip(addresses, got, strict=True) if g != passes(rules, f, v)
     ]
     assert not wrong, f"{len(wrong)} wrong verdicts, e.g. {wrong[:5]}"
+    # The model's own verdict, which judges the peer of an Accept=yes connection
+    # (backlog.rules_judge), is the kernel's too.
+    model = [rules.passes(f, v) for f, v in addresses]
+    differ = [(f, hex(v)) for (f, v), g, m in zip(addresses, got, model, strict=True) if g != m]
+    assert not differ, f"{len(differ)} model verdicts differ, e.g. {differ[:5]}"
 
 
 @pytest.mark.parametrize("root_bits", [16, 19, 24])

@@ -67,8 +67,10 @@ def test_the_wrappers_messages_never_reach_the_peer(
         tail = ["--no-such-option", "--", "true"]
     elif case == "exec fails":
         tail = ["--", str(broken)]
-    else:  # BCC finds no headers there, says so on stdout, and the wrapper fails
-        head, tail = ["env", f"BCC_KERNEL_SOURCE={tmp_path}"], [*tail, "true"]
+    else:  # BCC finds no headers there, says so on stdout, and the wrapper fails.  (The
+        # connection itself is judged without BCC: a created socket makes it compile.)
+        head = ["env", f"BCC_KERNEL_SOURCE={tmp_path}"]
+        tail = ["--listen", "127.0.0.1:7190", *tail, "true"]
     activate(
         network, services, 7100, "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *head, *WRAPPER, *tail
     )
@@ -104,6 +106,40 @@ def test_a_peer_gone_before_the_filter_starts_nothing(
     )
     time.sleep(0.5)
     assert not marker.exists()
+
+
+def test_a_connection_is_judged_without_bcc(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """Accept=yes: every packet of the connection comes from its one peer, and only subnet
+    rules apply, so the wrapper judges the peer by its rules and compiles nothing: a
+    denied peer costs no compile (BCC is never imported), and the verdict is the
+    kernel's (explain's) for the same addresses.  The allowed peer is served; the
+    denied one's connection is reset, and the command never starts for it."""
+    marker = tmp_path / "started"
+    rules = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48", "--deny", "192.0.2.7"]
+    svc = activate(
+        network, services, 7102,
+        sys.executable, "-X", "importtime", "-m", "alfwrapper", *rules, "--", sys.executable,
+        "-c", f"import sys; open({str(marker)!r}, 'a').write('started\\n'); print('served')",
+    )  # fmt: skip
+    a, b = network.allowed, network.denied
+    assert receive(b.command([]), b.server_v4, 7102) in (repr(""), repr("<ConnectionResetError>"))
+    assert receive(b.command([]), b.server_v6, 7102) in (repr(""), repr("<ConnectionResetError>"))
+    wait_until(lambda: svc.errors().count("denied and reset") == 2, svc.errors, timeout=30)
+    assert not marker.exists()
+    assert receive(a.command([]), a.server_v4, 7102) == repr("served\n")
+    assert receive(a.command([]), a.server_v6, 7102) == repr("served\n")
+    imported = [line.rsplit("|", 1)[-1].strip() for line in svc.errors().splitlines()
+                if line.startswith("import time:")]  # fmt: skip
+    assert "alfwrapper.cli" in imported, svc.errors()[-2000:]  # what -X importtime shows
+    assert not [m for m in imported if m == "bcc" or m.startswith("bcc.")], imported
+    # The same addresses through `alfwrapper explain`: the kernel's verdicts.
+    for source, verdict in ((a.v4, "passed"), (a.v6, "passed"), (b.v4, "dropped"),
+                            (b.v6, "dropped"), ("192.0.2.7", "dropped")):  # fmt: skip
+        out = subprocess.run([*WRAPPER, "explain", *rules, "--from", source],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.stdout.startswith(verdict), (source, out.stdout, out.stderr)
 
 
 def run_with_stdin(stdin: socket.socket, *argv: str) -> subprocess.CompletedProcess[str]:
