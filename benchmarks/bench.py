@@ -191,6 +191,18 @@ def startup_seconds(files: list[Path | None], rounds: int) -> list[tuple[float, 
     return [(statistics.median(t), max(p)) for t, p in zip(times, peaks, strict=True)]
 
 
+def mixed_rules(count: int, rng: random.Random) -> str:
+    """A rule file of ``count`` lines: half IPv4 /32s, half IPv6 /64s in 2001:db8::/32."""
+    import ipaddress
+
+    v4 = (str(ipaddress.IPv4Address(rng.getrandbits(32))) for _ in range(count // 2))
+    v6 = (
+        f"{ipaddress.IPv6Address((0x20010DB8 << 96) | (rng.getrandbits(32) << 64))}/64"
+        for _ in range(count - count // 2)
+    )
+    return "\n".join(line for pair in zip(v4, v6, strict=False) for line in pair) + "\n"
+
+
 def machine() -> str:
     cpu = "unknown CPU"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -313,8 +325,12 @@ def main() -> int:
             path.write_text("\n".join(str(p) for p in prefixes) + "\n")
             files.append(path)
         del prefixes
-        timed = startup_seconds(files, rounds)
-        results["startup"] = [(n, *t) for n, t in zip([0, *sizes], timed, strict=True)]
+        # The mix users have: half IPv4 /32s, half IPv6 /64s, as many as the largest file.
+        mixed = Path(tmp) / "mixed.rules"
+        mixed.write_text(mixed_rules(sizes[-1], random.Random(6)))
+        timed = startup_seconds([*files, mixed], rounds)
+        results["startup"] = [(n, *t) for n, t in zip([0, *sizes], timed[:-1], strict=True)]
+        results["startup_mixed"] = (sizes[-1], *timed[-1])
     results["startup_parts"] = {}
     for n in [1, 100] if args.smoke else [1, 1_000_000]:
         parts = subprocess.run(
@@ -322,6 +338,13 @@ def main() -> int:
             capture_output=True, text=True, check=True, timeout=900, cwd=ROOT,
         )  # fmt: skip
         results["startup_parts"][str(n)] = json.loads(parts.stdout)
+    # In a small process of its own: a child's peak RSS counts what its parent held
+    # when it forked.
+    inetd = subprocess.run(
+        [sys.executable, str(HERE / "inetd_peer.py"), str(2 if args.smoke else rounds), "--json"],
+        capture_output=True, text=True, check=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    results["inetd"] = json.loads(inetd.stdout)
     if not args.no_throughput:
         results["flood"] = synflood.run(args.smoke)
 
@@ -744,6 +767,29 @@ def targets(r: dict[str, Any]) -> list[str]:
             "startup",
         )
     )
+    if "startup_mixed" in r:
+        n, seconds, mib = r["startup_mixed"]
+        rows.append(
+            (
+                f"Start-up with {n:,} rules, half IPv4 /32, half IPv6 /64",
+                "≤ 1.5× the 1-rule start-up; peak RSS ≤ 200 MiB",
+                f"{seconds:.2f} s, {seconds / one[1]:.1f}× ({one[1]:.2f} s); {mib:.0f} MiB",
+                seconds <= 1.5 * one[1] and mib <= 200,
+                "",
+            )
+        )
+    if "inetd" in r:
+        ms, mib = r["inetd"]["denied"]
+        rows.append(
+            (
+                "A denied peer on an Accept=yes socket, judged by the wrapper",
+                "≤ 50 ms of CPU and 40 MiB",
+                f"{ms:.0f} ms, {mib:.0f} MiB (a compile per connection: "
+                f"{r['inetd']['compiling'][0]:.0f} ms, {r['inetd']['compiling'][1]:.0f} MiB)",
+                ms <= 50 and mib <= 40,
+                "",
+            )
+        )
     if "flood" in r:
         f = r["flood"]
         ours, nft = f["alfwrapper"], f["nftables"]
@@ -925,6 +971,9 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
         "|---:|---:|---:|",
     ]
     lines += [f"| {n:,} | {s:.2f} | {m:.0f} |" for n, s, m in r["startup"]]
+    if "startup_mixed" in r:
+        n, seconds, mib = r["startup_mixed"]
+        lines.append(f"| {n:,}: half IPv4 /32, half IPv6 /64 | {seconds:.2f} | {mib:.0f} |")
     for n, stages in sorted(r.get("startup_parts", {}).items(), key=lambda x: int(x[0])):
         lines += [
             "",
@@ -935,6 +984,25 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
             "|---|---:|---:|",
         ]
         lines += [f"| {what} | {sec:.2f} | {mib:.0f} |" for what, sec, mib in stages]
+    if "inetd" in r:
+        lines += [
+            "",
+            "## Accept=yes",
+            "",
+            "One wrapper per connection, as systemd's `Accept=yes` and "
+            "`systemd-socket-activate --inetd` start them (`benchmarks/inetd_peer.py`): "
+            "its own CPU time (user and system) and peak RSS, median of the rounds. The "
+            "peer of a connection is judged by its rules, with no compile; the last row is "
+            "the same wrapper given a listening socket, for which it compiles a program, "
+            "as it did for every connection before.",
+            "",
+            "| Socket on fd 0 | CPU (ms) | peak RSS (MiB) |",
+            "|---|---:|---:|",
+        ]
+        names = {"denied": "a connection from a denied peer",
+                 "allowed": "a connection from an allowed peer",
+                 "compiling": "a listening socket (compiles)"}  # fmt: skip
+        lines += [f"| {names[k]} | {ms:.0f} | {mib:.0f} |" for k, (ms, mib) in r["inetd"].items()]
     lines += [
         "",
         "Reproduce: `make bench` (as root), which runs `.venv/bin/python benchmarks/bench.py`.",

@@ -34,6 +34,9 @@ def test_bench_smoke(bpf_root: None, tmp_path: Path) -> None:
         "Kernel map memory, IPv6",
         "Hot cost",
         "The wrapper's start-up stages with 100 rules",
+        "half IPv4 /32, half IPv6 /64",
+        "## Accept=yes",
+        "A denied peer on an Accept=yes socket",
         "Machine:",
     ):
         assert section in report
