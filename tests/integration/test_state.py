@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -202,13 +203,22 @@ def test_a_start_waits_for_a_stopped_gc_only_so_long(
     state.trusted_dir(folder, create=True)
     monkeypatch.setattr(state, "LOCK_SECONDS", 0.3)
     held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+
+    def hung(_signum: int, _frame: object) -> None:
+        raise TimeoutError("the start still waits after 10 s")
+
+    before = signal.signal(signal.SIGALRM, hung)
     try:
         fcntl.flock(held, fcntl.LOCK_EX)
         with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            signal.alarm(10)  # a start that waits forever fails here, not hangs the suite
             with pytest.raises(AlfError) as err:
                 state.store().create(service, sock, "lockheld_t0")
+            signal.alarm(0)
         assert err.value.exit_code == 75 and "a gc has held it" in err.value.why
     finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
         os.close(held)
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
         where, dispatch = state.store().create(service, sock, "lockheld_t0")  # once let go
