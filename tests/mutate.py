@@ -93,9 +93,9 @@ MUTATIONS = [
     ),
     Mutation(
         "accept-yes-compiles-again",
-        "alfwrapper/lifecycle/wrapper.py",
-        "        if record.connected:\n            continue\n        if record.pins is not None:\n",
-        "        if False:\n            continue\n        if record.pins is not None:\n",
+        "alfwrapper/lifecycle/programs.py",
+        "    kept = [r for r in records if not r.connected]\n",
+        "    kept = list(records)\n",
         ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
@@ -445,10 +445,10 @@ MUTATIONS = [
     Mutation(
         "bind-after-attach",
         "alfwrapper/lifecycle/wrapper.py",
-        "        loaded = load_programs(records, service)\n",
+        "        loaded = programs.filter_sockets(records, service, pinned)\n",
         "        for record in records:\n            if record.spec is not None:\n"
         "                bind_socket(record.sock, record.spec)\n"
-        "        loaded = load_programs(records, service)\n",
+        "        loaded = programs.filter_sockets(records, service, pinned)\n",
         ("tests/adversarial/test_startup.py",),
         also=(
             ("                bind_socket(record.sock, record.spec)\n", "                pass\n"),
@@ -625,7 +625,7 @@ MUTATIONS = [
 MUTATIONS += [
     Mutation(
         "restart-fills-the-slot",
-        "alfwrapper/lifecycle/wrapper.py",
+        "alfwrapper/lifecycle/programs.py",
         "            state.install(record.pins, record.loaded.fd)\n",
         "            if record.fresh:\n"
         "                state.install(record.pins, record.loaded.fd)\n",
@@ -870,7 +870,7 @@ MUTATIONS += [
     ),
     Mutation(
         "developer-filter-judged-on-made-up-headers",
-        "alfwrapper/lifecycle/wrapper.py",
+        "alfwrapper/lifecycle/backlog.py",
         "bool(rules.interfaces or rules.custom))",
         "bool(rules.interfaces))",
         (

@@ -25,7 +25,7 @@ import mmap
 import re
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,8 @@ from alfwrapper.bpf.subnet_table import (
     encode_nodes,
 )
 from alfwrapper.errors import EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.host.interfaces import link_index
+from alfwrapper.host.interfaces import resolve as resolve_interfaces
 from alfwrapper.policy import knocking
 from alfwrapper.policy.rules import SocketRules
 
@@ -57,6 +59,14 @@ class FillEnv:
 
     interfaces: dict[int, str] = field(default_factory=dict)  # index -> name, allowed now
     ifindex_of: map_values.IfindexOf = lambda _name: None
+
+    @classmethod
+    def of_host(cls, rules: Iterable[SocketRules]) -> FillEnv:
+        """This network namespace's indexes of the interfaces these rules name (an
+        unknown name is an error), and its way to look up more (--set values)."""
+        wanted = sorted({name for r in rules for name in r.interfaces})
+        indexes = resolve_interfaces(wanted) if wanted else {}
+        return cls({index: name for name, index in indexes.items()}, link_index)
 
 
 @dataclass(frozen=True)

@@ -54,13 +54,19 @@ import errno
 import ipaddress
 import socket
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from alfwrapper.host.attach import has_filter
+from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
+from alfwrapper.host.attach import describe, has_filter
 from alfwrapper.host.bpf_calls import prog_test_run
 from alfwrapper.host.frames import tcp_syn_frame, udp_frame
 from alfwrapper.policy.rules import SubnetRules
+
+if TYPE_CHECKING:
+    from alfwrapper.lifecycle.sockets import SocketRecord
 
 SO_PEEK_OFF = 42
 TCP_ESTABLISHED, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LISTEN = 1, 7, 8, 10
@@ -340,3 +346,56 @@ def connected_peer_allowed(sock: socket.socket, judge: Judge) -> bool:
     if tcp_state(sock) == TCP_CLOSE:
         return False
     return judge(peer, local, None) is True
+
+
+def judge_connection(record: SocketRecord, command: str) -> bool:
+    """Judge the peer of a connected Accept=yes socket by its rules, before COMMAND
+    starts (rules_judge: no program, no BCC).  Returns False when it is
+    denied, or gone: the connection has been reset and COMMAND must not start."""
+    sock, rules = record.sock, record.rules
+    if rules.knock or rules.interfaces or rules.custom:
+        # Their verdict needs packets this connection's were not: its handshake
+        # (knocking), its interface, or any header a developer's filter reads.
+        kind = "knocking" if rules.knock else "--interface" if rules.interfaces else "--filter"
+        raise AlfError(
+            describe(sock),
+            f"{kind} cannot check a connection handed over already accepted (Accept=yes)",
+            "use Accept=no for this socket, or leave that rule out",
+            EX_CONFIG,
+        )
+    if rules.empty:
+        return True  # not filtered (the note says so)
+    try:
+        peer = sock.getpeername()[0]
+    except OSError:
+        peer = "a peer that has already reset it"
+    if connected_peer_allowed(sock, rules_judge(rules.subnets)):
+        return True
+    reset(sock)
+    print(
+        f"alfwrapper: note: connection from {peer} denied and reset; {command} not started",
+        file=sys.stderr,
+    )
+    return False
+
+
+def judge_backlog(record: SocketRecord) -> None:
+    """Deal with what reached an inherited listening or datagram socket before its
+    filter (the module's docstring says how)."""
+    assert record.loaded is not None
+    sock, rules = record.sock, record.rules
+    judge = program_judge(record.loaded.fd, bool(rules.interfaces or rules.custom))
+    try:
+        if sock.type == socket.SOCK_STREAM:
+            report = purge_listener(sock, judge)
+        else:
+            report = purge_datagrams(sock, judge)
+    except OSError as err:
+        raise AlfError(
+            f"checking what reached {describe(sock)} before its filter",
+            err.strerror or str(err),
+            "run `alfwrapper doctor`",
+            EX_OSERR,
+        ) from None
+    if report.removed:
+        print(f"alfwrapper: note: {describe(sock)}: {report}", file=sys.stderr)

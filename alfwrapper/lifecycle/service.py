@@ -22,9 +22,9 @@ from alfwrapper import state
 from alfwrapper.bpf import program
 from alfwrapper.bpf.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_key
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_USAGE, AlfError, excerpt
-from alfwrapper.host import interfaces
 from alfwrapper.host.faults import crash_point
 from alfwrapper.host.netns import netns as enter_netns
+from alfwrapper.lifecycle import companions
 from alfwrapper.policy.files import Policy
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import SocketRules
@@ -104,8 +104,6 @@ def reload(
 ) -> list[Member]:
     """Put the service's policy, built anew from ``argv`` (or the argv it was started
     with), into every socket's slot.  Returns the sockets."""
-    from alfwrapper.lifecycle import wrapper  # noqa: PLC0415  (BCC only where programs load)
-
     found = members(service)
     for m in found:  # what is read is checked before anything is changed
         problem = state.store().check_pins(m.pins)
@@ -126,7 +124,7 @@ def reload(
         policy = build(options)
     finally:
         os.chdir(here)
-    wrapper.check_names(policy, [m.name for m in found])
+    policy.check_names([m.name for m in found])
     rules = {id(m): policy.rules_for(m.name) for m in found}
     pids = [int(str(m.meta.get("pid", 0)) or 0) for m in found]
     app = next((p for p in pids if alive(p)), 0)
@@ -152,7 +150,7 @@ def reload(
         running = {m.meta.get("forwarder") for m in found} - {None, 0}
         if wanted_log and app and not any(alive(p) for p in running):
             logging = [(m.name, m.pins) for m in found if rules[id(m)].log_rate]
-            forwarder = wrapper.start_forwarder(logging, service, app)
+            forwarder = companions.start_forwarder(logging, service, app)
         else:
             forwarder = next((int(str(p)) for p in running if alive(p)), 0)
     for m in found:
@@ -160,7 +158,7 @@ def reload(
             argv=options,
             watcher=watcher,
             forwarder=forwarder,
-            rules=wrapper.rule_counts(rules[id(m)]),
+            rules=rules[id(m)].counts(),
             reloaded=int(time.time()),
             program=compiler.prog_id(loaded[id(m)]),
             knock=knock_key(rules[id(m)]) if rules[id(m)].knock else "",
@@ -200,11 +198,7 @@ def load_members(
 ) -> tuple[dict[int, LoadedFilter], int]:
     """Each socket's new program (by id(member)), and the pid of the interface watcher
     that holds them, if they need one."""
-    from alfwrapper.lifecycle import wrapper  # noqa: PLC0415  (BCC only where programs load)
-
-    wanted = sorted({i for r in rules.values() for i in r.interfaces})
-    indexes = interfaces.resolve(wanted) if wanted else {}
-    env = FillEnv({i: n for n, i in indexes.items()}, interfaces.link_index)
+    env = FillEnv.of_host(rules.values())
     loaded = {
         id(m): state.store().load_filter(
             rules[id(m)],
@@ -217,7 +211,7 @@ def load_members(
     }
     following = [lf for lf in loaded.values() if lf.plan.rules.interfaces]
     if following and app:
-        return loaded, wrapper.start_watcher(following, service, app)
+        return loaded, companions.start_watcher(following, service, app)
     return loaded, 0
 
 

@@ -1,4 +1,5 @@
-"""Sockets the wrapper creates from --listen / --listen-datagram.
+"""The sockets a start hands on, one record each: inherited ones gathered, and those
+it creates from --listen / --listen-datagram.
 
 Creation is split in two so the filter goes on in between: ``open_socket``
 makes an unbound socket, the caller attaches the filter, then ``bind_socket``
@@ -8,10 +9,85 @@ binds (and listens).  No packet can reach the socket before it is filtered.
 from __future__ import annotations
 
 import errno
+import os
 import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from alfwrapper.errors import EX_NOPERM, EX_OSERR, AlfError
-from alfwrapper.policy.rules import ListenSpec
+from alfwrapper.bpf import program
+from alfwrapper.errors import EX_NOPERM, EX_OSERR, EX_USAGE, AlfError
+from alfwrapper.host import activation
+from alfwrapper.policy.files import Policy
+from alfwrapper.policy.rules import ListenSpec, SocketRules
+
+if TYPE_CHECKING:
+    from alfwrapper import state
+    from alfwrapper.bpf.compiler import LoadedFilter
+
+
+@dataclass
+class SocketRecord:
+    """One socket on its way to the application."""
+
+    sock: socket.socket
+    name: str
+    rules: SocketRules
+    spec: ListenSpec | None = None  # created by us (bound after attaching), else inherited
+    label: str = ""  # its programs' and maps' name (program.label; gather_sockets)
+    loaded: LoadedFilter | None = None
+    pins: state.SocketState | None = None  # its pinned state, unless Accept=yes
+    judged: bool = False  # what was queued on it is judged (state.take_socket)
+    made: bool = False  # its pinned state was made by this start
+
+    @property
+    def stdin(self) -> bool:
+        """Handed over on fd 0, inetd style: it stays there for the application."""
+        return self.inherited and self.name == activation.INETD_NAME and self.sock.fileno() == 0
+
+    @property
+    def inherited(self) -> bool:
+        return self.spec is None
+
+    @property
+    def connected(self) -> bool:
+        """An inherited connection (Accept=yes); a created TCP socket listens once bound."""
+        return self.inherited and activation.is_connected_stream(self.sock)
+
+    @property
+    def listener(self) -> bool:
+        return self.sock.type == socket.SOCK_STREAM and not self.connected
+
+    @property
+    def protocol(self) -> str:
+        return "tcp" if self.sock.type == socket.SOCK_STREAM else "udp"
+
+
+def gather_sockets(policy: Policy, service: str) -> list[SocketRecord]:
+    """Inherited sockets first (an inetd one on fd 0, then LISTEN_FDS' in their
+    order), then the created ones (still unbound).  The names the rules are scoped
+    to are checked before any socket is created."""
+    inherited = activation.inherit_sockets(os.environ, os.getpid())
+    stdin = activation.inetd_socket([sock for sock, _ in inherited])
+    if stdin is not None:
+        inherited.insert(0, (stdin, activation.INETD_NAME))
+    if not inherited and not policy.listens:
+        raise AlfError(
+            "sockets",
+            "none inherited (LISTEN_FDS unset, and fd 0 is no TCP or UDP socket) and "
+            "none to create",
+            "add --listen [::]:PORT, or start from a socket unit",
+            EX_USAGE,
+        )
+    policy.check_names([name for _, name in inherited] + [s.name for s in policy.listens])
+    records = [SocketRecord(sock, name, policy.rules_for(name)) for sock, name in inherited]
+    records += [
+        SocketRecord(open_socket(spec), spec.name, policy.rules_for(spec.name), spec)
+        for spec in policy.listens
+    ]
+    for record in records:
+        port = record.spec.port if record.spec else record.sock.getsockname()[1]
+        record.label = program.label(service, record.protocol, port)
+    return records
 
 
 def open_socket(spec: ListenSpec) -> socket.socket:

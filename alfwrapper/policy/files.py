@@ -199,6 +199,19 @@ class Policy:
     def origin_of_name(self, name: str) -> str:
         return dict(self.scope_origins).get(name, "rules")
 
+    def check_names(self, names: Sequence[str]) -> None:
+        """Every name the rules are scoped to must be one of these sockets' names."""
+        unknown = sorted(self.names - set(names))
+        if unknown:
+            origin = self.origin_of_name(unknown[0])
+            raise AlfError(
+                f"{origin}: rules for {unknown[0]}",
+                "no socket has that name",
+                f"socket names: {', '.join(sorted(set(names)))}; name created sockets with "
+                "--name, inherited ones with FileDescriptorName=",
+                EX_USAGE if origin.startswith("--") else EX_CONFIG,
+            )
+
     def rules_for(self, name: str) -> SocketRules:
         """The rules of the socket named ``name``: those for every socket plus its own.
 

@@ -117,6 +117,17 @@ class SocketRules:
             self.subnets.allow or self.subnets.deny or self.interfaces or self.knock or self.custom
         )
 
+    def counts(self) -> dict[str, int]:
+        """How many rules of each kind (status shows them)."""
+        return {
+            "allow": len(self.subnets.allow),
+            "deny": len(self.subnets.deny),
+            "interface": len(self.interfaces),
+            "knock": int(self.knock is not None),
+            "filter": int(self.custom is not None),
+            "log-drops": self.log_rate,
+        }
+
 
 def parse_ports(text: str) -> tuple[int, ...]:
     """``P,P,P``: a knock sequence of ports 1..65535, at most 8 long."""
