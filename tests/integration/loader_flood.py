@@ -1,6 +1,6 @@
-"""One user's worst at the loader, for a while: connections opened and closed as fast
-as they go, 300 held open (half of them with a half-sent request), and 16 MiB
-requests, all at once.  Prints what it did.
+"""One user's worst at the loader, until its stdin closes (at most SECONDS):
+connections opened and closed as fast as they go, 300 held open (half of them with a
+half-sent request), and 16 MiB requests, all at once.  Prints what it did.
 
     loader_flood.py SOCKET SECONDS
 """
@@ -11,10 +11,9 @@ import socket
 import struct
 import sys
 import threading
-import time
 
 path, seconds = sys.argv[1], float(sys.argv[2])
-end = time.monotonic() + seconds
+stop = threading.Event()
 done = {"churned": 0, "held": 0, "huge": 0}
 
 
@@ -30,7 +29,7 @@ def connect() -> socket.socket | None:
 
 
 def churn() -> None:
-    while time.monotonic() < end:
+    while not stop.is_set():
         conn = connect()
         if conn is not None:
             conn.close()
@@ -50,13 +49,12 @@ def hold() -> None:
                 pass
         held.append(conn)
         done["held"] += 1
-    while time.monotonic() < end:
-        time.sleep(0.1)
+    stop.wait()
 
 
 def huge() -> None:
     body = b"[" * ((16 << 20) - 16)
-    while time.monotonic() < end:
+    while not stop.is_set():
         conn = connect()
         if conn is None:
             continue
@@ -72,6 +70,12 @@ threads = [threading.Thread(target=f, daemon=True) for f in (churn, churn, hold,
 for thread in threads:
     thread.start()
 print("flooding", flush=True)
+bound = threading.Timer(seconds, stop.set)
+bound.daemon = True
+bound.start()
+sys.stdin.read()  # the caller closes stdin when it is done
+stop.set()
+bound.cancel()
 for thread in threads:
-    thread.join(seconds + 30)
+    thread.join(30)
 print(" ".join(f"{k}={v}" for k, v in done.items()), flush=True)

@@ -562,8 +562,8 @@ def test_one_users_flood_never_keeps_another_waiting(
     alone = time.monotonic() - begin
     flood = subprocess.Popen(
         own_a.command([f"PYTHONPATH={readable_copy}", PYTHON,
-                       str(readable_copy / "loader_flood.py"), protocol.SOCKET_PATH, "25"]),
-        stdout=subprocess.PIPE, text=True,
+                       str(readable_copy / "loader_flood.py"), protocol.SOCKET_PATH, "120"]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert flood.stdout is not None and flood.stdout.readline().strip() == "flooding"
@@ -577,7 +577,7 @@ def test_one_users_flood_never_keeps_another_waiting(
                       "[::1]:9309", "--allow", "::1", "--", "echo", "STARTED")  # fmt: skip
         assert out.returncode == 0 and "STARTED" in out.stdout, out.stderr
         assert flood.poll() is None, "the flood ended before B was done"
-        said, _ = flood.communicate(timeout=90)
+        said, _ = flood.communicate(timeout=90)  # closes its stdin: the flood stops
     except BaseException:
         flood.kill()
         flood.wait()
