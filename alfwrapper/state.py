@@ -47,7 +47,7 @@ import stat
 import struct
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -539,7 +539,7 @@ class Store:
             pins = Pins(str(where.dir), str(where.service_dir))
         loaded = compiler.load_program(program.plan_program(rules, pins, label), env or FillEnv())
         if cookies and rules.knock:
-            compiler.set_knock_listeners(loaded.bpf, cookies)
+            compiler.set_knock_listeners(loaded.tables, cookies)
         if where is not None:
             own(where.service_dir)
         return loaded
@@ -687,7 +687,9 @@ class Store:
         from other namespaces is left to `alfwrapper gc` (gc_everywhere).
         """
         settled = self.socket_folders()
-        return self._collect(settled, live_cookies(), {netns_cookie()})
+        # Asked only if some socket's process is gone: sock_diag's library (pyroute2)
+        # costs a start about a tenth of a second to import.
+        return self._collect(settled, functools.cache(live_cookies), {netns_cookie()})
 
     def collect(self) -> tuple[list[SocketState], str]:
         """Forget sockets that are gone: in every network namespace when we may enter
@@ -708,10 +710,11 @@ class Store:
             return set()
 
     def _collect(
-        self, settled: set[Path], live: set[int], namespaces: set[int] | None
+        self, settled: set[Path], live: Callable[[], set[int]], namespaces: set[int] | None
     ) -> list[SocketState]:
-        """Remove the state of the ``settled`` sockets whose cookie is not alive (only
-        from these namespaces, if given), and knock state no socket refers to any more."""
+        """Remove the state of the ``settled`` sockets whose cookie is not alive (``live()``,
+        asked after ``settled`` was listed; only from these namespaces, if given), and
+        knock state no socket refers to any more."""
         try:
             root = self.root(create=False)
         except AlfError:
@@ -726,7 +729,7 @@ class Store:
         self,
         service_dir: Path,
         settled: set[Path],
-        live: set[int],
+        live: Callable[[], set[int]],
         namespaces: set[int] | None,
         alone: bool,
     ) -> list[SocketState]:
@@ -756,7 +759,7 @@ class Store:
                 continue
             known = namespaces is None or meta.get("netns") in namespaces or not meta
             owner_alive = alive(meta.get("pid"))  # its process: the socket may be unbound
-            if known and where.cookie not in live and not owner_alive:
+            if known and not owner_alive and where.cookie not in live():
                 self.remove(where)
                 removed.append(where)
             elif "knock" in meta:
@@ -860,7 +863,7 @@ def gc_everywhere() -> list[SocketState]:
         seen.add(netns_cookie())
     removed = []
     for tree in trees:
-        removed += tree._collect(settled, live, seen)  # noqa: SLF001
+        removed += tree._collect(settled, lambda: live, seen)  # noqa: SLF001
     return removed
 
 

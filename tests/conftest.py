@@ -17,6 +17,10 @@ from hosts import Network, Service, make_network
 from managers import UserManager
 from support import ROOT, WRAPPER, bpf_problem, host_hold, require
 
+# The program cache of every start the tests make (alfwrapper/bpf/cache.py): the
+# checkout's own, so that a clean clone starts cold and nothing outside is used.
+os.environ.setdefault("ALFWRAPPER_CACHE", str(ROOT / ".cache" / "programs"))
+
 
 def another_workers(pid: int) -> bool:
     """Was this process started by another pytest-xdist worker (a sibling of ours, under

@@ -48,6 +48,60 @@ UNPRIVILEGED_DAEMON = (
 )
 MUTATIONS = [
     Mutation(
+        "cache-fds-not-written-in",
+        "alfwrapper/bpf/cache.py",
+        "            _INSN.pack_into(code, index * 8, op, regs, off, fds[name])\n",
+        "            _INSN.pack_into(code, index * 8, op, regs, off, 0)\n",
+        (
+            "tests/integration/test_cache.py::"
+            "test_a_cached_program_loads_without_bcc_and_judges_as_compiled",
+        ),
+    ),
+    Mutation(
+        "cache-seal-not-checked",
+        "alfwrapper/bpf/cache.py",
+        'if hashlib.sha256(text.encode()).hexdigest() != sealed["sha256"]:',
+        "if False:",
+        ("tests/integration/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
+    ),
+    Mutation(
+        "cache-owner-not-checked",
+        "alfwrapper/bpf/cache.py",
+        "        and info.st_uid == os.geteuid()\n",
+        "        and True\n",
+        ("tests/integration/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
+    ),
+    Mutation(
+        "cache-key-not-checked",
+        "alfwrapper/bpf/cache.py",
+        'if body["format"] != FORMAT or body["key"] != key_:',
+        'if body["format"] != FORMAT:',
+        ("tests/integration/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
+    ),
+    Mutation(
+        "cache-entry-written-in-place",
+        "alfwrapper/bpf/cache.py",
+        '                crash_point("cache-written")\n'
+        "                os.replace(tmp.name, folder / key_)\n",
+        "                os.replace(tmp.name, folder / key_)\n"
+        '                crash_point("cache-written")\n',
+        ("tests/integration/test_cache.py::test_a_crash_while_storing_leaves_no_entry",),
+    ),
+    Mutation(
+        "gc-keeps-old-cache-entries",
+        "alfwrapper/lifecycle/service.py",
+        "cache.prune(folder, unused_for=cache.GC_UNUSED_SECONDS)",
+        "cache.prune(folder)",
+        ("tests/integration/test_cache.py::test_gc_removes_entries_not_used_for_a_month",),
+    ),
+    Mutation(
+        "cached-program-ignores-pinned-maps",
+        "alfwrapper/bpf/compiler.py",
+        "        adopt_pinned(loaded_tables, plan.pinned)\n",
+        "",
+        ("tests/integration/test_parts.py::test_knock_opens_for_the_knocker_only",),
+    ),
+    Mutation(
         "gc-judges-sockets-made-after-it-asked",
         "alfwrapper/state.py",
         "            if entry not in settled:  # made after the gc asked which sockets live\n",
@@ -424,7 +478,7 @@ MUTATIONS = [
         "knock-listeners-filled",
         "alfwrapper/state.py",
         "        if cookies and rules.knock:\n"
-        "            compiler.set_knock_listeners(loaded.bpf, cookies)\n",
+        "            compiler.set_knock_listeners(loaded.tables, cookies)\n",
         "",
         ("tests/adversarial/test_queued.py",),
     ),
@@ -655,7 +709,7 @@ MUTATIONS += [
     Mutation(
         "gc-collects",
         "alfwrapper/state.py",
-        "            if known and where.cookie not in live and not owner_alive:",
+        "            if known and not owner_alive and where.cookie not in live():",
         "            if False:",
         ("tests/integration/test_live.py::test_a_thousand_starts_leave_no_stale_pins",),
     ),

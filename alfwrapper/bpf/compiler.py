@@ -13,11 +13,13 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from alfwrapper.bpf import cache
 from alfwrapper.bpf.parts import REASONS, RESERVED_PREFIXES, FillEnv
 from alfwrapper.bpf.program import ProgramPlan, object_name, plan_program
+from alfwrapper.bpf.tables import MapSpec, OwnFds, Table, Tables
 from alfwrapper.errors import (
     EX_DATAERR,
     EX_NOPERM,
@@ -33,11 +35,14 @@ from alfwrapper.policy.rules import SocketRules
 
 @dataclass
 class LoadedFilter:
-    """A loaded program; keep it referenced until its fd is attached."""
+    """A loaded program; keep it referenced until its fd is attached.  ``tables``: its
+    maps (None when the loader loaded it); ``programs``: each loaded function's
+    instructions, as loaded."""
 
-    bpf: Any
+    tables: Any
     fd: int
     plan: ProgramPlan
+    programs: dict[str, bytes] = field(default_factory=dict)
 
 
 @contextmanager
@@ -156,20 +161,90 @@ def _what(plan: ProgramPlan) -> str:
     return "the filter"
 
 
+def _functions(plan: ProgramPlan) -> list[str]:
+    """The plan's functions loaded as programs: the entry, and with interface rules the
+    body the watcher's iface_alive array holds."""
+    return [plan.entry] + ([plan.body] if plan.rules.interfaces else [])
+
+
 def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
+    """Load the plan's program: from the program cache (cache.py) if it was compiled
+    before with the same settings, else compiled with BCC (and then kept there)."""
+    headers = kernel_headers.find()
+    if headers is None:
+        raise AlfError(
+            f"compiling {_what(plan)}",
+            f"no kernel headers for BCC ({kernel_headers.searched()})",
+            kernel_headers.HINT,
+            EX_SOFTWARE,
+        )
+    key = cache.key(plan.text, plan.cflags, _functions(plan), str(headers.where))
+    entry = cache.load(key)
+    if entry is not None:
+        loaded = _from_cache(plan, entry)
+        if loaded is not None:
+            return loaded
+    loaded = _compile(plan, headers)
+    kept = _cache_entry(loaded)
+    if kept is not None:
+        cache.store(key, kept)
+    return loaded
+
+
+def _from_cache(plan: ProgramPlan, entry: cache.Entry) -> LoadedFilter | None:
+    """Make the entry's maps afresh (named as name_maps names them), adopt the pinned
+    ones, and load its programs with their fds; None if any step fails (then the
+    plan is compiled, as without a cache)."""
+    owner = OwnFds()
+    tables: dict[str, Table] = {}
+    programs: dict[str, bytes] = {}
+    try:
+        for spec in entry.maps:
+            name = object_name(plan.label, spec.name) if plan.label else spec.name
+            fd = bpf_calls.map_create(spec.kind, name, spec.key_size, spec.value_size,
+                                      spec.entries, spec.flags)  # fmt: skip
+            owner.fds.append(fd)
+            tables[spec.name] = Table(spec, fd)
+        loaded_tables = Tables(tables, owner)
+        adopt_pinned(loaded_tables, plan.pinned)
+        fds = loaded_tables.fds()
+        prog_fds = {}
+        for program in entry.programs:
+            insns = program.with_fds(fds)
+            fd, _ = bpf_calls.prog_load_logged(insns, program.name, log_size=0)
+            if fd < 0:
+                return None
+            owner.fds.append(fd)
+            prog_fds[program.name] = fd
+            programs[program.name] = insns
+        if [p.name for p in entry.programs] != _functions(plan):
+            return None
+        if plan.rules.interfaces:
+            bpf_calls.prog_array_set(fds["iface_alive"], 0, prog_fds[plan.body])
+    except (OSError, KeyError, AlfError):
+        return None
+    return LoadedFilter(loaded_tables, prog_fds[plan.entry], plan, programs)
+
+
+def _cache_entry(loaded: LoadedFilter) -> cache.Entry | None:
+    """What the cache keeps of a program compiled here; None if an instruction names
+    an fd that is none of its maps (then it is not kept)."""
+    names = {fd: name for name, fd in loaded.tables.fds().items()}
+    programs = []
+    for name, insns in loaded.programs.items():
+        found = cache.relocations(insns, names)
+        if found is None:
+            return None
+        programs.append(cache.CachedProgram(name, insns, found))
+    return cache.Entry(tuple(loaded.tables.specs()), tuple(programs))
+
+
+def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree) -> LoadedFilter:
     """Compile the plan's C with BCC and load its entry function as a socket filter."""
     bcc = _import_bcc()
     log: list[str] = []
     what = _what(plan)
     _return_freed_memory()  # what parsing and planning freed, before LLVM's peak
-    headers = kernel_headers.find()
-    if headers is None:
-        raise AlfError(
-            f"compiling {what}",
-            f"no kernel headers for BCC ({kernel_headers.searched()})",
-            kernel_headers.HINT,
-            EX_SOFTWARE,
-        )
     try:
         with _output_to(log), _in_root_directory(), kernel_headers.for_bcc(headers) as include:
             bpf = bcc.BPF(text=plan.text.encode(), cflags=[*plan.cflags, *include])
@@ -202,16 +277,16 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             EX_DATAERR,
             details=text,
         ) from None
+    tables = _bcc_tables(bpf)
     if plan.label:
-        name_maps(bpf, plan.label, {name for name, _ in plan.pinned})
-    adopt_pinned(bpf, plan.pinned)
+        name_maps(tables, plan.label, {name for name, _ in plan.pinned})
+    adopt_pinned(tables, plan.pinned)
     try:
         with _output_to(log):
             fn = bpf.load_func(plan.entry.encode(), bcc.BPF.SOCKET_FILTER)
             if plan.rules.interfaces:
                 body = bpf.load_func(plan.body.encode(), bcc.BPF.SOCKET_FILTER)
-                alive = bpf[b"iface_alive"]
-                alive[alive.Key(0)] = alive.Leaf(body.fd)
+                bpf_calls.prog_array_set(tables[b"iface_alive"].map_fd, 0, body.fd)
     except Exception as err:
         text = "".join(log)
         message = str(err)
@@ -230,7 +305,26 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             f"loading {what}", message, "run with -v for details", EX_OSERR, details=text
         ) from None
     _return_freed_memory()
-    return LoadedFilter(bpf=bpf, fd=fn.fd, plan=plan)
+    programs = {name: bytes(bpf.dump_func(name.encode())) for name in _functions(plan)}
+    return LoadedFilter(tables, fn.fd, plan, programs)
+
+
+def _bcc_tables(bpf: Any) -> Tables:
+    """The maps BCC made for a module, with their shapes and C types (kept by ``bpf``)."""
+    import json  # noqa: PLC0415
+
+    from bcc.libbcc import lib  # noqa: PLC0415
+
+    tables = {}
+    for raw in bpf_calls.bcc_table_names(bpf.module):
+        fd = lib.bpf_table_fd(bpf.module, raw)
+        kind, key_size, value_size, entries, flags = bpf_calls.map_shape(fd)
+        descs = [lib.bpf_table_key_desc(bpf.module, raw), lib.bpf_table_leaf_desc(bpf.module, raw)]
+        key_desc, leaf_desc = (json.loads(d) if d else "" for d in descs)
+        name = raw.decode()
+        spec = MapSpec(name, kind, key_size, value_size, entries, flags, key_desc, leaf_desc)
+        tables[name] = Table(spec, fd)
+    return Tables(tables, bpf)
 
 
 def refused_without_perfmon(loaded: LoadedFilter) -> str:
@@ -245,8 +339,7 @@ def refused_without_perfmon(loaded: LoadedFilter) -> str:
     if not privileges.effective() & (1 << privileges.CAP_PERFMON | 1 << privileges.CAP_SYS_ADMIN):
         return ""
     cap_bpf = 1 << privileges.CAP_BPF
-    names = [loaded.plan.entry] + ([loaded.plan.body] if loaded.plan.rules.interfaces else [])
-    programs = [(name, bytes(loaded.bpf.dump_func(name.encode()))) for name in names]
+    programs = list(loaded.programs.items())
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: CAP_BPF alone, the parent's maps by their fds
@@ -279,7 +372,7 @@ def _return_freed_memory() -> None:
     libc.malloc_trim()
 
 
-def name_maps(bpf: Any, label: str, pinned: set[str]) -> None:
+def name_maps(tables: Tables, label: str, pinned: set[str]) -> None:
     """Name every map for the service and socket it serves, before the program loads.
 
     BCC names a map after its declaration, the same in every program; each is
@@ -288,7 +381,7 @@ def name_maps(bpf: Any, label: str, pinned: set[str]) -> None:
     BTF description: bpffs shows a map with one as text to whoever may open its
     pin, and a pin without one cannot be opened but through bpf(2), which the
     application may not call (privileges.py)."""
-    for name, fd in map_fds(bpf).items():
+    for name, fd in tables.fds().items():
         try:
             renamed = bpf_calls.map_renamed(
                 fd, object_name(label, name), keep_btf=name not in pinned
@@ -301,7 +394,7 @@ def name_maps(bpf: Any, label: str, pinned: set[str]) -> None:
         os.close(renamed)
 
 
-def adopt_pinned(bpf: Any, pinned: tuple[tuple[str, str], ...]) -> None:
+def adopt_pinned(tables: Tables, pinned: tuple[tuple[str, str], ...]) -> None:
     """Make the program use pinned maps that outlive it, before it is loaded.
 
     BCC creates every map when it compiles and writes their fd numbers into
@@ -313,7 +406,7 @@ def adopt_pinned(bpf: Any, pinned: tuple[tuple[str, str], ...]) -> None:
     pinned now.
     """
     for name, path in pinned:
-        fresh = bpf[name.encode()].map_fd
+        fresh = tables[name].map_fd
         try:
             if os.path.exists(path):
                 kept = bpf_calls.obj_get(path)
@@ -334,9 +427,9 @@ def adopt_pinned(bpf: Any, pinned: tuple[tuple[str, str], ...]) -> None:
             ) from None
 
 
-def set_knock_listeners(bpf: Any, cookies: list[int]) -> None:
+def set_knock_listeners(tables: Tables, cookies: list[int]) -> None:
     """Tell the knock part which sockets are TCP listeners (their SO_COOKIE)."""
-    table = bpf[b"knock_listeners"]
+    table = tables[b"knock_listeners"]
     for cookie in cookies:
         try:
             table[table.Key(cookie)] = table.Leaf(1)
@@ -356,22 +449,17 @@ def prog_id(loaded: LoadedFilter) -> int:
     return prog_info(loaded.fd).id
 
 
-def map_fds(bpf: Any) -> dict[str, int]:
-    """Every map of a compiled BCC module, by its declaration's name."""
-    return {name.decode(): bpf[name].map_fd for name in bpf_calls.bcc_table_names(bpf.module)}
-
-
 def counters(loaded: LoadedFilter) -> dict[str, int]:
     """The verdict counters, summed over CPUs, by reason (parts.REASONS)."""
-    table = loaded.bpf[b"alf_counters"]
-    return {reason: int(sum(table[table.Key(i)])) for i, reason in enumerate(REASONS)}
+    table = loaded.tables[b"alf_counters"]
+    return {reason: sum(table.per_cpu(table.Key(i))) for i, reason in enumerate(REASONS)}
 
 
 def load_program(plan: ProgramPlan, env: FillEnv | None = None) -> LoadedFilter:
     """Compile, load and fill every map of the plan."""
     loaded = compile_and_load(plan)
     for part_plan in plan.parts:
-        part_plan.part.fill(loaded.bpf, part_plan, plan.rules, env or FillEnv())
+        part_plan.part.fill(loaded.tables, part_plan, plan.rules, env or FillEnv())
     return loaded
 
 

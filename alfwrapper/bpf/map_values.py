@@ -41,6 +41,59 @@ _INTEGERS = (
 )
 
 
+# C type names in BCC's descriptions of map types, as ctypes.
+_C_TYPES: dict[str, Any] = {
+    "_Bool": ctypes.c_bool,
+    "char": ctypes.c_char,
+    "unsigned char": ctypes.c_ubyte,
+    "short": ctypes.c_short,
+    "unsigned short": ctypes.c_ushort,
+    "int": ctypes.c_int,
+    "unsigned int": ctypes.c_uint,
+    "long": ctypes.c_long,
+    "unsigned long": ctypes.c_ulong,
+    "long long": ctypes.c_longlong,
+    "unsigned long long": ctypes.c_ulonglong,
+    "__int128": ctypes.c_int64 * 2,
+    "unsigned __int128": ctypes.c_uint64 * 2,
+}
+
+
+def ctype_of(desc: Any) -> Any:
+    """The ctypes type of BCC's JSON description of a map's key or value (libbcc's
+    bpf_table_key_desc): a C type name, or [name, fields, "struct"|"union"|
+    "struct_packed"] whose fields are [name, type], [name, type, [count]] (an
+    array), [name, type, bits] or a nested description.  The same reading as
+    BCC's Python, here so that a program from the cache needs no BCC."""
+    if isinstance(desc, str):
+        try:
+            return _C_TYPES[desc]
+        except KeyError:
+            raise ValueError(f"unknown C type {desc!r}") from None
+    fields: list[tuple[Any, ...]] = []
+    anonymous: list[str] = []
+    for item in desc[1]:
+        if len(item) == 2:
+            fields.append((item[0], ctype_of(item[1])))
+        elif len(item) == 3 and isinstance(item[2], list):
+            fields.append((item[0], ctype_of(item[1]) * item[2][0]))
+        elif len(item) == 3 and isinstance(item[2], int):
+            fields.append((item[0], ctype_of(item[1]), item[2]))
+        elif len(item) == 3 and item[2] in ("struct", "union", "struct_packed"):
+            name = item[0] or f"__anon{len(anonymous)}"
+            if not item[0]:
+                anonymous.append(name)
+            fields.append((name, ctype_of(item)))
+        else:
+            raise ValueError(f"cannot read the type description {item!r}")
+    kind = desc[2] if len(desc) > 2 else "struct"
+    base = ctypes.Union if kind == "union" else ctypes.Structure
+    body: dict[str, Any] = {"_anonymous_": anonymous, "_fields_": fields}
+    if kind == "struct_packed":
+        body["_pack_"] = 1
+    return type(str(desc[0]), (base,), body)
+
+
 def type_name(ctype: Any) -> str:
     """A C-like name for a ctypes type, for error messages."""
     if issubclass(ctype, ctypes.Array):

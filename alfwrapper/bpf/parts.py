@@ -10,7 +10,7 @@ them, in the order of PARTS).  A part says:
   maps are filled from; pure, so the same rules always give the same program;
 - ``condition``: the C expression that passes a packet, given ``skb`` and the
   parsed ``pkt`` (common.h);
-- ``fill(bpf, plan, env)``: how its maps are filled once loaded;
+- ``fill(tables, plan, env)``: how its maps (tables.Tables) are filled once loaded;
 - ``reason``: the drop counter it adds to, per socket;
 - ``why(rules, packet)``: what `explain` says when it dropped a packet.
 
@@ -40,6 +40,7 @@ from alfwrapper.bpf.subnet_table import (
     build_subnet_table,
     encode_nodes,
 )
+from alfwrapper.bpf.tables import Table, Tables
 from alfwrapper.errors import EX_OSERR, EX_USAGE, AlfError, excerpt
 from alfwrapper.host.interfaces import link_index
 from alfwrapper.host.interfaces import resolve as resolve_interfaces
@@ -135,7 +136,7 @@ class Part:
     def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
         return PartPlan(self)
 
-    def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+    def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         pass
 
     def why(self, rules: SocketRules, packet: Dropped) -> str:
@@ -157,8 +158,8 @@ class Interfaces(Part):
     def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
         return PartPlan(self, (("IFACE_SLOTS", str(max(self.MIN_SLOTS, len(rules.interfaces)))),))
 
-    def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
-        set_interfaces(bpf, {i: n for i, n in env.interfaces.items() if n in rules.interfaces})
+    def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+        set_interfaces(tables, {i: n for i, n in env.interfaces.items() if n in rules.interfaces})
 
     def why(self, rules: SocketRules, packet: Dropped) -> str:
         allowed = ", ".join(rules.interfaces)
@@ -258,25 +259,27 @@ class Subnets(Part):
         )
         return PartPlan(self, defines, SUBNET_KEY_C, table)
 
-    def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+    def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         table: SubnetTable = plan.data
         maps = {"lines": (b"subnet_v4", LINE_WORDS * 8), "leaves": (b"subnet_leaves",
                                                              table.v4.leaf_bytes)}  # fmt: skip
 
         def write_v4(kind: str, first: int, rows: Any) -> None:
             name, row_bytes = maps[kind]
-            write_mapped_at(bpf[name].map_fd, first * row_bytes, rows.tobytes(), name.decode())
+            write_mapped_at(tables[name].map_fd, first * row_bytes, rows.tobytes(), name.decode())
 
         table.v4.fill(write_v4)  # a window at a time, into the maps' own memory
         if len(table.buckets):
-            fill_mapped(bpf[b"subnet_v6"].map_fd, memoryview(table.buckets).cast("B"), "subnet_v6")
+            fill_mapped(
+                tables[b"subnet_v6"].map_fd, memoryview(table.buckets).cast("B"), "subnet_v6"
+            )
         update_batch(
-            bpf[b"subnet_roots"], u32s(range(ROOT_SLOTS)), u32s(table.roots), ROOT_SLOTS,
+            tables[b"subnet_roots"], u32s(range(ROOT_SLOTS)), u32s(table.roots), ROOT_SLOTS,
             "subnet_roots",
         )  # fmt: skip
         if table.nodes:
             keys, values = encode_nodes(table, SUBNET_KEY)
-            update_batch(bpf[b"subnet_nodes"], keys, values, len(table.nodes), "subnet_nodes")
+            update_batch(tables[b"subnet_nodes"], keys, values, len(table.nodes), "subnet_nodes")
 
     def why(self, rules: SocketRules, packet: Dropped) -> str:
         if packet.deny:
@@ -314,10 +317,10 @@ class Knocking(Part):
             pinned = (("knock_state", f"{folder}/state"), ("knock_used", f"{folder}/used"))
         return PartPlan(self, defines, "", knock, pinned)
 
-    def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+    def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         assert rules.knock is not None
         knock: knocking.KnockPlan = plan.data
-        config = bpf[b"knock_config"]
+        config = tables[b"knock_config"]
         leaf = config.Leaf()
         leaf.step_timeout_ns = int(rules.knock.timeout * 1e9)
         leaf.open_ns = int(rules.knock.open_for * 1e9)
@@ -332,7 +335,7 @@ class Knocking(Part):
         for row, sequence in enumerate(knock.ports):
             ports[row * width : row * width + len(sequence)] = sequence
         update_batch(
-            bpf[b"knock_ports"], u32s(range(len(ports))), u32s(ports), len(ports), "knock_ports"
+            tables[b"knock_ports"], u32s(range(len(ports))), u32s(ports), len(ports), "knock_ports"
         )
 
     def why(self, rules: SocketRules, packet: Dropped) -> str:
@@ -352,8 +355,8 @@ class Filter(Part):
     def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
         return PartPlan(self, (("ALF_L4_CB", str(L4_CB)),))
 
-    def fill(self, bpf: Any, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
-        apply_settings(bpf, rules, env.ifindex_of)
+    def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+        apply_settings(tables, rules, env.ifindex_of)
 
     def why(self, rules: SocketRules, packet: Dropped) -> str:
         return f"{rules.custom.path} returned 0" if rules.custom else "the filter returned 0"
@@ -367,7 +370,7 @@ BY_REASON: dict[str, Part] = {p.reason: p for p in PARTS if p.name == p.reason}
 # -- filling maps ------------------------------------------------------------------
 
 
-def update_batch(table: Any, keys: bytes, values: bytes, count: int, name: str) -> None:
+def update_batch(table: Table, keys: bytes, values: bytes, count: int, name: str) -> None:
     """Fill a map in one BPF_MAP_UPDATE_BATCH call (Linux 5.6) from packed arrays."""
     key_array = (table.Key * count).from_buffer_copy(keys)
     value_array = (table.Leaf * count).from_buffer_copy(values)
@@ -409,13 +412,13 @@ def u32s(values: Sequence[int]) -> bytes:
     return array("I", values).tobytes()  # u32s in the host's order, as the maps hold them
 
 
-def set_interfaces(bpf: Any, allowed: dict[int, str]) -> None:
+def set_interfaces(tables: Tables, allowed: dict[int, str]) -> None:
     """Make iface_allowed hold exactly these indexes (new ones first, then removals), and
     hold them current until the watcher takes over renewing the lease (interfaces.c)."""
     from alfwrapper.host.interfaces import START_LEASE_NS, renew_lease  # noqa: PLC0415
 
-    renew_lease(bpf[b"iface_lease"].map_fd, START_LEASE_NS)
-    table = bpf[b"iface_allowed"]
+    renew_lease(tables[b"iface_lease"].map_fd, START_LEASE_NS)
+    table = tables[b"iface_allowed"]
     for index in allowed:
         table[table.Key(index)] = table.Leaf(1)
     for key in [k.value for k in table.keys()]:
@@ -423,7 +426,7 @@ def set_interfaces(bpf: Any, allowed: dict[int, str]) -> None:
             del table[table.Key(key)]
 
 
-def apply_settings(bpf: Any, rules: SocketRules, ifindex_of: map_values.IfindexOf) -> None:
+def apply_settings(tables: Tables, rules: SocketRules, ifindex_of: map_values.IfindexOf) -> None:
     """--set: each entry parsed by its map's own key and value types."""
     custom = rules.custom
     if custom is None:
@@ -433,7 +436,7 @@ def apply_settings(bpf: Any, rules: SocketRules, ifindex_of: map_values.IfindexO
         table = None
         if not setting.map.startswith(RESERVED_PREFIXES):
             try:
-                table = bpf[setting.map.encode()]
+                table = tables[setting.map.encode()]
             except KeyError:
                 pass
         if table is None:

@@ -35,17 +35,21 @@ def libbpf() -> ctypes.CDLL:
     """libbpf.so.1, loaded on first use; OSError when it is missing."""
     global _libbpf
     if _libbpf is None:
-        name = ctypes.util.find_library("bpf") or "libbpf.so.1"
-        try:
-            lib = ctypes.CDLL(name, use_errno=True)
+        try:  # the soname first: find_library runs ldconfig, tens of milliseconds
+            lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
         except OSError:
-            raise OSError(0, "libbpf.so.1 is missing (apt-get install libbpf1)") from None
+            try:
+                lib = ctypes.CDLL(ctypes.util.find_library("bpf") or "libbpf.so", use_errno=True)
+            except OSError:
+                raise OSError(0, "libbpf.so.1 is missing (apt-get install libbpf1)") from None
         lib.bpf_prog_test_run_opts.argtypes = [ctypes.c_int, ctypes.c_void_p]
         for name_ in ("bpf_map_update_elem", "bpf_map_lookup_elem"):
             getattr(lib, name_).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + (
                 [ctypes.c_uint64] if name_ == "bpf_map_update_elem" else []
             )
         lib.bpf_map_delete_elem.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        lib.bpf_map_update_batch.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
         lib.bpf_map_get_next_key.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.bpf_obj_get_info_by_fd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.bpf_obj_pin.argtypes = [ctypes.c_int, ctypes.c_char_p]
@@ -305,12 +309,6 @@ def obj_get(path: str) -> int:
     return int(fd)
 
 
-def map_create(kind: int, name: str, key_size: int, value_size: int, entries: int) -> int:
-    fd = libbpf().bpf_map_create(kind, name.encode()[:15], key_size, value_size, entries, None)
-    bpf_check(fd, "BPF_MAP_CREATE", name)
-    return int(fd)
-
-
 class _MapCreateOpts(ctypes.Structure):
     # struct bpf_map_create_opts, libbpf's bpf.h (1.0 and later)
     _fields_ = [
@@ -325,6 +323,17 @@ class _MapCreateOpts(ctypes.Structure):
         ("numa_node", ctypes.c_uint32),
         ("map_ifindex", ctypes.c_uint32),
     ]
+
+
+def map_create(
+    kind: int, name: str, key_size: int, value_size: int, entries: int, flags: int = 0
+) -> int:
+    opts = _MapCreateOpts(sz=ctypes.sizeof(_MapCreateOpts), map_flags=flags)
+    fd = libbpf().bpf_map_create(
+        kind, name.encode()[:15], key_size, value_size, entries, ctypes.byref(opts)
+    )
+    bpf_check(fd, "BPF_MAP_CREATE", name)
+    return int(fd)
 
 
 def _btf_fds() -> dict[int, int]:
@@ -408,17 +417,18 @@ _BPF_PROG_LOAD = 5
 
 def prog_load_logged(insns: bytes, name: str, log_size: int = 1 << 20) -> tuple[int, str]:
     """Load socket-filter instructions as they are (map fds already in them), with the
-    verifier's log: (fd, "") or (-errno, the log).  bpf(2) itself, with the attribute
-    laid out here: libbpf's bpf_prog_load_opts changes shape between its versions."""
+    verifier's log: (fd, "") or (-errno, the log); ``log_size`` 0: no log.  bpf(2)
+    itself, with the attribute laid out here: libbpf's bpf_prog_load_opts changes
+    shape between its versions."""
     code = ctypes.create_string_buffer(insns, len(insns))
     license_ = ctypes.create_string_buffer(b"GPL")
-    log = ctypes.create_string_buffer(log_size)
+    log = ctypes.create_string_buffer(max(1, log_size))
     attr = ctypes.create_string_buffer(
         struct.pack(
             "<IIQQIIQII16s",
             BPF_PROG_TYPE_SOCKET_FILTER, len(insns) // 8, ctypes.addressof(code),
-            ctypes.addressof(license_), 1, log_size, ctypes.addressof(log), 0, 0,
-            name.encode()[:15],
+            ctypes.addressof(license_), 1 if log_size else 0, log_size,
+            ctypes.addressof(log) if log_size else 0, 0, 0, name.encode()[:15],
         ).ljust(128, b"\0")
     )  # fmt: skip
     fd = LIBC.syscall(
@@ -441,6 +451,17 @@ def fdinfo_field(fd: int, field: str) -> int:
 def map_update(map_fd: int, key: bytes, value: bytes) -> None:
     """Put key -> value in a map (BPF_ANY)."""
     bpf_check(libbpf().bpf_map_update_elem(map_fd, key, value, 0), "map update", f"map fd {map_fd}")
+
+
+@_fd_call("map_fd")
+def map_update_batch(map_fd: int, keys: bytes, values: bytes, count: int) -> None:
+    """Put ``count`` packed keys and values in a map in one BPF_MAP_UPDATE_BATCH (5.6)."""
+    done = ctypes.c_uint32(count)
+    bpf_check(
+        libbpf().bpf_map_update_batch(map_fd, keys, values, ctypes.byref(done), None),
+        "batch update",
+        f"map fd {map_fd}",
+    )
 
 
 @_fd_call("map_fd")

@@ -23,6 +23,7 @@ VARIABLE = "ALFWRAPPER_CRASH_AT"
 POINTS = (
     "pinned",  # a new socket's state is pinned; no filter on the socket yet
     "attached",  # the dispatcher is attached and locked; its slot is empty: it drops
+    "cache-written",  # a compiled program's cache entry is written, not yet renamed in
     "loaded",  # the program is compiled and loaded, not yet in the slot
     "installed",  # the program is in the slot; what was queued is not judged yet
     "judged",  # what was queued is judged; not yet written down

@@ -22,10 +22,10 @@ def start_watcher(loaded: Sequence[LoadedFilter], service: str, app_pid: int = 0
     return interfaces.start_watcher(
         [
             interfaces.WatchedMap(
-                lf.bpf[b"iface_allowed"].map_fd,
+                lf.tables[b"iface_allowed"].map_fd,
                 lf.plan.rules.interfaces,
-                lf.bpf[b"iface_alive"].map_fd,
-                lf.bpf[b"iface_lease"].map_fd,
+                lf.tables[b"iface_alive"].map_fd,
+                lf.tables[b"iface_lease"].map_fd,
             )
             for lf in following
         ],

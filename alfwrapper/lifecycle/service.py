@@ -291,10 +291,18 @@ def show(service: str) -> list[str]:
 
 
 def gc() -> list[str]:
-    """Remove the state of sockets that are gone."""
+    """Remove the state of sockets that are gone, and program cache entries beyond the
+    cache's bounds or not used for a month."""
+    from alfwrapper.bpf import cache  # noqa: PLC0415
+
     removed, scope = collect()
     lines = [f"removed {s.service} sock-{s.cookie}" for s in removed]
     lines.append(f"gc: {len(removed)} stale socket state(s) removed, in {scope}")
+    folder = cache.directory()
+    if folder is not None:
+        pruned = cache.prune(folder, unused_for=cache.GC_UNUSED_SECONDS)
+        lines.append(f"gc: {pruned} program cache entr{'y' if pruned == 1 else 'ies'} "
+                     f"removed, in {folder}")  # fmt: skip
     return lines
 
 

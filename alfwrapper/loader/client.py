@@ -194,7 +194,7 @@ class Broker(state.Store):
         fd, _ = self.load(rules, where, label, bool(cookies), sock)
         plan = program.ProgramPlan(rules=rules, text="", defines=(), include_dirs=(), parts=(),
                                    label=label)  # fmt: skip
-        return compiler.LoadedFilter(bpf=None, fd=fd, plan=plan)
+        return compiler.LoadedFilter(tables=None, fd=fd, plan=plan)
 
 
 def unavailable(path: str) -> AlfError:

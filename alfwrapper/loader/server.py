@@ -535,8 +535,6 @@ def _label(message: dict[str, Any]) -> str:
 
 @_op("load")
 def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
-    from alfwrapper.bpf import compiler  # noqa: PLC0415  (BCC in this child only)
-
     rules = decode_rules(message.get("rules"))
     label = _label(message)
     listener = request_field(message, "listener", bool, False)
@@ -566,7 +564,7 @@ def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) 
         if limited() > before:  # the kernel refused an allocation over the quota
             raise quota_reached(limits) from None
         raise
-    maps = compiler.map_fds(loaded.bpf)
+    maps = loaded.tables.fds()
     info = bpf_calls.prog_info(loaded.fd)
     _check_objects(maps, loaded.fd, probe, set(_pinned_ids(where)) if where else set())
     size = sum(bpf_calls.fd_memlock(fd) for fd in maps.values())

@@ -158,7 +158,7 @@ def summary(
     }
     if loaded is not None:
         info = bpf_calls.prog_info(loaded.fd)
-        maps = compiler.map_fds(loaded.bpf)
+        maps = loaded.tables.fds()
         out["parts"] = list(loaded.plan.part_names)
         out["instructions"] = info.instructions
         out["map_bytes"] = sum(bpf_calls.fd_memlock(fd) for fd in maps.values())

@@ -127,7 +127,7 @@ def test_non_ip_is_dropped(bpf_root: None) -> None:
 
 def _shift_clock(loaded: compiler.LoadedFilter, seconds: int) -> None:
     """Move the filter's idea of UTC by seconds (its TAI-to-UTC offset), as if time passed."""
-    config = loaded.bpf[b"knock_config"]
+    config = loaded.tables[b"knock_config"]
     leaf = config[config.Key(0)]
     leaf.tai_to_utc_ns += seconds * 1_000_000_000
     config[config.Key(0)] = leaf
@@ -177,7 +177,7 @@ def test_subnet_key_layout_is_handed_to_c_as_defined(bpf_root: None) -> None:
         allow=(parse_prefix("2001:db8:1:2:ff00::/72"), parse_prefix("2001:db8:1:2:3:4::/96"))
     )
     loaded = compiler.load_rules(SocketRules(rules))
-    key_type = loaded.bpf[b"subnet_nodes"].Key
+    key_type = loaded.tables[b"subnet_nodes"].Key
     assert ctypes.sizeof(key_type) == SUBNET_KEY.size
     table = build_subnet_table(rules)
     keys, _ = encode_nodes(table, SUBNET_KEY)
