@@ -84,7 +84,7 @@ def rule_set(count: int, rng: random.Random) -> tuple[list[Prefix], int, int]:
 def lpm_program(prefixes: list[Prefix]) -> compiler.LoadedFilter:
     text = (HERE / "lpm_reference.c").read_text()
     loaded = load_text(text, (("LPM_SIZE", str(max(1, len(prefixes)))),))
-    table = loaded.bpf[b"lpm_allow"]
+    table = loaded.tables[b"lpm_allow"]
     keys = (table.Key * len(prefixes))()
     values = (table.Leaf * len(prefixes))()
     for i, p in enumerate(prefixes):
@@ -98,7 +98,7 @@ def lpm_program(prefixes: list[Prefix]) -> compiler.LoadedFilter:
 
 def linear_program(rules: int) -> compiler.LoadedFilter:
     loaded = load_text((HERE / "linear_reference.c").read_text(), (("RULES", str(rules)),))
-    table = loaded.bpf[b"linear_rules"]
+    table = loaded.tables[b"linear_rules"]
     for i in range(rules):
         leaf = table.Leaf()
         value = (0x20010DB8 << 96) | ((i + 1) << 80)  # 2001:db8:i+1::/48, none matches
@@ -120,13 +120,13 @@ def interfaces_program(count: int) -> compiler.LoadedFilter:
     defines = tuple((n, str(max(count, 2)) if n == "IFACE_SLOTS" else v) for n, v in plan.defines)
     plan = dataclasses.replace(plan, defines=defines)
     loaded = compiler.compile_and_load(plan)
-    table = loaded.bpf[b"iface_allowed"]
+    table = loaded.tables[b"iface_allowed"]
     # BPF_PROG_TEST_RUN's packets arrive on the loopback device: allow 0 and 1,
     # then fill the map up to count with other indexes.
     indexes = [0, 1] + list(range(1000, 1000 + max(0, count - 2)))
     for index in indexes[: max(count, 2)]:
         table[table.Key(index)] = table.Leaf(1)
-    renew_lease(loaded.bpf[b"iface_lease"].map_fd, START_LEASE_NS)  # as the watcher would
+    renew_lease(loaded.tables[b"iface_lease"].map_fd, START_LEASE_NS)  # as the watcher would
     return loaded
 
 
@@ -144,7 +144,7 @@ def knock_program(prefixes: list[Prefix] | None, interfaces: bool) -> compiler.L
 
 def open_knock(loaded: compiler.LoadedFilter, source: int) -> None:
     """Mark source as having knocked, open for an hour."""
-    table = loaded.bpf[b"knock_state"]
+    table = loaded.tables[b"knock_state"]
     key = table.Key()
     key.family = 4
     for j, byte in enumerate(source.to_bytes(4, "big")):
@@ -448,7 +448,7 @@ def observing(repeat: int, rounds: int) -> dict[str, Any]:
     assert prog_test_run(counted.fd, dropped).retval == 0
     events = [0]
     ring = RingReader(
-        [logged.bpf[b"alf_events"].map_fd], lambda _i, _raw: events.__setitem__(0, events[0] + 1)
+        [logged.tables[b"alf_events"].map_fd], lambda _i, _raw: events.__setitem__(0, events[0] + 1)
     )
     batch = min(repeat, 2000)  # events per call: within the burst and the ring buffer
     prog_test_run(throttled.fd, dropped, 10)  # its burst of 1 spent: every event suppressed

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import random
 import statistics
 import sys
@@ -24,6 +25,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+os.environ["ALFWRAPPER_CACHE"] = "off"  # its extra functions are loaded through BCC's own module
 
 from alfwrapper.bpf import compiler, program  # noqa: E402
 from alfwrapper.host import bpf_calls  # noqa: E402
@@ -192,7 +194,7 @@ def load_text(
 def map_memory(loaded: compiler.LoadedFilter, prefix: str) -> int:
     """Kernel memory charged to the program's maps whose names start with ``prefix``
     (memlock in /proc/self/fdinfo)."""
-    maps = compiler.map_fds(loaded.bpf)
+    maps = loaded.tables.fds()
     return sum(bpf_calls.fd_memlock(fd) for name, fd in maps.items() if name.startswith(prefix))
 
 
@@ -212,18 +214,18 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
         plan, text=plan.text + WALK + OURS, defines=plan.defines + walk_define
     )
     ours = compiler.load_program(plan)
-    fill_sources(ours.bpf, walk)
+    fill_sources(ours.tables, walk)
     from bcc import BPF  # noqa: PLC0415
 
-    lookup = ours.bpf.load_func(b"bench_lookup", BPF.SOCKET_FILTER)
-    floor = ours.bpf.load_func(b"bench_floor", BPF.SOCKET_FILTER)
+    lookup = ours.tables.owner.load_func(b"bench_lookup", BPF.SOCKET_FILTER)
+    floor = ours.tables.owner.load_func(b"bench_floor", BPF.SOCKET_FILTER)
     # Every source is inside a rule: every run must pass, the last included.
     assert prog_test_run(lookup.fd, udp_frame(4, 0), walk_size).retval == 1
     ours_memory = map_memory(ours, "subnet_")
 
     lpm = load_text(WALK + LPM, (("LPM_SIZE", str(count)), *walk_define), "bench_lookup")
-    fill_sources(lpm.bpf, walk)
-    table = lpm.bpf[b"lpm4" if family == 4 else b"lpm6"]
+    fill_sources(lpm.tables, walk)
+    table = lpm.tables[b"lpm4" if family == 4 else b"lpm6"]
     keys = (table.Key * count)()
     for key, p in zip(keys, prefixes, strict=True):
         key.prefixlen = p.length
@@ -240,7 +242,7 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
     for i in range(lines - 1, 0, -1):  # Sattolo: one cycle through every line
         j = rng.randrange(i)
         order[i], order[j] = order[j], order[i]
-    cycle = chase.bpf[b"chase"]
+    cycle = chase.tables[b"chase"]
     chunk = min(lines, 1 << 16)  # both powers of two
     for start in range(0, lines, chunk):
         keys = (cycle.Key * chunk)(*range(start, start + chunk))

@@ -117,7 +117,7 @@ class Tables:
 
     def __init__(self, tables: dict[str, Table], owner: Any = None) -> None:
         self._tables = tables
-        self._owner = owner
+        self.owner = owner
 
     def __getitem__(self, name: bytes | str) -> Table:
         return self._tables[name.decode() if isinstance(name, bytes) else name]
