@@ -217,8 +217,8 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
     fill_sources(ours.tables, walk)
     from bcc import BPF  # noqa: PLC0415
 
-    lookup = ours.tables.owner.load_func(b"bench_lookup", BPF.SOCKET_FILTER)
-    floor = ours.tables.owner.load_func(b"bench_floor", BPF.SOCKET_FILTER)
+    lookup = ours.tables.owner.keep.load_func(b"bench_lookup", BPF.SOCKET_FILTER)
+    floor = ours.tables.owner.keep.load_func(b"bench_floor", BPF.SOCKET_FILTER)
     # Every source is inside a rule: every run must pass, the last included.
     assert prog_test_run(lookup.fd, udp_frame(4, 0), walk_size).retval == 1
     ours_memory = map_memory(ours, "subnet_")

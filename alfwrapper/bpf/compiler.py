@@ -7,6 +7,7 @@ user can act on.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -161,12 +162,6 @@ def _what(plan: ProgramPlan) -> str:
     return "the filter"
 
 
-def _functions(plan: ProgramPlan) -> list[str]:
-    """The plan's functions loaded as programs: the entry, and with interface rules the
-    body the watcher's iface_alive array holds."""
-    return [plan.entry] + ([plan.body] if plan.rules.interfaces else [])
-
-
 def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
     """Load the plan's program: from the program cache (cache.py) if it was compiled
     before with the same settings, else compiled with BCC (and then kept there)."""
@@ -178,7 +173,7 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             kernel_headers.HINT,
             EX_SOFTWARE,
         )
-    key = cache.key(plan.text, plan.cflags, _functions(plan), str(headers.where))
+    key = cache.key(plan.text, plan.cflags, list(plan.programs), str(headers.where))
     entry = cache.load(key)
     if entry is not None:
         loaded = _from_cache(plan, entry)
@@ -197,7 +192,8 @@ def _from_cache(plan: ProgramPlan, entry: cache.Entry) -> LoadedFilter | None:
     plan is compiled, as without a cache)."""
     owner = OwnFds()
     tables: dict[str, Table] = {}
-    programs: dict[str, bytes] = {}
+    if [p.name for p in entry.programs] != list(plan.programs):
+        return None
     try:
         for spec in entry.maps:
             name = object_name(plan.label, spec.name) if plan.label else spec.name
@@ -208,22 +204,30 @@ def _from_cache(plan: ProgramPlan, entry: cache.Entry) -> LoadedFilter | None:
         loaded_tables = Tables(tables, owner)
         adopt_pinned(loaded_tables, plan.pinned)
         fds = loaded_tables.fds()
-        prog_fds = {}
-        for program in entry.programs:
-            insns = program.with_fds(fds)
-            fd, _ = bpf_calls.prog_load_logged(insns, program.name, log_size=0)
-            if fd < 0:
-                return None
-            owner.fds.append(fd)
-            prog_fds[program.name] = fd
-            programs[program.name] = insns
-        if [p.name for p in entry.programs] != _functions(plan):
-            return None
-        if plan.rules.interfaces:
-            bpf_calls.prog_array_set(fds["iface_alive"], 0, prog_fds[plan.body])
+        programs = {p.name: p.with_fds(fds) for p in entry.programs}
+        entry_fd = _load_programs(plan, programs, loaded_tables)
     except (OSError, KeyError, AlfError):
         return None
-    return LoadedFilter(loaded_tables, prog_fds[plan.entry], plan, programs)
+    return LoadedFilter(loaded_tables, entry_fd, plan, programs)
+
+
+def _load_programs(plan: ProgramPlan, programs: dict[str, bytes], tables: Tables) -> int:
+    """Load each function's instructions under its kernel name (the body into
+    iface_alive's slot 0); (the entry's fd, "") or raise OSError with the verifier's
+    log as its filename.  The program fds belong to the tables' owner.  Loaded first
+    without a log, as BCC does (a long log can overflow and fail a good program on
+    older kernels), and again with one when the kernel refuses."""
+    fds: dict[str, int] = {}
+    for function, insns in programs.items():
+        fd, _ = bpf_calls.prog_load_logged(insns, plan.programs[function], log_size=0)
+        if fd < 0:
+            _, log = bpf_calls.prog_load_logged(insns, plan.programs[function])
+            raise OSError(-fd, os.strerror(-fd), log)
+        tables.owner.fds.append(fd)
+        fds[function] = fd
+    if plan.rules.interfaces:
+        bpf_calls.prog_array_set(tables[b"iface_alive"].map_fd, 0, fds[plan.body])
+    return fds[plan.entry]
 
 
 def _cache_entry(loaded: LoadedFilter) -> cache.Entry | None:
@@ -282,17 +286,13 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree) -> LoadedFil
         name_maps(tables, plan.label, {name for name, _ in plan.pinned})
     adopt_pinned(tables, plan.pinned)
     try:
-        with _output_to(log):
-            fn = bpf.load_func(plan.entry.encode(), bcc.BPF.SOCKET_FILTER)
-            if plan.rules.interfaces:
-                body = bpf.load_func(plan.body.encode(), bcc.BPF.SOCKET_FILTER)
-                bpf_calls.prog_array_set(tables[b"iface_alive"].map_fd, 0, body.fd)
-    except Exception as err:
-        text = "".join(log)
-        message = str(err)
-        if any(p in message for p in _PERMISSION):
+        programs = {f: bytes(bpf.dump_func(f.encode())) for f in plan.programs}
+        entry_fd = _load_programs(plan, programs, tables)
+    except OSError as err:
+        text = err.filename or ""
+        if err.errno == errno.EPERM:
             raise _permission_error(f"loading {what}", text, plan) from None
-        if "Permission denied" in message or "Invalid argument" in message:
+        if err.errno in (errno.EACCES, errno.EINVAL):
             raise AlfError(
                 f"loading {what}",
                 f"the verifier rejected it: {_verifier_reason(text)}",
@@ -302,11 +302,11 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree) -> LoadedFil
                 details=text,
             ) from None
         raise AlfError(
-            f"loading {what}", message, "run with -v for details", EX_OSERR, details=text
-        ) from None
+            f"loading {what}", err.strerror or str(err), "run with -v for details", EX_OSERR,
+            details=text,
+        ) from None  # fmt: skip
     _return_freed_memory()
-    programs = {name: bytes(bpf.dump_func(name.encode())) for name in _functions(plan)}
-    return LoadedFilter(tables, fn.fd, plan, programs)
+    return LoadedFilter(tables, entry_fd, plan, programs)
 
 
 def _bcc_tables(bpf: Any) -> Tables:
@@ -324,7 +324,7 @@ def _bcc_tables(bpf: Any) -> Tables:
         name = raw.decode()
         spec = MapSpec(name, kind, key_size, value_size, entries, flags, key_desc, leaf_desc)
         tables[name] = Table(spec, fd)
-    return Tables(tables, bpf)
+    return Tables(tables, OwnFds(keep=bpf))
 
 
 def refused_without_perfmon(loaded: LoadedFilter) -> str:

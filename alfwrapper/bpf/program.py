@@ -111,9 +111,19 @@ class ProgramPlan:
     include_dirs: tuple[str, ...]
     parts: tuple[PartPlan, ...]
     pinned: tuple[tuple[str, str], ...] = ()  # (map, pin path), for compiler.py
-    label: str = ""  # which service and socket (label()): names the maps
-    entry: str = ENTRY  # the entry point's name, the kernel's name of the program
+    label: str = ""  # which service and socket (label()): names the maps and programs
+    entry: str = ENTRY  # the entry point's function
     body: str = ENTRY + "_b"  # the composed parts, when the entry point tail-calls them
+
+    @property
+    def programs(self) -> dict[str, str]:
+        """Each function loaded as a program, with the kernel's name for it: the label
+        (and ``LABEL_b`` for the body), so that the C, and so the program cache's key,
+        is the same for every socket with the same rules."""
+        functions = [self.entry] + ([self.body] if self.rules.interfaces else [])
+        if not self.label:
+            return {f: f for f in functions}
+        return {f: self.label + ("_b" if f == self.body else "") for f in functions}
 
     @property
     def cflags(self) -> list[str]:
@@ -252,7 +262,7 @@ def plan_program(rules: SocketRules, pins: Pins | None = None, label_: str = "")
     """The program for these rules; with ``pins``, for a socket whose state is pinned
     (its counters, runtime rules and knock state then outlive the program); with
     ``label_`` (label()), named for the service and socket it serves."""
-    entry_name = label_ or ENTRY
+    entry_name = ENTRY
     body_name = f"{entry_name}_b"
     plans = tuple(p.plan(rules, pins) for p in PARTS if p.used(rules, pins))
     used = {p.part.name for p in plans}

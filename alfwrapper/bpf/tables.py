@@ -96,10 +96,12 @@ class Table:
 
 
 class OwnFds:
-    """Fds closed when the last reference goes, as BCC's module closes its own."""
+    """Fds closed when the last reference goes, as BCC's module closes its own;
+    ``keep``: what else must live as long (the BCC module whose maps these are)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: Any = None) -> None:
         self.fds: list[int] = []
+        self.keep = keep
 
     def __del__(self) -> None:
         for fd in self.fds:
@@ -112,10 +114,10 @@ class OwnFds:
 class Tables:
     """A program's maps by name (bytes or str), as BCC's module offered them.
 
-    ``owner``: what keeps the fds open while this is referenced (the BCC module
-    of a program compiled here, ``OwnFds`` for one made from the cache)."""
+    ``owner``: what keeps the fds open while this is referenced (and the BCC
+    module of a program compiled here, as ``owner.keep``)."""
 
-    def __init__(self, tables: dict[str, Table], owner: Any = None) -> None:
+    def __init__(self, tables: dict[str, Table], owner: OwnFds) -> None:
         self._tables = tables
         self.owner = owner
 

@@ -201,6 +201,7 @@ class ProgInfo:
     id: int
     instructions: int  # as verified (xlated), 8 bytes each
     jited_bytes: int
+    name: str = ""
 
 
 # struct bpf_map_info and bpf_prog_info up to the last field read here
@@ -224,7 +225,8 @@ def prog_info(prog_fd: int) -> ProgInfo:
     raw = _info(prog_fd, "prog")
     prog_id = int.from_bytes(raw[4:8], "little")
     jited, xlated = (int.from_bytes(raw[i : i + 4], "little") for i in (16, 20))
-    return ProgInfo(prog_id, xlated // 8, jited)
+    name = raw[64:80].split(b"\0", 1)[0].decode(errors="replace")  # char name[16]
+    return ProgInfo(prog_id, xlated // 8, jited, name)
 
 
 @_fd_call("prog_fd")

@@ -17,7 +17,7 @@ from pathlib import Path
 from alfwrapper.bpf import cache, compiler, program
 from alfwrapper.bpf.parts import FillEnv
 from alfwrapper.host import kernel_headers
-from alfwrapper.host.bpf_calls import prog_test_run
+from alfwrapper.host.bpf_calls import prog_info, prog_test_run
 from alfwrapper.host.frames import tcp_syn_frame, udp_frame
 from alfwrapper.host.interfaces import link_index
 from alfwrapper.policy.prefixes import parse_prefix
@@ -60,10 +60,10 @@ PROBES = [
 ]
 
 kind = sys.argv[1]
-plan = program.plan_program(KINDS[kind])
+plan = program.plan_program(KINDS[kind], label_="probe_t1")
 headers = kernel_headers.find()
 assert headers is not None
-key = cache.key(plan.text, plan.cflags, [plan.entry] + ([plan.body] * bool(plan.rules.interfaces)),
+key = cache.key(plan.text, plan.cflags, list(plan.programs),
                 str(headers.where))  # fmt: skip
 if sys.argv[2:] == ["poison"]:
     bad = cache.CachedProgram(plan.entry, bytes.fromhex("9500000000000000"), ())  # exit, r0 unset
@@ -81,5 +81,6 @@ print(json.dumps({
     "compiled": "bcc" in sys.modules,
     "llvm": "libLLVM" in maps or "libbcc" in maps,
     "verdicts": verdicts,
+    "name": prog_info(loaded.fd).name,
     "key": key,
 }))  # fmt: skip

@@ -51,6 +51,7 @@ def test_a_cached_program_loads_without_bcc_and_judges_as_compiled(
     warm = probe(folder, kind)
     assert not warm["compiled"] and not warm["llvm"], "a warm load imported BCC or mapped LLVM"
     assert warm["verdicts"] == cold["verdicts"]
+    assert cold["name"] == warm["name"] == "probe_t1"  # named for the socket, either way
     if kind != "knock":  # nobody knocked: all dropped; the others pass some, drop some
         assert any(cold["verdicts"]) and not all(cold["verdicts"]), cold["verdicts"]
 
