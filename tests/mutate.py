@@ -48,6 +48,20 @@ UNPRIVILEGED_DAEMON = (
 )
 MUTATIONS = [
     Mutation(
+        "loader-drops-program-before-answer",
+        "alfwrapper/loader/server.py",
+        "    _KEPT.append(loaded)  # its fds close with it: kept until the answer carries them\n",
+        "",
+        ("tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",),
+    ),
+    Mutation(
+        "verifier-log-without-source-lines",
+        "alfwrapper/bpf/compiler.py",
+        'text = _bcc_log(bcc, bpf, plan, log) or err.filename or ""',
+        'text = err.filename or ""',
+        ("tests/integration/test_errors.py::test_verifier_rejection_says_why",),
+    ),
+    Mutation(
         "cache-fds-not-written-in",
         "alfwrapper/bpf/cache.py",
         "            _INSN.pack_into(code, index * 8, op, regs, off, fds[name])\n",

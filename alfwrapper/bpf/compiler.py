@@ -289,7 +289,7 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree) -> LoadedFil
         programs = {f: bytes(bpf.dump_func(f.encode())) for f in plan.programs}
         entry_fd = _load_programs(plan, programs, tables)
     except OSError as err:
-        text = err.filename or ""
+        text = _bcc_log(bcc, bpf, plan, log) or err.filename or ""
         if err.errno == errno.EPERM:
             raise _permission_error(f"loading {what}", text, plan) from None
         if err.errno in (errno.EACCES, errno.EINVAL):
@@ -307,6 +307,18 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree) -> LoadedFil
         ) from None  # fmt: skip
     _return_freed_memory()
     return LoadedFilter(tables, entry_fd, plan, programs)
+
+
+def _bcc_log(bcc: Any, bpf: Any, plan: ProgramPlan, log: list[str]) -> str:
+    """The verifier's log for a refused program, as BCC's own loading prints it: with
+    the source line of each instruction (BCC passes the line info)."""
+    try:
+        with _output_to(log):
+            for function in plan.programs:
+                bpf.load_func(function.encode(), bcc.BPF.SOCKET_FILTER)
+    except Exception:  # noqa: BLE001  (refused again: the log is what is wanted)
+        pass
+    return "".join(log)
 
 
 def _bcc_tables(bpf: Any) -> Tables:

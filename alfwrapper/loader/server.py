@@ -239,6 +239,9 @@ _ANSWERED: list[int] = []  # in a compile's own process: the pipe that says it a
 _SCRATCH: list[str] = []  # the folder a compile may write in (its worker removes it)
 
 
+_KEPT: list[Any] = []  # in a compile's own process: what it loaded (it serves one request)
+
+
 def _answered() -> None:
     for fd in _ANSWERED:
         os.write(fd, b"1")
@@ -569,6 +572,7 @@ def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) 
     _check_objects(maps, loaded.fd, probe, set(_pinned_ids(where)) if where else set())
     size = sum(bpf_calls.fd_memlock(fd) for fd in maps.values())
     record_program(who, limits, ledger, cookie, size)
+    _KEPT.append(loaded)  # its fds close with it: kept until the answer carries them
     return {"program": info.id, "map_bytes": size}, [loaded.fd]
 
 
