@@ -7,10 +7,12 @@ buffer, namespaces, capabilities and Landlock beside it."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
-LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# The process's own symbols (glibc, and whatever LD_PRELOAD puts first, as the kernel
+# tier's bpf(2) recorder does), not a second handle to libc.so.6: no ldconfig run
+# (find_library's cost at every start), and syscall(3) stays interposable.
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def check(result: int, what: str) -> None:
