@@ -48,6 +48,13 @@ UNPRIVILEGED_DAEMON = (
 )
 MUTATIONS = [
     Mutation(
+        "libc-handle-hides-syscalls-from-the-recorder",
+        "alfwrapper/host/libc.py",
+        "LIBC = ctypes.CDLL(None, use_errno=True)",
+        'LIBC = ctypes.CDLL("libc.so.6", use_errno=True)',
+        ("tests/kernel/test_verifiers.py::test_every_program_loads_in_every_mode",),
+    ),
+    Mutation(
         "loader-drops-program-before-answer",
         "alfwrapper/loader/server.py",
         "    _KEPT.append(loaded)  # its fds close with it: kept until the answer carries them\n",
