@@ -912,6 +912,13 @@ MUTATIONS += [
         ("tests/adversarial/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
     ),
     Mutation(
+        "random-kills-find-a-queue-taken-as-judged",
+        "alfwrapper/state.py",
+        '    return Taken(found, judged=claim(found).get("judged") is True, made=False)',
+        "    return Taken(found, judged=True, made=False)",
+        ("tests/adversarial/test_crash.py::test_seeded_random_kills_leave_the_socket_filtered",),
+    ),
+    Mutation(
         "backlog-lists-every-family",
         "alfwrapper/lifecycle/backlog.py",
         "    family = sock.family\n",
