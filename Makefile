@@ -6,6 +6,7 @@ PYTEST_ARGS ?=
 
 PREFIX ?= /usr/local
 UNITDIR ?= $(PREFIX)/lib/systemd/system
+GENERATORDIR ?= $(PREFIX)/lib/systemd/system-generators
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DEB := dist/alfwrapper_$(VERSION)_all.deb
 
@@ -103,6 +104,10 @@ install: venv completion
 	install -m 644 man/alfwrapper.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/alfwrapper.policy.5 $(DESTDIR)$(PREFIX)/share/man/man5/
 	install -m 644 man/alfwrapper-loader.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	install -d $(DESTDIR)$(GENERATORDIR)
+	sed -e 's|/usr/bin/alfwrapper|$(PREFIX)/bin/alfwrapper|g' units/alfwrapper-generator \
+		> $(DESTDIR)$(GENERATORDIR)/alfwrapper-generator
+	chmod 755 $(DESTDIR)$(GENERATORDIR)/alfwrapper-generator
 	for u in $(UNITS); do \
 		sed -e 's|/usr/bin/alfwrapper|$(PREFIX)/bin/alfwrapper|g' \
 		    -e 's|/usr/share/alfwrapper/|$(SHAREDIR)/|g' "$$u" \
@@ -121,6 +126,7 @@ uninstall:
 		$(DESTDIR)$(PREFIX)/share/man/man5/alfwrapper.policy.5 \
 		$(DESTDIR)$(PREFIX)/share/man/man8/alfwrapper-loader.8 \
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions/alfwrapper \
-		$(DESTDIR)$(PREFIX)/lib/sysusers.d/alfwrapper.conf
+		$(DESTDIR)$(PREFIX)/lib/sysusers.d/alfwrapper.conf \
+		$(DESTDIR)$(GENERATORDIR)/alfwrapper-generator
 	for u in $(UNITS); do rm -f $(DESTDIR)$(UNITDIR)/$$(basename "$$u"); done
 	@echo "removed alfwrapper from $(DESTDIR)$(PREFIX) (the system users alfwrapper and alfwrapper-loader stay)"

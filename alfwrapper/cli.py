@@ -15,6 +15,7 @@ import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from alfwrapper import __version__, state
@@ -693,6 +694,29 @@ def loader_main(argv: Sequence[str]) -> int:
     return server.main(loader_parser().parse_args(argv))
 
 
+def generator_parser() -> Parser:
+    p = Parser(
+        prog="alfwrapper generator",
+        description="systemd's generator: Accept=yes socket units that name their policy "
+        "(X-AlfwrapperPolicy=) get it as IPAddressAllow=, so denied peers are never accepted.",
+        epilog=examples(
+            "alfwrapper generator /run/systemd/generator    # as systemd runs it",
+            "systemctl cat alfwrapper-sshd.socket           # the drop-in it wrote",
+        ),
+    )
+    p.add_argument("normal", help="the folder for drop-ins (systemd.generator(7))")
+    p.add_argument("early", nargs="?", help="unused")
+    p.add_argument("late", nargs="?", help="unused")
+    return p
+
+
+def generator_main(argv: Sequence[str]) -> int:
+    from alfwrapper.lifecycle import socket_units  # noqa: PLC0415
+
+    args = generator_parser().parse_args(argv)
+    return socket_units.generate(Path(args.normal), os.environ)
+
+
 @dataclass(frozen=True)
 class Subcommand:
     parser: Callable[[], Parser]
@@ -711,6 +735,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "doctor": Subcommand(doctor_parser, doctor_main),
     "knock": Subcommand(knock_parser, knock_main),
     "loader": Subcommand(loader_parser, loader_main),
+    "generator": Subcommand(generator_parser, generator_main),
 }
 
 

@@ -912,6 +912,31 @@ MUTATIONS += [
         ("tests/adversarial/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
     ),
     Mutation(
+        "generator-not-installed",
+        "debian/alfwrapper.install",
+        "units/alfwrapper-generator usr/lib/systemd/system-generators/\n",
+        "",
+        ("tests/boot/test_units.py::test_echo_accept_serves_one_instance_per_allowed_connection",),
+    ),
+    Mutation(
+        "socket-unit-misses-named-scopes",
+        "alfwrapper/lifecycle/socket_units.py",
+        '    for name in ["", *sorted(policy.names)]:',
+        '    for name in [""]:',
+        (
+            "tests/unit/test_socket_units.py::test_every_address_any_socket_passes_is_inside_the_drop_in",
+        ),
+    ),
+    Mutation(
+        "socket-unit-renders-a-policy-that-passes-all",
+        "alfwrapper/lifecycle/socket_units.py",
+        "    if not every.subnets.allow:",
+        "    if False:",
+        (
+            "tests/unit/test_socket_units.py::test_a_policy_that_lets_every_source_in_gets_no_drop_in",
+        ),
+    ),
+    Mutation(
         "random-kills-find-a-queue-taken-as-judged",
         "alfwrapper/state.py",
         '    return Taken(found, judged=claim(found).get("judged") is True, made=False)',

@@ -98,6 +98,33 @@ def expect(g: Guest, unit: str, want: str, *client: str) -> str:
     return got
 
 
+def never_accepted(g: Guest, socket_unit: str, port: str, kind: str = "tcp", *rest: str) -> None:
+    """A denied peer, IPv4 and IPv6, is dropped before systemd accepts it: the socket
+    unit's policy is its IPAddressAllow= (alfwrapper generator's drop-in), and its
+    count of accepted connections does not move."""
+    dropin = g.run(f"systemctl cat {socket_unit}")
+    assert "IPAddressDeny=any" in dropin and "IPAddressAllow=" in dropin, dropin
+
+    def accepted() -> int:
+        return int(g.run(f"systemctl show -P NAccepted {socket_unit}").strip())
+
+    before = accepted()
+    assert g.client(kind, DENY4, GUEST4, port, "3", *rest) == "timeout"
+    assert g.client(kind, DENY6, GUEST6, port, "3", *rest) == "timeout"
+    assert accepted() == before, f"{socket_unit} accepted a denied peer"
+
+
+def past_systemd(g: Guest, policy: str) -> None:
+    """Let the denied host's networks past systemd's filter of an Accept=yes socket
+    (allowed, so in the generator's IPAddressAllow=) but still denied by the policy
+    (a deny line wins), so that the wrapper judges them: a drop-in of the policy,
+    then a daemon-reload (the generator).  Start the socket after this."""
+    nets = '["198.51.100.0/24", "2001:db8:b::/48"]'
+    folder = f"/etc/alfwrapper/policy/{policy}.toml.d"
+    g.run(f"mkdir -p {folder} && printf '%s\\n' 'allow = {nets}' 'deny = {nets}' "
+          f"> {folder}/50-past-systemd.toml && systemctl daemon-reload")  # fmt: skip
+
+
 def served_and_dropped(
     g: Guest, unit: str, port: int, udp: bool = True, first: str = FIRST
 ) -> None:

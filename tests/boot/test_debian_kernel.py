@@ -1,9 +1,10 @@
 """The boot tier on Debian 12's own kernel: the same guest image booted by qemu with
 Debian's 6.1 (emulated, TCG: /dev/kvm here is nested PVM, which cannot boot it), the
 `.deb` installed, the echo unit as shipped serving allowed clients and dropping denied
-ones, the loader compiling and loading for an ordinary user (and counting what
-they hold in a memory cgroup of theirs: cgroup v2, as Debian 12 boots), and a unit whose every
-start fails stopping its socket instead of being started for each waiting client.
+ones (its Accept=yes unit never accepting a denied one), the loader compiling and
+loading for an ordinary user (and counting what they hold in a memory cgroup of
+theirs: cgroup v2, as Debian 12 boots), and a unit whose every start fails stopping
+its socket instead of being started for each waiting client.
 
 Under TCG everything is 10 to 30 times slower: a start compiles for about a minute."""
 
@@ -12,7 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from guest import Guest, a_failing_start_stops_its_socket, served_and_dropped, stop
+from guest import (
+    Guest,
+    a_failing_start_stops_its_socket,
+    never_accepted,
+    served_and_dropped,
+    stop,
+)
 
 HOARD = Path(__file__).resolve().parent / "hoard.py"
 
@@ -30,6 +37,13 @@ def test_echo_on_debians_own_kernel(guest61: Guest) -> None:
         served_and_dropped(g, ECHO, 8080, first=FIRST)
     finally:
         stop(g, "alfwrapper-echo.socket", ECHO)
+    # Accept=yes: the generator's IPAddressAllow= drops a denied peer before systemd
+    # accepts it, on this kernel's cgroup filters too.
+    g.run("systemctl start alfwrapper-echo-accept.socket")
+    try:
+        never_accepted(g, "alfwrapper-echo-accept.socket", "8083")
+    finally:
+        stop(g, "alfwrapper-echo-accept.socket")
 
 
 def test_the_loader_on_debians_own_kernel(guest61: Guest) -> None:
