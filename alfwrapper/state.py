@@ -64,7 +64,7 @@ from alfwrapper.errors import (
     AlfError,
     excerpt,
 )
-from alfwrapper.host import attach, bpf_calls, libc, netns
+from alfwrapper.host import attach, bpf_calls, libc, netns, sockdiag
 from alfwrapper.host.faults import crash_point
 
 if TYPE_CHECKING:
@@ -461,16 +461,7 @@ def clear_runtime(where: SocketState) -> None:
 
 def live_cookies() -> set[int]:
     """The cookies of every TCP and UDP socket in this network namespace (sock_diag)."""
-    from pyroute2 import DiagSocket  # noqa: PLC0415
-
-    found: set[int] = set()
-    with DiagSocket() as diag:
-        diag.bind()
-        for family in (socket.AF_INET, socket.AF_INET6):
-            for protocol in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
-                for msg in diag.get_sock_stats(family=family, protocol=protocol):
-                    found.add(int(msg["idiag_cookie"]))
-    return found
+    return sockdiag.live_cookies()
 
 
 def alive(pid: object) -> bool:
@@ -687,8 +678,7 @@ class Store:
         from other namespaces is left to `alfwrapper gc` (gc_everywhere).
         """
         settled = self.socket_folders()
-        # Asked only if some socket's process is gone: sock_diag's library (pyroute2)
-        # costs a start about a tenth of a second to import.
+        # Asked only if some socket's process is gone (a dump of every socket).
         return self._collect(settled, functools.cache(live_cookies), {netns_cookie()})
 
     def collect(self) -> tuple[list[SocketState], str]:

@@ -912,6 +912,13 @@ MUTATIONS += [
         ("tests/adversarial/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
     ),
     Mutation(
+        "sockdiag-reads-one-batch",
+        "alfwrapper/host/sockdiag.py",
+        "                at += (length + 3) & ~3  # NLMSG_ALIGN\n",
+        "                at += (length + 3) & ~3  # NLMSG_ALIGN\n            return cookies\n",
+        ("tests/integration/test_sockdiag.py::test_the_dump_lists_what_pyroute2_lists",),
+    ),
+    Mutation(
         "generator-not-installed",
         "debian/alfwrapper.install",
         "units/alfwrapper-generator usr/lib/systemd/system-generators/\n",

@@ -90,9 +90,9 @@ def state_available() -> str:
 
 
 def collect_stale_state() -> None:
-    """Forget what sockets of this namespace that are gone left behind.  Done once the
-    programs are in, not before: sock_diag's library (pyroute2, about 15 MiB) then
-    adds nothing to the start-up's peak memory, which BCC's compile sets."""
+    """Forget what sockets of this namespace that are gone left behind, once the
+    programs are in (host/sockdiag.py: a dump of every socket, only if some socket's
+    process is gone)."""
     try:
         state.store().gc()
     except (AlfError, OSError) as err:

@@ -13,7 +13,7 @@ import traceback
 from alfwrapper import state
 
 service, rounds = sys.argv[1], int(sys.argv[2])
-state.live_cookies()  # loads pyroute2 once, for every child
+state.live_cookies()  # its modules loaded once, for every child
 failed = 0
 for _ in range(rounds):
     child = os.fork()

@@ -190,7 +190,7 @@ def test_a_thousand_starts_leave_no_stale_pins(bpf_root: None) -> None:
     thing), then pin a new socket's state, then end."""
     from alfwrapper import state
 
-    state.live_cookies()  # loads pyroute2 once, for every child
+    state.live_cookies()  # its modules loaded once, for every child
     for _ in range(1000):
         child = os.fork()
         if child == 0:
