@@ -758,6 +758,7 @@ def completion_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    activation.own_environment(os.environ)  # before numpy loads
     options = argv[: argv.index("--")] if "--" in argv else argv
     verbose = "-v" in options or "--verbose" in options
     try:

@@ -919,6 +919,26 @@ MUTATIONS += [
         ("tests/integration/test_sockdiag.py::test_the_dump_lists_what_pyroute2_lists",),
     ),
     Mutation(
+        "numpy-starts-a-thread-per-core",
+        "alfwrapper/host/activation.py",
+        'OWN_SETTINGS = {"OPENBLAS_NUM_THREADS": "1"}',
+        "OWN_SETTINGS: dict[str, str] = {}",
+        (
+            "tests/unit/test_activation.py::"
+            "test_numpy_loads_without_a_thread_per_core_and_the_application_never_knows",
+        ),
+    ),
+    Mutation(
+        "application-gets-the-wrappers-own-settings",
+        "alfwrapper/host/activation.py",
+        "k not in LISTEN_VARS and k not in _set_here}",
+        "k not in LISTEN_VARS}",
+        (
+            "tests/unit/test_activation.py::"
+            "test_numpy_loads_without_a_thread_per_core_and_the_application_never_knows",
+        ),
+    ),
+    Mutation(
         "generator-not-installed",
         "debian/alfwrapper.install",
         "units/alfwrapper-generator usr/lib/systemd/system-generators/\n",

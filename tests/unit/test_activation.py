@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
+from support import ROOT
 
 from alfwrapper.errors import EX_CONFIG, AlfError
 from alfwrapper.host.activation import child_environment, parse_listen_env
@@ -53,3 +58,33 @@ def test_child_environment_replaces_listen_vars() -> None:
 
 def test_child_environment_without_sockets_has_no_listen_vars() -> None:
     assert child_environment({"LISTEN_FDS": "1", "HOME": "/"}, [], 99) == {"HOME": "/"}
+
+
+THREADS_AFTER_NUMPY = r"""
+import os, sys
+from alfwrapper.host import activation
+if sys.argv[1] == "own":
+    activation.own_environment(os.environ)
+import numpy
+env = activation.child_environment(os.environ, [], 1)
+threads = [l for l in open("/proc/self/status") if l.startswith("Threads:")][0].split()[1]
+print(threads, env.get("OPENBLAS_NUM_THREADS", "-"))
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: OpenBLAS starts no thread")
+def test_numpy_loads_without_a_thread_per_core_and_the_application_never_knows() -> None:
+    """The wrapper's own settings (own_environment) keep numpy's OpenBLAS to one thread,
+    and the application's environment is as the wrapper's was given: without it,
+    or with the value the wrapper was given."""
+
+    def run(mode: str, **extra: str) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | extra
+        argv = [sys.executable, "-c", THREADS_AFTER_NUMPY, mode]
+        out = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True,
+                             check=True, timeout=60)  # fmt: skip
+        return out.stdout.split()
+
+    assert run("own") == ["1", "-"]
+    assert int(run("plain")[0]) > 1  # what numpy does unasked, on this many cores
+    assert run("own", OPENBLAS_NUM_THREADS="2") == ["2", "2"]
