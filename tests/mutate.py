@@ -939,6 +939,16 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "sshd-socket-without-its-policy",
+        "examples/units/alfwrapper-sshd.socket",
+        "X-AlfwrapperPolicy=alfwrapper-sshd\n",
+        "",
+        (
+            "tests/boot/test_lifecycle.py::"
+            "test_a_flood_from_a_denied_host_starts_nothing_and_allowed_clients_are_served",
+        ),
+    ),
+    Mutation(
         "generator-not-installed",
         "debian/alfwrapper.install",
         "units/alfwrapper-generator usr/lib/systemd/system-generators/\n",

@@ -20,6 +20,9 @@ guest's link.  Prints one line and exits 0:
                     each echoed: prints "answered before after" or what failed
   client.py talker SRC DST PORT     talks first (an SSH banner, then junk), then reads
                     until the server closes: prints "closed BYTES"
+  client.py flood SRC DST PORT RATE SECONDS
+                    RATE connection attempts a second (a SYN each, from a new port),
+                    each given 1 s: prints "connected N of COUNT"
 """
 
 from __future__ import annotations
@@ -124,6 +127,42 @@ def talker(src: str, dst: str, port: int) -> str:
     return f"closed {got[:60]!r}"
 
 
+def flood(src: str, dst: str, port: int, rate: float, seconds: float) -> str:
+    """Non-blocking connects at ``rate`` a second; those not connected within 1 s are
+    given up.  At most rate + 1 sockets are open at once."""
+    begin, sent, connected = time.monotonic(), 0, 0
+    pending: list[tuple[float, socket.socket]] = []
+    while True:
+        now = time.monotonic()
+        due = min(int((now - begin) * rate), int(rate * seconds))
+        for _ in range(due - sent):
+            s = socket.socket(family(dst), socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+            s.bind((src, 0))
+            s.connect_ex((dst, port))
+            pending.append((now, s))
+            sent += 1
+        kept = []
+        for started, s in pending:
+            done = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and _connected(s)
+            if done or now - started > 1.0:
+                connected += done
+                s.close()
+            else:
+                kept.append((started, s))
+        pending = kept
+        if sent >= int(rate * seconds) and not pending:
+            return f"connected {connected} of {sent}"
+        time.sleep(0.005)
+
+
+def _connected(s: socket.socket) -> bool:
+    try:
+        s.getpeername()
+        return True
+    except OSError:
+        return False
+
+
 def main(argv: list[str]) -> str:
     kind, src, dst = argv[0], argv[1], argv[2]
     if kind == "tcp":
@@ -153,6 +192,8 @@ def main(argv: list[str]) -> str:
         return long_lived(src, dst, int(argv[3]), argv[4])
     if kind == "talker":
         return talker(src, dst, int(argv[3]))
+    if kind == "flood":
+        return flood(src, dst, int(argv[3]), float(argv[4]), float(argv[5]))
     raise SystemExit(f"client.py: unknown kind {kind}")
 
 

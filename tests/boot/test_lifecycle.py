@@ -254,6 +254,29 @@ def test_denied_ssh_clients_racing_allowed_ones_get_nothing(clean: Guest) -> Non
             assert key in future.result(), future.result()
 
 
+def test_a_flood_from_a_denied_host_starts_nothing_and_allowed_clients_are_served(
+    clean: Guest,
+) -> None:
+    """200 connection attempts a second from a denied host for 20 s at the inetd sshd
+    unit as shipped: systemd accepts none (the policy is the socket's IPAddressAllow=,
+    so no wrapper and no sshd starts for them), and an allowed client's key exchange
+    meanwhile is served every time."""
+    g = clean
+    g.run("cp /usr/share/alfwrapper/units/* /etc/systemd/system/ && systemctl daemon-reload")
+    g.run("systemctl start alfwrapper-sshd.socket")
+    key = host_key(g)
+    accepted = int(g.run("systemctl show -P NAccepted alfwrapper-sshd.socket"))
+    scans = []
+    with ThreadPoolExecutor(1) as pool:
+        flood = pool.submit(g.client, "flood", DENY4, GUEST4B, "22", "200", "20")
+        while not flood.done() or len(scans) < 3:
+            scans.append(keyscan(g, GUEST4))
+    assert flood.result() == "connected 0 of 4000", flood.result()
+    assert all(key in scan for scan in scans), scans
+    now = int(g.run("systemctl show -P NAccepted alfwrapper-sshd.socket"))
+    assert now - accepted == len(scans), (now, accepted, len(scans))
+
+
 def test_git_ls_remote_and_a_denied_peer(clean: Guest) -> None:
     g = clean
     g.run("cp /usr/share/alfwrapper/units/* /etc/systemd/system/ && systemctl daemon-reload")
