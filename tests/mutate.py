@@ -949,6 +949,22 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "few-prefixes-cover-across-families",
+        "alfwrapper/policy/prefix_list.py",
+        "                if p.family == family and (p.value ^ value) >> (width - p.length) == 0",
+        "                if (p.value ^ value) >> max(width - p.length, 0) == 0",
+        (
+            "tests/unit/test_prefix_list.py::test_a_list_of_prefix_objects_answers_as_its_columns_do",
+        ),
+    ),
+    Mutation(
+        "connected-peer-judged-with-numpy",
+        "alfwrapper/policy/prefix_list.py",
+        "        if self._items is not None and self._columns is None:  # a few, as they were given",
+        "        if False:  # a few, as they were given",
+        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+    ),
+    Mutation(
         "generator-not-installed",
         "debian/alfwrapper.install",
         "units/alfwrapper-generator usr/lib/systemd/system-generators/\n",

@@ -35,9 +35,13 @@ class PrefixList(Sequence[Prefix]):
     """An immutable sequence of prefixes held in numpy columns.
 
     A column whose entries are all alike is stored once (a broadcast view), and the
-    low half as u32 when every value fits: IPv4 rules cost 5 bytes each."""
+    low half as u32 when every value fits: IPv4 rules cost 5 bytes each.  A list made
+    from Prefix objects (of, concat of such) keeps them and makes its columns only
+    when first asked: judging a peer by a few rules (an Accept=yes connection,
+    SubnetRules.passes) never loads numpy."""
 
-    __slots__ = ("family", "length", "high", "low", "_key")
+    __slots__ = ("_columns", "_items", "_key")
+    COLUMNS = ("family", "length", "high", "low")
 
     def __init__(self, family: Array, length: Array, high: Array, low: Array) -> None:
         import numpy as np  # noqa: PLC0415
@@ -45,25 +49,41 @@ class PrefixList(Sequence[Prefix]):
         family, high = _squeeze(family), _squeeze(high)
         if low.dtype != np.uint32 and _constant(high) == 0 and not (low >> np.uint64(32)).any():
             low = low.astype(np.uint32)
-        self.family, self.length, self.high, self.low = family, length, high, low
         for column in (family, length, high, low):
             if column.strides != (0,):
                 column.flags.writeable = False
+        self._columns: tuple[Array, Array, Array, Array] | None = (family, length, high, low)
+        self._items: tuple[Prefix, ...] | None = None
         self._key: bytes | None = None
 
     @classmethod
     def of(cls, prefixes: Iterable[Prefix]) -> PrefixList:
-        import numpy as np  # noqa: PLC0415
-
         if isinstance(prefixes, PrefixList):
             return prefixes
-        items = list(prefixes)
-        return cls(
-            np.fromiter((p.family for p in items), np.uint8, len(items)),
-            np.fromiter((p.length for p in items), np.uint8, len(items)),
-            np.fromiter((p.value >> 64 for p in items), np.uint64, len(items)),
-            np.fromiter((p.value & _LOW for p in items), np.uint64, len(items)),
-        )
+        made = cls.__new__(cls)
+        made._columns, made._items, made._key = None, tuple(prefixes), None
+        return made
+
+    def _made(self) -> tuple[Array, Array, Array, Array]:
+        if self._columns is None:
+            import numpy as np  # noqa: PLC0415
+
+            items = self._items or ()
+            n = len(items)
+            columns = PrefixList(
+                np.fromiter((p.family for p in items), np.uint8, n),
+                np.fromiter((p.length for p in items), np.uint8, n),
+                np.fromiter((p.value >> 64 for p in items), np.uint64, n),
+                np.fromiter((p.value & _LOW for p in items), np.uint64, n),
+            )._columns
+            assert columns is not None
+            self._columns = columns
+        return self._columns
+
+    family = property(lambda self: self._made()[0])
+    length = property(lambda self: self._made()[1])
+    high = property(lambda self: self._made()[2])
+    low = property(lambda self: self._made()[3])
 
     @classmethod
     def concat(cls, parts: Iterable[Sequence[Prefix]]) -> PrefixList:
@@ -74,7 +94,9 @@ class PrefixList(Sequence[Prefix]):
             return lists[0]
         if not lists:
             return cls.of(())
-        return cls(*(_joined([getattr(p, c) for p in lists]) for c in cls.__slots__[:4]))
+        if all(p._items is not None for p in lists):
+            return cls.of(item for p in lists for item in p._items or ())
+        return cls(*(_joined([getattr(p, c) for p in lists]) for c in cls.COLUMNS))
 
     def __add__(self, other: Sequence[Prefix]) -> PrefixList:
         return PrefixList.concat([self, other])
@@ -83,7 +105,7 @@ class PrefixList(Sequence[Prefix]):
         return PrefixList.concat([other, self])
 
     def __len__(self) -> int:
-        return len(self.family)
+        return len(self._items) if self._items is not None else len(self.family)
 
     @overload
     def __getitem__(self, index: int) -> Prefix: ...
@@ -92,6 +114,8 @@ class PrefixList(Sequence[Prefix]):
     def __getitem__(self, index: int | slice) -> Prefix | PrefixList:
         if isinstance(index, slice):
             return self.take(index)
+        if self._items is not None:
+            return self._items[index]
         return Prefix(
             int(self.family[index]),
             int(self.high[index]) << 64 | int(self.low[index]),
@@ -105,6 +129,9 @@ class PrefixList(Sequence[Prefix]):
         return PrefixList(family, length, high, self.low[index])
 
     def __iter__(self) -> Iterator[Prefix]:
+        if self._items is not None:
+            yield from self._items
+            return
         columns = (self.family.tolist(), self.high.tolist(), self.low.tolist(),
                    self.length.tolist())  # fmt: skip
         for family, high, low, length in zip(*columns, strict=True):
@@ -126,9 +153,14 @@ class PrefixList(Sequence[Prefix]):
 
     def covering(self, family: int, value: int) -> PrefixList:
         """The prefixes that contain the address ``value`` of ``family``."""
+        width = 32 if family == 4 else 128
+        if self._items is not None and self._columns is None:  # a few, as they were given
+            return PrefixList.of(
+                p for p in self._items
+                if p.family == family and (p.value ^ value) >> (width - p.length) == 0
+            )  # fmt: skip
         import numpy as np  # noqa: PLC0415
 
-        width = 32 if family == 4 else 128
         shift = width - self.length.astype(np.int64)
         # the address's bits above each prefix's length, compared per half
         high = np.uint64(value >> 64)
@@ -143,6 +175,8 @@ class PrefixList(Sequence[Prefix]):
         return self.take(np.flatnonzero(hit))
 
     def of_family(self, family: int) -> PrefixList:
+        if self._items is not None and self._columns is None:
+            return PrefixList.of(p for p in self._items if p.family == family)
         import numpy as np  # noqa: PLC0415
 
         return self.take(np.flatnonzero(self.family == family))

@@ -113,7 +113,7 @@ def test_a_connection_is_judged_without_bcc(
 ) -> None:
     """Accept=yes: every packet of the connection comes from its one peer, and only subnet
     rules apply, so the wrapper judges the peer by its rules and compiles nothing: a
-    denied peer costs no compile (BCC is never imported), and the verdict is the
+    denied peer costs no compile (neither BCC nor numpy is imported), and the verdict is the
     kernel's (explain's) for the same addresses.  The allowed peer is served; the
     denied one's connection is reset, and the command never starts for it."""
     marker = tmp_path / "started"
@@ -134,6 +134,8 @@ def test_a_connection_is_judged_without_bcc(
                 if line.startswith("import time:")]  # fmt: skip
     assert "alfwrapper.cli" in imported, svc.errors()[-2000:]  # what -X importtime shows
     assert not [m for m in imported if m == "bcc" or m.startswith("bcc.")], imported
+    # Nor numpy: a few rules judge a peer as the Prefix objects they were parsed into.
+    assert not [m for m in imported if m == "numpy" or m.startswith("numpy.")], imported
     # The same addresses through `alfwrapper explain`: the kernel's verdicts.
     for source, verdict in ((a.v4, "passed"), (a.v6, "passed"), (b.v4, "dropped"),
                             (b.v6, "dropped"), ("192.0.2.7", "dropped")):  # fmt: skip

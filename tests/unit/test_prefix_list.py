@@ -125,6 +125,33 @@ def test_prefix_list_behaves_as_a_sequence() -> None:
     assert list(listed.of_family(4)) == [found[0], found[2]]
 
 
+def test_a_list_of_prefix_objects_answers_as_its_columns_do() -> None:
+    """A list made from Prefix objects answers from them, without numpy, until its
+    columns are asked for: the same covering, families, equality and hash as a list
+    made from columns, on seeded random prefixes and addresses near them."""
+    rng = random.Random(2611)
+    for _ in range(200):
+        found = []
+        for _ in range(rng.randint(0, 12)):
+            family = rng.choice((4, 6))
+            width = 32 if family == 4 else 128
+            found.append(_prefix(family, rng.getrandbits(width), rng.randint(0, width)))
+        lazy = PrefixList.of(found)
+        columns = PrefixList.concat([PrefixList.of(found[:1]), PrefixList.of(found[1:])])
+        columns.family  # noqa: B018  (its columns made)
+        assert lazy._columns is None
+        for p in found or [_prefix(4, 0, 0)]:
+            width = 32 if p.family == 4 else 128
+            for address in (p.value, p.value | ((1 << (width - p.length)) - 1), p.value ^ 1,
+                             rng.getrandbits(width)):  # fmt: skip
+                want = list(columns.covering(p.family, address))
+                assert list(lazy.covering(p.family, address)) == want
+        assert [list(lazy.of_family(f)) for f in (4, 6)] == [list(columns.of_family(f))
+                                                              for f in (4, 6)]  # fmt: skip
+        assert lazy._columns is None  # all of the above without numpy
+        assert lazy == columns and hash(lazy) == hash(columns) and list(lazy) == found
+
+
 def _prefix(family: int, value: int, length: int) -> Prefix:
     width = 32 if family == 4 else 128
     return Prefix(family, value >> (width - length) << (width - length), length)
