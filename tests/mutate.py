@@ -960,7 +960,8 @@ MUTATIONS += [
     Mutation(
         "connected-peer-judged-with-numpy",
         "alfwrapper/policy/prefix_list.py",
-        "        if self._items is not None and self._columns is None:  # a few, as they were given",
+        "        if self._items is not None and self._columns is None:  # a few, as they were"
+        " given",
         "        if False:  # a few, as they were given",
         ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
