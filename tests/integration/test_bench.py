@@ -33,6 +33,8 @@ def test_bench_smoke(bpf_root: None, tmp_path: Path) -> None:
         "SYN flood: CPU per dropped SYN",
         "Kernel map memory, IPv6",
         "Hot cost",
+        "(IPv6 /64), an IPv6 source",
+        "(half IPv4, half IPv6 /64), an IPv4 source",
         "The wrapper's start-up stages with 100 rules",
         "half IPv4 /32, half IPv6 /64",
         "## Accept=yes",
