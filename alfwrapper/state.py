@@ -168,6 +168,11 @@ def trusted_dir(path: Path, create: bool) -> None:
                 os.chown(path, uid, gid)
             except FileExistsError:
                 pass
+            except FileNotFoundError as err:
+                # A gc removed the empty folder between the mkdir and the chown.
+                if time.monotonic() < deadline:
+                    continue
+                raise _fail(f"creating {path}", err) from None
             except OSError as err:
                 raise _fail(f"creating {path}", err) from None
         try:

@@ -966,6 +966,18 @@ MUTATIONS += [
         ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
+        "gc-between-mkdir-and-chown-fails-the-start",
+        "alfwrapper/state.py",
+        "                # A gc removed the empty folder between the mkdir and the chown.\n"
+        "                if time.monotonic() < deadline:\n"
+        "                    continue\n",
+        "",
+        (
+            "tests/integration/test_state.py::"
+            "test_a_folder_a_gc_removes_between_mkdir_and_chown_is_made_again",
+        ),
+    ),
+    Mutation(
         "generator-not-installed",
         "debian/alfwrapper.install",
         "units/alfwrapper-generator usr/lib/systemd/system-generators/\n",

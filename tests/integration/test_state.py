@@ -168,6 +168,26 @@ def test_options_too_long_to_keep_are_refused_before_anything_is_attached(
     assert not (state.ROOT / "long-options").exists()
 
 
+def test_a_folder_a_gc_removes_between_mkdir_and_chown_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the next test found under load, made certain: a gc removes the empty
+    service folder a start has just made, before the start gives it to its owner."""
+    folder = tmp_path / "svc"
+    chown, removed = os.chown, []
+
+    def gc_first(path: object, uid: int, gid: int) -> None:
+        if not removed:
+            removed.append(path)
+            folder.rmdir()  # what a gc beside the start does to an empty folder
+        chown(path, uid, gid)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(state.os, "chown", gc_first)
+    state.trusted_dir(folder, True)
+    assert removed == [folder] and folder.is_dir()
+    assert folder.stat().st_uid == state.owner(folder)[0]
+
+
 @pytest.mark.parametrize("services", [("race_a", "race_b"), ("race_c", "race_c")])
 def test_starts_and_gcs_at_once_do_not_fail_each_other(
     bpf_root: None, services: tuple[str, str]
