@@ -21,6 +21,8 @@ wrapper judges as before.  A policy that cannot be read gives the socket
 ``IPAddressDeny=any`` alone: the wrapper would refuse every connection anyway.
 Only Accept=yes sockets are served: an Accept=no service may be given live
 ``alfwrapper allow`` rules, which a drop-in written at boot would not know.
+The list comes from the named policy alone: rules the service's own command
+line adds (``--policy NAME --allow ...``) are not in it.
 """
 
 from __future__ import annotations
@@ -155,5 +157,7 @@ def generate(normal: Path, environ: Mapping[str, str]) -> int:
             continue
         folder = normal / f"{unit}.d"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / DROP_IN).write_text(text)
+        partial = folder / f".{DROP_IN}.new"  # no name systemd reads: whole or absent
+        partial.write_text(text)
+        os.replace(partial, folder / DROP_IN)
     return 0

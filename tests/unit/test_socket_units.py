@@ -67,6 +67,7 @@ def test_the_drop_in_is_the_union_of_every_sockets_allow_list(tmp_path: Path) ->
     out = tmp_path / "out"
     assert socket_units.generate(out, env(tmp_path, lib)) == 0
     text = (out / "svc.socket.d" / socket_units.DROP_IN).read_text()
+    assert os.listdir(out / "svc.socket.d") == [socket_units.DROP_IN]  # written whole, renamed
     assert "\n[Socket]\nIPAddressDeny=any\n" in text
     # Deny lines and knocking narrow what the allow list lets in: the wrapper's to judge.
     assert allowed_lines(text) == ["192.0.2.0/24", "198.51.100.0/24", "2001:db8:a::/48"]
