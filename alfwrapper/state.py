@@ -349,17 +349,6 @@ def own(path: Path) -> None:
                 pass
 
 
-def install(state: SocketState, prog_fd: int) -> None:
-    """Put a program in the socket's slot: one atomic update, no unfiltered moment."""
-    slot = open_pin(state, "slot")
-    try:
-        bpf_calls.prog_array_set(slot, 0, prog_fd)
-    except OSError as err:
-        raise _fail(f"installing the new program for {state.dir}", err) from None
-    finally:
-        os.close(slot)
-
-
 # What a socket's meta holds besides the options and the folder: counts, ids and
 # names of bounded size (wrapper.describe_sockets), well within this.
 META_FIXED = 1024
@@ -450,20 +439,6 @@ def set_runtime(where: SocketState, key: bytes, verdict: int | None) -> bool:
         os.close(flag)
 
 
-def clear_runtime(where: SocketState) -> None:
-    """Forget the runtime rules (a start or a reload); nothing if none were made yet."""
-    if not store().has_pin(where, "runtime"):
-        return
-    fd, count_fd = open_pin(where, "runtime"), open_pin(where, "runtime_count")
-    try:
-        bpf_calls.map_update(count_fd, _U32.pack(0), _U32.pack(0))
-        for key in bpf_calls.map_keys(fd, RUNTIME_KEY.size):
-            bpf_calls.map_delete(fd, key)
-    finally:
-        os.close(fd)
-        os.close(count_fd)
-
-
 def live_cookies() -> set[int]:
     """The cookies of every TCP and UDP socket in this network namespace (sock_diag)."""
     return sockdiag.live_cookies()
@@ -540,6 +515,92 @@ class Store:
             own(where.service_dir)
         return loaded
 
+    def take(self, service: str, sock: socket.socket, label: str, pid: int = 0) -> Taken:
+        """Bring a socket to "filtered by our locked dispatcher", from wherever a start
+        before this one left it.
+
+        The kernel says whether the socket carries a filter (SO_GET_FILTER); the pins are
+        a cache, and what they say is checked against it:
+
+            no pins, no filter  a new socket: pin its state (the dispatcher last), then
+                                attach and lock the dispatcher; its empty slot drops
+            pins, no filter     a start died between the two: attach the pinned one
+            pins, filter        ours (only the holder of the socket can attach, and our
+                                pins for its cookie say who did): lock it if a start died
+                                before it could
+            no pins, filter     someone else's filter: refused
+
+        The invariant: a socket with pinned state carries the dispatcher pinned there,
+        attached and locked, or gets it from the next start before anything else is done
+        with it.  A kill at any point between the steps leaves one of these four, each
+        of which the next start settles.  What was queued on the socket counts as judged
+        only once the meta says so (mark_judged, after the judgement), so a start that died
+        before that leaves it to the next one.  The pinned dispatcher's own slot is checked
+        too (check_pins): a damaged state refuses rather than fill a slot nobody calls.
+        ``pid``: the process that will hold the socket (the loader's caller; default
+        this one).  The loader's client (Broker.take) makes all of it one request.
+        """
+        filtered = attach.has_filter(sock)
+        found = self.find(service, sock)
+        if found is not None:
+            problem = self.check_pins(found)
+            if problem and filtered:
+                raise AlfError(
+                    f"the pinned state of {attach.describe(sock)} in {found.dir}",
+                    f"is damaged: {problem}",
+                    f"nothing was changed; {socket_unit_restart()}",
+                    EX_CONFIG,
+                )
+            if problem:  # no filter yet: nothing relies on it; made anew below
+                self.remove(found)
+                found = None
+        if found is None:
+            if filtered:
+                raise AlfError(
+                    f"filtering {attach.describe(sock)}",
+                    f"it carries a filter that alfwrapper did not attach for service {service}",
+                    "start with the --service name it was filtered under, or, for fresh "
+                    f"sockets, {socket_unit_restart()}",
+                    EX_CONFIG,
+                )
+            made, dispatch = self.create(service, sock, label, pid)
+            crash_point("pinned")
+            try:
+                attach.attach_filter(sock, dispatch)
+            finally:
+                os.close(dispatch)
+            crash_point("attached")
+            return Taken(made, judged=False, made=True)
+        if not filtered:  # a start died between pinning and attaching
+            self.attach_pinned(found, sock)
+            crash_point("attached")
+            claim(found, pid)
+            return Taken(found, judged=False, made=False)
+        if not attach.is_locked(sock):  # ... or between attaching and locking
+            attach.attach_filter(sock, -1)
+        return Taken(found, judged=claim(found, pid).get("judged") is True, made=False)
+
+    def install(self, where: SocketState, prog_fd: int) -> None:
+        """Forget the socket's runtime rules (they last until the next start or
+        reload), then put the program in its slot: one atomic update, no unfiltered
+        moment."""
+        if self.has_pin(where, "runtime"):
+            fd, count_fd = self.open_pin(where, "runtime"), self.open_pin(where, "runtime_count")
+            try:
+                bpf_calls.map_update(count_fd, _U32.pack(0), _U32.pack(0))
+                for key in bpf_calls.map_keys(fd, RUNTIME_KEY.size):
+                    bpf_calls.map_delete(fd, key)
+            finally:
+                os.close(fd)
+                os.close(count_fd)
+        slot = self.open_pin(where, "slot")
+        try:
+            bpf_calls.prog_array_set(slot, 0, prog_fd)
+        except OSError as err:
+            raise _fail(f"installing the new program for {where.dir}", err) from None
+        finally:
+            os.close(slot)
+
     def create(
         self, service: str, sock: socket.socket, label: str, pid: int = 0
     ) -> tuple[SocketState, int]:
@@ -586,7 +647,7 @@ class Store:
             raise _fail(f"pinning the state of {service} in {state.dir}", err) from None
         own(state.dir)
         # Until this socket is bound, sock_diag does not list it: gc keeps it by this pid.
-        # Its queue is not judged yet (take_socket).
+        # Its queue is not judged yet (Store.take).
         write_meta(
             state,
             {"pid": pid or os.getpid(), "netns": socket_netns_cookie(sock), "service": service,
@@ -627,7 +688,7 @@ class Store:
         return ""
 
     def attach_pinned(self, where: SocketState, sock: socket.socket) -> None:
-        """Attach and lock the socket's pinned dispatcher (take_socket's repair)."""
+        """Attach and lock the socket's pinned dispatcher (Store.take's repair)."""
         dispatch = self.open_pin(where, "dispatch")
         try:
             attach.attach_filter(sock, dispatch)
@@ -864,7 +925,7 @@ def gc_everywhere() -> list[SocketState]:
 
 @dataclass(frozen=True)
 class Taken:
-    """A socket of a service's, as take_socket left it: filtered by the dispatcher pinned
+    """A socket of a service's, as Store.take left it: filtered by the dispatcher pinned
     in ``state``, and ``judged`` if what was queued on it has been judged since."""
 
     state: SocketState
@@ -872,86 +933,22 @@ class Taken:
     made: bool  # its state was made by this start
 
 
-def take_socket(tree: Store, service: str, sock: socket.socket, label: str) -> Taken:
-    """Bring a socket to "filtered by our locked dispatcher", from wherever a start
-    before this one left it.
-
-    The kernel says whether the socket carries a filter (SO_GET_FILTER); the pins are
-    a cache, and what they say is checked against it:
-
-        no pins, no filter  a new socket: pin its state (the dispatcher last), then
-                            attach and lock the dispatcher; its empty slot drops
-        pins, no filter     a start died between the two: attach the pinned one
-        pins, filter        ours (only the holder of the socket can attach, and our
-                            pins for its cookie say who did): lock it if a start died
-                            before it could
-        no pins, filter     someone else's filter: refused
-
-    The invariant: a socket with pinned state carries the dispatcher pinned there,
-    attached and locked, or gets it from the next start before anything else is done
-    with it.  A kill at any point between the steps leaves one of these four, each
-    of which the next start settles.  What was queued on the socket counts as judged
-    only once the meta says so (mark_judged, after the judgement), so a start that died
-    before that leaves it to the next one.  The pinned dispatcher's own slot is checked
-    too (check_pins): a damaged state refuses rather than fill a slot nobody calls.
-    """
-    filtered = attach.has_filter(sock)
-    found = tree.find(service, sock)
-    if found is not None:
-        problem = tree.check_pins(found)
-        if problem and filtered:
-            raise AlfError(
-                f"the pinned state of {attach.describe(sock)} in {found.dir}",
-                f"is damaged: {problem}",
-                f"nothing was changed; {socket_unit_restart()}",
-                EX_CONFIG,
-            )
-        if problem:  # no filter yet: nothing relies on it; made anew below
-            tree.remove(found)
-            found = None
-    if found is None:
-        if filtered:
-            raise AlfError(
-                f"filtering {attach.describe(sock)}",
-                f"it carries a filter that alfwrapper did not attach for service {service}",
-                "start with the --service name it was filtered under, or, for fresh "
-                f"sockets, {socket_unit_restart()}",
-                EX_CONFIG,
-            )
-        made, dispatch = tree.create(service, sock, label)
-        crash_point("pinned")
-        try:
-            attach.attach_filter(sock, dispatch)
-        finally:
-            os.close(dispatch)
-        crash_point("attached")
-        return Taken(made, judged=False, made=True)
-    if not filtered:  # a start died between pinning and attaching
-        tree.attach_pinned(found, sock)
-        crash_point("attached")
-        claim(found)
-        return Taken(found, judged=False, made=False)
-    if not attach.is_locked(sock):  # ... or between attaching and locking
-        attach.attach_filter(sock, -1)
-    return Taken(found, judged=claim(found).get("judged") is True, made=False)
-
-
-def claim(where: SocketState) -> dict[str, object]:
-    """Name this process in the meta of a socket's state taken from an earlier start
+def claim(where: SocketState, pid: int = 0) -> dict[str, object]:
+    """Name this process (or ``pid``) in the meta of a socket's state taken from an earlier start
     (dead, or stopped for a restart), and return the meta.  Until describe_sockets
     rewrites it, a gc then keeps the state by this pid as well as by the socket's
     cookie: whatever a gc's sock_diag listing misses while this start compiles, it
     does not take the state from under it (which would leave the socket locked on a
     dispatcher no start can find again)."""
     meta = read_meta(where)
-    if meta.get("pid") != os.getpid():
-        meta["pid"] = os.getpid()
+    if meta.get("pid") != (pid or os.getpid()):
+        meta["pid"] = pid or os.getpid()
         write_meta(where, meta)
     return meta
 
 
 def mark_judged(where: SocketState) -> None:
-    """Write down that what was queued on the socket has been judged (take_socket)."""
+    """Write down that what was queued on the socket has been judged (Store.take)."""
     meta = read_meta(where)
     meta["judged"] = True
     write_meta(where, meta)

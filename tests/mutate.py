@@ -135,7 +135,7 @@ MUTATIONS = [
     Mutation(
         "a-start-leaves-a-dead-start-named-in-the-meta",
         "alfwrapper/state.py",
-        '    if meta.get("pid") != os.getpid():\n',
+        '    if meta.get("pid") != (pid or os.getpid()):\n',
         "    if False:\n",
         (
             "tests/integration/test_state.py::"
@@ -701,9 +701,9 @@ MUTATIONS += [
     Mutation(
         "restart-fills-the-slot",
         "alfwrapper/lifecycle/programs.py",
-        "            state.install(record.pins, record.loaded.fd)\n",
+        "            state.store().install(record.pins, record.loaded.fd)\n",
         "            if record.fresh:\n"
-        "                state.install(record.pins, record.loaded.fd)\n",
+        "                state.store().install(record.pins, record.loaded.fd)\n",
         ("tests/boot/test_lifecycle.py::test_restarts_and_idle_exits_keep_the_current_rules",),
     ),
     Mutation(
@@ -737,8 +737,8 @@ MUTATIONS += [
     Mutation(
         "reload-swaps",
         "alfwrapper/lifecycle/service.py",
-        "        state.install(m.pins, loaded[id(m)].fd)\n",
-        "        pass\n",
+        "            state.store().install(m.pins, loaded[id(m)].fd)\n",
+        "            pass\n",
         ("tests/boot/test_lifecycle.py::test_reload_keeps_a_long_lived_connection",),
     ),
     Mutation(
@@ -907,8 +907,8 @@ MUTATIONS += [
     Mutation(
         "queue-judged-once-pinned",
         "alfwrapper/state.py",
-        '    return Taken(found, judged=claim(found).get("judged") is True, made=False)',
-        "    return Taken(found, judged=True, made=False)",
+        '        return Taken(found, judged=claim(found, pid).get("judged") is True, made=False)',
+        "        return Taken(found, judged=True, made=False)",
         ("tests/adversarial/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
     ),
     Mutation(
@@ -1005,8 +1005,8 @@ MUTATIONS += [
     Mutation(
         "random-kills-find-a-queue-taken-as-judged",
         "alfwrapper/state.py",
-        '    return Taken(found, judged=claim(found).get("judged") is True, made=False)',
-        "    return Taken(found, judged=True, made=False)",
+        '        return Taken(found, judged=claim(found, pid).get("judged") is True, made=False)',
+        "        return Taken(found, judged=True, made=False)",
         ("tests/adversarial/test_crash.py::test_seeded_random_kills_leave_the_socket_filtered",),
     ),
     Mutation(
@@ -1217,6 +1217,34 @@ MUTATIONS += [
         ' or knock.name in kept_knock or "*" in kept_knock:',
         " or knock.name in kept_knock:",
         ("tests/integration/test_state.py::test_gc_keeps_the_knock_state_of_a_start_in_progress",),
+    ),
+    Mutation(
+        "loader-take-names-its-worker",
+        "alfwrapper/loader/server.py",
+        "        taken = tree.take(service, sock, label, who.pid)\n",
+        "        taken = tree.take(service, sock, label)\n",
+        ("tests/integration/test_loader.py::test_a_take_is_one_request_that_names_the_caller",),
+    ),
+    Mutation(
+        "loader-installs-any-fd",
+        "alfwrapper/loader/server.py",
+        '    if len(fds) != 1 or _bpf_kind(fds[0]) != "prog":\n',
+        "    if len(fds) != 1:\n",
+        ("tests/integration/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
+    ),
+    Mutation(
+        "install-keeps-runtime-rules",
+        "alfwrapper/state.py",
+        '        if self.has_pin(where, "runtime"):\n',
+        "        if False:\n",
+        ("tests/integration/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
+    ),
+    Mutation(
+        "rules-go-to-the-loader-unencoded",
+        "alfwrapper/loader/protocol.py",
+        "    data = json.dumps(message, default=_on_wire).encode()\n",
+        "    data = json.dumps(message, default=str).encode()\n",
+        ("tests/unit/test_loader_protocol.py::test_rules_survive_the_trip",),
     ),
 ]
 

@@ -14,7 +14,7 @@ from alfwrapper.policy.rules import SocketRules
 
 def filter_sockets(records: list[SocketRecord], service: str, pinned: bool) -> list[LoadedFilter]:
     """Each socket's filter, in three phases with a crash point after each: every kept
-    socket taken by its pinned dispatcher (state.take_socket: found again by its cookie
+    socket taken by its pinned dispatcher (state.Store.take: found again by its cookie
     or made; only if ``pinned``), then the programs loaded and filled, then put into the
     slots (atomically), or, where no state is kept, onto the sockets.  Returns the
     programs: one for each socket with pinned state (its maps are its own), and one
@@ -23,7 +23,7 @@ def filter_sockets(records: list[SocketRecord], service: str, pinned: bool) -> l
     no program (its rules judge its one peer: backlog.judge_connection)."""
     kept = [r for r in records if not r.connected]
     for record in kept if pinned else []:
-        taken = state.take_socket(state.store(), service, record.sock, record.label)
+        taken = state.store().take(service, record.sock, record.label)
         record.pins, record.judged, record.made = taken.state, taken.judged, taken.made
 
     env = FillEnv.of_host(r.rules for r in kept)
@@ -57,8 +57,7 @@ def filter_sockets(records: list[SocketRecord], service: str, pinned: bool) -> l
     for record in kept:
         if record.pins is not None:
             assert record.loaded is not None
-            state.clear_runtime(record.pins)  # runtime rules last until the next start
-            state.install(record.pins, record.loaded.fd)
+            state.store().install(record.pins, record.loaded.fd)
         elif record.loaded is not None:
             attach.attach_filter(record.sock, record.loaded.fd)
     crash_point("installed")

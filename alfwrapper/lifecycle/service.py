@@ -134,8 +134,7 @@ def reload(
         loaded, watcher = load_members(service, found, rules, app)
         crash_point("reload-loaded")
         for m in found:
-            state.clear_runtime(m.pins)  # runtime rules last until the next reload
-            state.install(m.pins, loaded[id(m)].fd)
+            state.store().install(m.pins, loaded[id(m)].fd)
             crash_point("reload-installed")
         old_watchers = {int(str(m.meta.get("watcher", 0)) or 0) for m in found} - {0, watcher}
         for pid in old_watchers:

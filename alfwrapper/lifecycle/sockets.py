@@ -36,7 +36,7 @@ class SocketRecord:
     label: str = ""  # its programs' and maps' name (program.label; gather_sockets)
     loaded: LoadedFilter | None = None
     pins: state.SocketState | None = None  # its pinned state, unless Accept=yes
-    judged: bool = False  # what was queued on it is judged (state.take_socket)
+    judged: bool = False  # what was queued on it is judged (state.Store.take)
     made: bool = False  # its pinned state was made by this start
 
     @property

@@ -2,7 +2,7 @@
 
     Policy -> sockets (inherited, created: sockets.py) -> each taken: its pinned
       state found by cookie or made, and the fixed dispatcher attached and locked
-      (state.take_socket; its empty slot drops) -> programs (planned, loaded, filled)
+      (Store.take; its empty slot drops) -> programs (planned, loaded, filled)
       -> into each socket's slot (programs.py) -> judge what was queued on inherited
       sockets not judged yet, or an Accept=yes peer (backlog.py) -> bind created
       sockets -> interface watcher, drop log forwarder (companions.py) -> drop
@@ -14,7 +14,7 @@ datagrams that arrived before; backlog.py judges them.  A socket an earlier
 start filtered (a restart, an idle exit and a new activation) keeps its
 dispatcher: the new program takes over the slot in one update.  Each step that
 changes the kernel's or the pinned state is a crash point (faults.py): a start
-killed anywhere leaves a state the next start settles (state.take_socket).
+killed anywhere leaves a state the next start settles (state.Store.take).
 """
 
 from __future__ import annotations

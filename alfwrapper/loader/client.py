@@ -18,13 +18,13 @@ from alfwrapper.errors import (
     AlfError,
 )
 from alfwrapper.host import bpf_calls
+from alfwrapper.host.faults import crash_point
 from alfwrapper.loader.protocol import (
     BUSY_SECONDS,
     READ_SECONDS,
     REQUEST_LIMIT,
     WORK_SECONDS,
     connect,
-    encode_rules,
     from_wire,
     receive,
     send,
@@ -93,17 +93,15 @@ class Broker(state.Store):
     def root(self, create: bool = True) -> Path:
         return self.base
 
-    def find(self, service: str, sock: socket.socket) -> state.SocketState | None:
-        answer, _ = self.request({"op": "find", "service": service}, [sock.fileno()])
-        return self.state(service, int(answer["cookie"])) if answer.get("found") else None
-
-    def create(
-        self, service: str, sock: socket.socket, label: str, pid: int = 0
-    ) -> tuple[state.SocketState, int]:
-        answer, fds = self.request(
-            {"op": "create", "service": service, "label": label}, [sock.fileno()]
+    def take(self, service: str, sock: socket.socket, label: str, pid: int = 0) -> state.Taken:
+        """Store.take, by the loader, in one request: this process is the one named."""
+        answer, _ = self.request(
+            {"op": "take", "service": service, "label": label}, [sock.fileno()]
         )
-        return self.state(service, int(answer["cookie"])), fds[0]
+        where = self.state(service, int(answer["cookie"]))
+        taken = state.Taken(where, answer.get("judged") is True, answer.get("made") is True)
+        crash_point("attached")  # the loader pinned and attached; nothing is loaded yet
+        return taken
 
     def remove(self, where: state.SocketState) -> None:
         self.request({"op": "remove", "service": where.service, "cookie": where.cookie})
@@ -112,11 +110,10 @@ class Broker(state.Store):
         answer, _ = self.request({"op": "check", "service": where.service, "cookie": where.cookie})
         return str(answer.get("problem", ""))
 
-    def attach_pinned(self, where: state.SocketState, sock: socket.socket) -> None:
-        """The loader attaches the dispatcher itself: it never leaves the loader."""
-        self.request(
-            {"op": "attach", "service": where.service, "cookie": where.cookie}, [sock.fileno()]
-        )
+    def install(self, where: state.SocketState, prog_fd: int) -> None:
+        """Store.install, by the loader, in one request."""
+        self.request({"op": "install", "service": where.service, "cookie": where.cookie}, [prog_fd])
+        self._pins.pop(where, None)
 
     def open_pin(self, where: state.SocketState, name: str) -> int:
         _, fds = self.request(
@@ -168,7 +165,7 @@ class Broker(state.Store):
         maps, if ``where``); its fd and id."""
         message: dict[str, Any] = {
             "op": "load",
-            "rules": encode_rules(rules),
+            "rules": rules,  # in its wire form by send
             "label": label,
             "listener": listener,
         }

@@ -66,7 +66,8 @@ def connect(conn: socket.socket, path: str) -> None:
 
 
 def send(conn: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-    data = json.dumps(message).encode()
+    """One request or answer, its SocketRules values in their wire form (encode_rules)."""
+    data = json.dumps(message, default=_on_wire).encode()
     if len(data) > REQUEST_LIMIT:
         raise AlfError("a request to the loader", f"is {len(data) >> 20} MiB, more than the "
                        f"{REQUEST_LIMIT >> 20} MiB it takes", "use fewer rules, or run "
@@ -168,6 +169,12 @@ def encode_rules(rules: SocketRules) -> dict[str, Any]:
             "sets": [[m.map, m.key, m.value] for m in rules.custom.sets],
         }
     return out
+
+
+def _on_wire(value: Any) -> Any:
+    if isinstance(value, SocketRules):
+        return encode_rules(value)
+    raise TypeError(f"{type(value).__name__} has no wire form")
 
 
 def request_field(d: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:

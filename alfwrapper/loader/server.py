@@ -33,7 +33,7 @@ from alfwrapper.errors import (
     EX_USAGE,
     AlfError,
 )
-from alfwrapper.host import bpf_calls, cgroups, landlock
+from alfwrapper.host import attach, bpf_calls, cgroups, landlock
 from alfwrapper.loader.protocol import (
     FD_VALUE_LIMIT,
     LENGTH,
@@ -430,34 +430,29 @@ def _check(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits)
     return {"problem": who.store.check_pins(_where(message, who))}, []
 
 
-@_op("attach")  # the pinned dispatcher onto the socket it was made for
-def _attach(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+@_op("take")  # Store.take: the socket brought under its pinned dispatcher
+def _take(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
+    service = state.check_service(request_field(message, "service", str))
+    label = _label(message)
+    with _socket_of(fds) as sock:
+        tree = who.store
+        tree.root(create=True)
+        if not attach.has_filter(sock) and tree.find(service, sock) is None:
+            tree.gc()  # a new socket's state: one more dispatcher, within the quota
+            check_quota(who, limits, extra_programs=1)
+        taken = tree.take(service, sock, label, who.pid)
+        return {"cookie": taken.state.cookie, "judged": taken.judged, "made": taken.made}, []
+
+
+@_op("install")  # Store.install: a socket filter of the caller's into its own slot
+def _install(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
     where = _where(message, who)
-    with _socket_of(fds) as sock:
-        if state.socket_cookie(sock) != where.cookie:
-            raise bad_request("that socket is not the one this state was made for")
-        who.store.attach_pinned(where, sock)
+    if len(fds) != 1 or _bpf_kind(fds[0]) != "prog":
+        raise bad_request("install carries the fd of one BPF program")
+    if bpf_calls.prog_type(fds[0]) != PROG_TYPE_SOCKET_FILTER:
+        raise AlfError("install", "only socket filters go in a slot", "", EX_NOPERM)
+    who.store.install(where, fds[0])
     return {}, []
-
-
-@_op("find")
-def _find(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
-    service = state.check_service(request_field(message, "service", str))
-    with _socket_of(fds) as sock:
-        who.store.root(create=True)
-        found = who.store.find(service, sock)
-        return {"found": found is not None, "cookie": state.socket_cookie(sock)}, []
-
-
-@_op("create")
-def _create(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
-    service = state.check_service(request_field(message, "service", str))
-    with _socket_of(fds) as sock:
-        who.store.gc()
-        check_quota(who, limits, extra_programs=1)
-        label = _label(message)
-        where, dispatch = who.store.create(service, sock, label, who.pid)
-        return {"cookie": where.cookie}, [dispatch]
 
 
 @_op("fd")

@@ -3,8 +3,8 @@
     loader_client.py REQUEST_JSON|@FILE [--socket tcp|udp] [--pins SERVICE:COOKIE:NAME,...]
                      [--file PATH] [--raw BYTES_HEX]
 
-Prints one JSON line: the answer, and for each fd handed back its kind
-(prog:TYPE or map:TYPE).  --pins sends fds of the user's own pinned maps
+Prints one JSON line: the answer, for each fd handed back its kind
+(prog:TYPE or map:TYPE), and this process's pid.  --pins sends fds of the user's own pinned maps
 (opened through the loader first), --file an open file's.  With --raw, sends
 those bytes as they are instead (for malformed requests) and prints the
 answer, or {"closed": true}.
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
         except Exception as err:  # noqa: BLE001  (the answer is the test's business)
             print(json.dumps({"closed": True, "why": str(err)}))
             return 0
-    print(json.dumps({"answer": answer, "fds": [kind(fd) for fd in got]}))
+    print(json.dumps({"answer": answer, "fds": [kind(fd) for fd in got], "pid": os.getpid()}))
     return 0
 
 

@@ -57,6 +57,13 @@ def test_live_deny_allow_revoke_at_a_million_rules(
     out = cli("revoke", "live", "192.0.2.2", "2001:db8:a::/48", "198.51.100.0/24")
     assert out.returncode == 0, out.stderr
     check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
+    # A reload starts again from the policy: the runtime rules are forgotten.
+    assert cli("deny", "live", "192.0.2.2", "2001:db8:a::/48").returncode == 0
+    check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080)])
+    out = cli("reload", "live")
+    assert out.returncode == 0, out.stderr
+    assert "deny 192.0.2.2/32" not in cli("show", "live").stdout
+    check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
     assert svc.proc.poll() is None and svc.proc.pid == pid
 
 

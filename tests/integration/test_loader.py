@@ -11,6 +11,7 @@ import os
 import pwd
 import random
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -225,6 +226,7 @@ def test_one_user_cannot_touch_anothers_service(
         {"op": "open", "service": "app", "cookie": cookie, "name": "slot"},
         {"op": "pins", "service": "app", "cookie": cookie},
         {"op": "remove", "service": "app", "cookie": cookie},
+        {"op": "install", "service": "app", "cookie": cookie},
         {"op": "load", "service": "app", "cookie": cookie, "label": "app_t8080",
          "rules": {"allow": ["198.51.100.0/24"]}},
     ):  # fmt: skip
@@ -236,6 +238,22 @@ def test_one_user_cannot_touch_anothers_service(
     probe = subprocess.run(own_b.command(["ls", str(PINS / str(own_a.uid))]),
                            capture_output=True, text=True)  # fmt: skip
     assert probe.returncode != 0 and "Permission denied" in probe.stderr
+
+
+def test_a_take_is_one_request_that_names_the_caller(
+    users: Callable[[str], OwnManager], readable_copy: Path
+) -> None:
+    """The loader takes a socket for a start in one request (Store.take), and names the
+    start's process in the meta, not its own worker: a gc keeps the state by that pid
+    while the start compiles."""
+    own = users(USER_A)
+    got = raw(own, readable_copy, {"op": "take", "service": "t", "label": "t_u1"},
+              "--socket", "udp")  # fmt: skip
+    assert got["answer"]["made"] is True and got["answer"]["judged"] is False, got
+    where = state.SocketState("t", got["answer"]["cookie"], PINS / str(own.uid))
+    assert state.read_meta(where)["pid"] == got["pid"], got
+    assert (where.dir / "dispatch").exists()
+    shutil.rmtree(where.service_dir)
 
 
 def test_only_socket_filters_and_only_new_maps(
@@ -320,6 +338,11 @@ def test_fd_calls_are_only_what_holding_the_fds_allows(
          pins("slot"), "not on a map of type 3"),
         (fd_request("prog_array_set", index=0), pins("slot", "counters"),
          "prog_fd must be the fd of a BPF prog"),
+        # A slot takes a program only: install carries one, the loader checks it.
+        ({"op": "install", "service": "app", "cookie": cookie}, pins("counters"),
+         "install carries the fd of one BPF program"),
+        ({"op": "install", "service": "app", "cookie": cookie}, ["--file", "/etc/passwd"],
+         "install carries the fd of one BPF program"),
         # Calls that are not on fds, or a file that is not a BPF object.
         (fd_request("map_create", kind=2, name="x", key_size=4, value_size=4, entries=1), [],
          "is not a call the loader makes"),
@@ -501,11 +524,11 @@ def hostile_requests() -> Iterator[tuple[bytes, list[int]]]:
     junk = base64.b64encode(zlib.compress(b"hello")).decode()  # zlib, but not rules
     yield framed({"op": "load", "label": "a_t1", "rules": {"allow": {"packed": junk}}}), []
     r, w = os.pipe()
-    yield framed({"op": "find", "service": "x"}), [r]  # not a socket
+    yield framed({"op": "take", "service": "x", "label": "a_t1"}), [r]  # not a socket
     os.close(r)
     os.close(w)
     pair = socket.socketpair()
-    yield framed({"op": "create", "service": "x", "label": "a_t1"}), [pair[0].fileno()]
+    yield framed({"op": "take", "service": "x", "label": "a_t1"}), [pair[0].fileno()]
     pair[0].close()
     pair[1].close()
 

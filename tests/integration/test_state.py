@@ -299,10 +299,10 @@ def test_a_start_claims_the_state_it_takes_before_it_compiles(bpf_root: None) ->
     os.waitpid(child, 0)  # a pid that was a process and is no more: the dead start's
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
         tree = state.store()
-        first = state.take_socket(tree, "claimed", sock, "claimed_t0")
+        first = tree.take("claimed", sock, "claimed_t0")
         try:
             state.write_meta(first.state, {**state.read_meta(first.state), "pid": child})
-            taken = state.take_socket(tree, "claimed", sock, "claimed_t0")  # the next start
+            taken = tree.take("claimed", sock, "claimed_t0")  # the next start
             assert taken.state == first.state and not taken.made
             assert state.read_meta(taken.state)["pid"] == os.getpid()
             assert tree._collect({taken.state.dir}, set, None) == []  # noqa: SLF001

@@ -16,6 +16,8 @@ from alfwrapper.policy.rules import CustomFilter, MapSetting, SocketRules
 
 
 def test_rules_survive_the_trip(tmp_path: Any) -> None:
+    """What a client sends is what the loader reads: send encodes a SocketRules, and
+    nothing else that JSON lacks."""
     source = tmp_path / "f.c"
     source.write_text('#include "common.h"\nint filter(struct __sk_buff *skb) { return 1; }\n')
     secret = tmp_path / "secret"
@@ -26,8 +28,11 @@ def test_rules_survive_the_trip(tmp_path: Any) -> None:
          "--filter", str(source), "--set", "m", "1", "2", "--", "true"]
     )  # fmt: skip
     rules = policy.rules_for("x")
-    wire = json.loads(json.dumps(protocol.encode_rules(rules)))
-    back = protocol.decode_rules(wire)
+    a, b = socket.socketpair()
+    with a, b:  # a request carries the rules themselves: send puts them in wire form
+        protocol.send(a, {"op": "load", "rules": rules})
+        message, _ = protocol.receive(b, protocol.REQUEST_LIMIT, 5, 1)
+    back = protocol.decode_rules(message["rules"])
     assert back.custom is not None and rules.custom is not None
     assert back.custom.source == source.read_text()  # the text travels, not the path
     assert back == SocketRules(
@@ -35,6 +40,8 @@ def test_rules_survive_the_trip(tmp_path: Any) -> None:
         CustomFilter(str(source), (MapSetting("m", "1", "2"),), source.read_text()),
         rules.log_rate,
     )  # fmt: skip
+    with socket.socket() as unused, pytest.raises(TypeError, match="has no wire form"):
+        protocol.send(unused, {"rules": object()})
 
 
 HOSTILE: list[Any] = [
