@@ -401,7 +401,7 @@ def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> 
         where, dispatch = state.store().create(name, sock, label)
         try:
             loaded = state.store().load_filter(rules, where, label, [])
-            state.install(where, loaded.fd)
+            state.store().install(where, loaded.fd)
             # The same program, directly and behind the dispatcher, interleaved.
             direct, behind = [], []
             for _ in range(rounds):

@@ -1246,6 +1246,20 @@ MUTATIONS += [
         "    data = json.dumps(message, default=str).encode()\n",
         ("tests/unit/test_loader_protocol.py::test_rules_survive_the_trip",),
     ),
+    Mutation(
+        "ipv6-bulk-keeps-covered-prefixes",
+        "alfwrapper/bpf/subnet_table.py",
+        "            inside |= _member(",
+        "            inside &= _member(",
+        ("tests/unit/test_subnet_table.py::test_ipv6_in_bulk_is_the_same_table",),
+    ),
+    Mutation(
+        "ipv6-laid-out-one-at-a-time",
+        "alfwrapper/bpf/subnet_table.py",
+        "    bulk = _table64(rules, allow_root)\n",
+        "    bulk = None\n",
+        ("tests/unit/test_subnet_table.py::test_ipv6_in_bulk_only_where_it_applies",),
+    ),
 ]
 
 

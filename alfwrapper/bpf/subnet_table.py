@@ -1,4 +1,4 @@
-"""Compile subnet rules into the lookup tables the subnet filter reads (pure Python).
+"""Compile subnet rules into the lookup tables the subnet filter reads.
 
 Why not a BPF LPM trie: its lookup walks one node per prefix bit in the worst
 case and gets slower as the rule set grows (about 1,500 ns a packet at a
@@ -23,6 +23,9 @@ that a packet costs a fixed, small number of dependent memory reads:
   for its whole block, or "descend", in which case the PASS bit is the
   verdict for the parts of the block that have no entry of their own.
   Prefixes expand to the next level boundary, at most 2**7 entries per rule.
+  Built with numpy where only one list has IPv6 rules and none is longer than
+  64 bits (_table64: a blocklist, or an allow list of /48s to /64s); otherwise
+  one prefix at a time (_family_table), to the same table.
 """
 
 from __future__ import annotations
@@ -278,17 +281,100 @@ def _family_table(
     return roots, nodes, tuple(level_bytes)
 
 
+def _table64(
+    rules: SubnetRules, allow_root: int
+) -> tuple[list[int], dict[int, tuple[Array, Array]], tuple[int, ...]] | None:
+    """_family_table for IPv6 by numpy, where it is simple: one list (allow or deny,
+    the other uniform), no prefix longer than 64 bits (so a block is a uint64).  The
+    same table; None where it does not apply."""
+    deny, allow = _of_family(rules.deny, 6), _of_family(rules.allow, 6)
+    if len(deny) and len(allow):
+        return None
+    one = deny if len(deny) else allow
+    if len(one) and int(one.length.max()) > 64:
+        return None
+    import numpy as np  # noqa: PLC0415
+
+    lengths = {int(n) for n in np.unique(one.length)}
+    level_bytes = sorted({(n + 7) // 8 for n in lengths if n > ROOT_BITS})
+    level_bits = [ROOT_BITS] + [8 * b for b in level_bytes]
+    full, partial = _cover64(one.high, one.length, level_bits)
+    if len(deny):
+        node_of = {st: _node(st, allow_root) for st in (_FULL, _PARTIAL)}
+    else:
+        node_of = {st: _node(_NONE, st) for st in (_FULL, _PARTIAL)}
+    roots = np.full(ROOT_SLOTS, _node(_NONE, allow_root), np.int64)
+    roots[full[0].astype(np.int64)] = node_of[_FULL]
+    roots[partial[0].astype(np.int64)] = node_of[_PARTIAL]
+    columns = {}
+    if node_of[_PARTIAL] & NODE_DESCEND:
+        for depth, nbytes in enumerate(level_bytes, 1):
+            columns[nbytes] = (
+                np.concatenate([full[depth], partial[depth]]),
+                np.concatenate([np.full(len(full[depth]), node_of[_FULL], np.uint8),
+                                np.full(len(partial[depth]), node_of[_PARTIAL], np.uint8)]),
+            )  # fmt: skip
+    return roots.tolist(), columns, tuple(level_bytes)
+
+
+def _cover64(
+    highs: Array, lengths: Array, level_bits: list[int]
+) -> tuple[list[Array], list[Array]]:
+    """_cover by numpy, for prefixes of at most 64 bits (``highs``: their top 64 bits):
+    per level, the blocks covered fully and those covered partly, sorted."""
+    import numpy as np  # noqa: PLC0415
+
+    depth_of = np.searchsorted(np.array(level_bits), lengths, side="left")
+    full: list[Array] = []
+    kept: list[Array] = []  # per level, the prefixes not inside a fully covered block
+    for depth, bits in enumerate(level_bits):
+        mine = depth_of == depth
+        high, length = highs[mine], lengths[mine].astype(np.int64)
+        inside = np.zeros(len(high), bool)
+        for above, above_bits in zip(full, level_bits, strict=False):
+            inside |= _member(high >> np.uint64(64 - above_bits), above)
+        high, length = high[~inside], length[~inside]
+        kept.append(high)
+        count = np.left_shift(1, bits - length)
+        first = high >> np.uint64(64 - bits)
+        starts = np.repeat(np.cumsum(count) - count, count)
+        offsets = (np.arange(int(count.sum())) - starts).astype(np.uint64)
+        full.append(np.unique(np.repeat(first, count) + offsets))
+    partial = []
+    for depth, bits in enumerate(level_bits):
+        below = [k >> np.uint64(64 - bits) for k in kept[depth + 1 :]]
+        partial.append(np.setdiff1d(np.unique(np.concatenate([np.zeros(0, np.uint64), *below])),
+                                    full[depth], assume_unique=True))  # fmt: skip
+    return full, partial
+
+
+def _member(values: Array, ordered: Array) -> Array:
+    """Which of ``values`` are in the sorted array ``ordered``."""
+    import numpy as np  # noqa: PLC0415
+
+    if not len(ordered):
+        return np.zeros(len(values), bool)
+    at = np.minimum(np.searchsorted(ordered, values), len(ordered) - 1)
+    return ordered[at] == values
+
+
 def build_subnet_table(rules: SubnetRules) -> SubnetTable:
     """Resolve the rules into one verdict per address block and lay out the maps."""
     allow_all = not rules.allow  # no allow rule at all: everything not denied passes
     v4 = build_v4(_of_family(rules.allow, 4), _of_family(rules.deny, 4), allow_all)
-    roots6, nodes6, levels6 = _family_table(6, rules, _FULL if allow_all else _NONE)
-    if len(nodes6) > MAX_NODES:
+    allow_root = _FULL if allow_all else _NONE
+    bulk = _table64(rules, allow_root)
+    if bulk is not None:
+        roots6, columns, levels6 = bulk
+        nodes6: list[tuple[int, int, int, int]] = []
+        count = sum(len(keys) for keys, _ in columns.values())
+    else:
+        roots6, nodes6, levels6 = _family_table(6, rules, allow_root)
+        columns = node_columns(nodes6, [n for n in levels6 if n <= BUCKET_MAX_BYTES])
+        count = len(nodes6)
+    if count > MAX_NODES:
         raise _too_big(f"more than {MAX_NODES} map entries")
-    bucket_levels, buckets = build_buckets(
-        [n for n in nodes6 if n[1] <= BUCKET_MAX_BYTES],
-        [n for n in levels6 if n <= BUCKET_MAX_BYTES],
-    )
+    bucket_levels, buckets = build_buckets(columns)
     return SubnetTable(
         v4=v4,
         roots=tuple(roots6),
@@ -568,21 +654,37 @@ def _place(keys: Array, bits: int, pair: tuple[int, int]) -> tuple[Any, Any] | N
     return bucket, slot
 
 
+def node_columns(
+    nodes: Sequence[tuple[int, int, int, int]], levels: Sequence[int]
+) -> dict[int, tuple[Array, Array]]:
+    """Nodes (family, byte count, block, node) as build_buckets takes them: per byte
+    count, the blocks (uint64) and their nodes (uint8)."""
+    import numpy as np  # noqa: PLC0415
+
+    columns = {}
+    for nbytes in levels:
+        mine = [n for n in nodes if n[1] == nbytes]
+        columns[nbytes] = (
+            np.fromiter((n[2] for n in mine), np.uint64, len(mine)),
+            np.fromiter((n[3] for n in mine), np.uint8, len(mine)),
+        )
+    return columns
+
+
 def build_buckets(
-    nodes: list[tuple[int, int, int, int]], levels: list[int]
+    columns: dict[int, tuple[Array, Array]],
 ) -> tuple[tuple[BucketLevel, ...], Any]:
-    """The bucket array of these IPv6 levels: about two keys a bucket, so a lookup
-    reads one cache line a level (a second only past a full one)."""
+    """The bucket array of these IPv6 levels (byte count -> blocks and their nodes):
+    about two keys a bucket, so a lookup reads one cache line a level (a second only
+    past a full one)."""
     import numpy as np  # noqa: PLC0415
 
     made, parts, offset = [], [], 0
-    for nbytes in levels:
-        mine = [n for n in nodes if n[1] == nbytes]
-        if not mine:
+    for nbytes in sorted(columns):
+        keys, values = columns[nbytes]
+        if not len(keys):
             continue  # every prefix of that length is covered by a shorter one
-        keys = np.fromiter((n[2] for n in mine), np.uint64, len(mine))
-        values = np.fromiter((n[3] for n in mine), np.uint8, len(mine))
-        bits = max(1, (len(mine) // KEYS_PER_BUCKET).bit_length())
+        bits = max(1, (len(keys) // KEYS_PER_BUCKET).bit_length())
         while True:
             for pair in MULTIPLIERS:
                 placed = _place(keys, bits, pair)

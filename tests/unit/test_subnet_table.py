@@ -152,3 +152,57 @@ def test_windows_give_the_table_whole(root_bits: int, monkeypatch: pytest.Monkey
     check(rules, probe_addresses(rng, rules, 3000))
     monkeypatch.undo()
     check(rules, probe_addresses(rng, rules, 3000))
+
+
+def nested_ipv6(rng: random.Random, count: int) -> list[Prefix]:
+    """IPv6 prefixes of up to 64 bits, many inside others and many on the same blocks:
+    what a blocklist of /48s, /56s and /64s with a few wider ranges looks like."""
+    out: list[Prefix] = []
+    for _ in range(count):
+        if out and rng.random() < 0.5:  # inside (or equal to) one already drawn
+            outer = rng.choice(out)
+            length = rng.randint(outer.length, 64)
+            value = outer.value | (rng.getrandbits(length - outer.length) << (128 - length))
+        else:
+            length = rng.choice((0, 7, 16, 17, 23, 32, 33, 40, 48, 56, 60, 63, 64))
+            value = (0x20010DB8 << 96 | rng.getrandbits(96)) >> (128 - length) << (128 - length)
+        out.append(Prefix(6, value & ~((1 << (128 - length)) - 1), length))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.integers(0, 60), st.booleans(), st.booleans())
+def test_ipv6_in_bulk_is_the_same_table(seed: int, count: int, denied: bool, v4: bool) -> None:
+    """One IPv6 list of prefixes of at most 64 bits (the other list empty, or of IPv4
+    only) is laid out by numpy: the same roots and the same entries as the general
+    path, entry for entry."""
+    rng = random.Random(seed)
+    six = tuple(nested_ipv6(rng, count))
+    four = (parse_prefix("192.0.2.0/24"),) if v4 else ()
+    rules = SubnetRules(allow=four if denied else six, deny=six if denied else four)
+    for allow_root in (subnet_table._NONE, subnet_table._FULL):  # noqa: SLF001
+        bulk = subnet_table._table64(rules, allow_root)  # noqa: SLF001
+        assert bulk is not None
+        roots, nodes, levels = subnet_table._family_table(6, rules, allow_root)  # noqa: SLF001
+        assert bulk[0] == roots and bulk[2] == levels
+        got = {(nbytes, int(k), int(v)) for nbytes, (keys, values) in bulk[1].items()
+               for k, v in zip(keys, values, strict=True)}  # fmt: skip
+        assert got == {(n[1], n[2], n[3]) for n in nodes}
+        assert sum(len(k) for k, _ in bulk[1].values()) == len(nodes)  # no entry twice
+    check(rules, probe_addresses(rng, rules, 40))
+
+
+def test_ipv6_in_bulk_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both lists with IPv6 rules, or a prefix longer than 64 bits: the general path;
+    otherwise the general path is not taken at all."""
+    both = rules_of(allow=["2001:db8::/32"], deny=["2001:db8::/48"])
+    long = rules_of(allow=["2001:db8::/32", "2001:db8::1/128"])
+    for rules in (both, long):
+        assert subnet_table._table64(rules, subnet_table._NONE) is None  # noqa: SLF001
+
+    def one_at_a_time(*args: object) -> None:
+        raise AssertionError("laid out one prefix at a time")
+
+    monkeypatch.setattr(subnet_table, "_family_table", one_at_a_time)
+    rules = rules_of(allow=["192.0.2.0/24", "2001:db8::/48", "2001:db8:1::/64"])
+    check(rules, [(6, 0x20010DB8 << 96), (6, 0x20010DB8_0002 << 80), (4, 0xC0000201)])
