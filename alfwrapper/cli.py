@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from alfwrapper import __version__, state
+from alfwrapper import __version__
 from alfwrapper.errors import EX_CONFIG, EX_SOFTWARE, EX_USAGE, AlfError, excerpt, missing_library
 from alfwrapper.host import activation, privileges
 from alfwrapper.lifecycle import wrapper
-from alfwrapper.observe import doctor
-from alfwrapper.policy import knocking
 from alfwrapper.policy.files import (
     KEYS,
     Entry,
@@ -37,8 +35,10 @@ from alfwrapper.policy.files import (
 from alfwrapper.policy.rules import (
     SOCKET_NAME_RULE,
     ListenSpec,
+    check_service,
     parse_listen,
     parse_ports,
+    service_name,
     valid_socket_name,
 )
 
@@ -271,7 +271,7 @@ def wrapper_main(argv: Sequence[str]) -> int:
         )
     args = wrapper_parser().parse_args(options)
     policy = policy_from_args(args, command, os.environ)
-    service = state.service_name(args.service, os.environ, policy.command)
+    service = service_name(args.service, activation.unit_of_this_process(), policy.command)
     return wrapper.run(
         policy, service, options, keep_capabilities=not args.no_capabilities, diverted=diverted
     )
@@ -451,9 +451,7 @@ def change_main(verb: str) -> Callable[[Sequence[str]], int]:
     def run(argv: Sequence[str]) -> int:
         args = change_parser(verb)().parse_args(argv)
         ops = _service_ops()
-        return int(
-            ops.out(ops.change(state.check_service(args.service), args.socket, verb, args.cidrs))
-        )
+        return int(ops.out(ops.change(check_service(args.service), args.socket, verb, args.cidrs)))
 
     return run
 
@@ -472,7 +470,7 @@ def show_parser() -> Parser:
 def show_main(argv: Sequence[str]) -> int:
     args = show_parser().parse_args(argv)
     ops = _service_ops()
-    return int(ops.out(ops.show(state.check_service(args.service))))
+    return int(ops.out(ops.show(check_service(args.service))))
 
 
 def status_parser() -> Parser:
@@ -503,7 +501,7 @@ def status_parser() -> Parser:
 def status_main(argv: Sequence[str]) -> int:
     args = status_parser().parse_args(argv)
     ops = _observe_ops()
-    report = ops.status(state.check_service(args.service) if args.service else "")
+    report = ops.status(check_service(args.service) if args.service else "")
     if args.json:
         text = json.dumps(report, indent=2) + "\n"
     elif args.prometheus:
@@ -535,7 +533,7 @@ def log_parser() -> Parser:
 
 def log_main(argv: Sequence[str]) -> int:
     args = log_parser().parse_args(argv)
-    service = state.check_service(args.service) if args.service else ""
+    service = check_service(args.service) if args.service else ""
     return int(_observe_ops().log(service, args.follow, args.json))
 
 
@@ -599,6 +597,8 @@ def doctor_main(argv: Sequence[str]) -> int:
                 "doctor", "--inetd and --no-capabilities go with --for", "add --for COMMAND",
                 EX_USAGE,
             )  # fmt: skip
+        from alfwrapper.observe import doctor  # noqa: PLC0415
+
         return doctor.main()
     if not args.command:
         raise AlfError("doctor --for", "no COMMAND given", "add the command and its "
@@ -638,6 +638,8 @@ def knock_parser() -> Parser:
 
 
 def knock_main(argv: Sequence[str]) -> int:
+    from alfwrapper.policy import knocking  # noqa: PLC0415
+
     args = knock_parser().parse_args(argv)
     if not 0 < args.port < 65536:
         raise AlfError(

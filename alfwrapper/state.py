@@ -40,14 +40,13 @@ import functools
 import json
 import os
 import pwd
-import re
 import shutil
 import socket
 import stat
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,10 +61,10 @@ from alfwrapper.errors import (
     EX_TEMPFAIL,
     EX_USAGE,
     AlfError,
-    excerpt,
 )
-from alfwrapper.host import attach, bpf_calls, libc, netns, sockdiag
+from alfwrapper.host import activation, attach, bpf_calls, libc, netns, sockdiag
 from alfwrapper.host.faults import crash_point
+from alfwrapper.policy.rules import check_service, valid_service
 
 if TYPE_CHECKING:
     from alfwrapper.bpf.compiler import LoadedFilter
@@ -84,7 +83,6 @@ TMPFS_MAGIC = 0x01021994
 META_SIZE = 8192
 LOCK_SECONDS = 10.0  # how long a start waits for a gc to let go of its service's folder
 SO_NETNS_COOKIE = 71  # Linux 5.14
-_SERVICE = re.compile(r"^[A-Za-z0-9_.@:\\-]{1,200}$")
 _U32 = struct.Struct("=I")
 
 
@@ -238,48 +236,12 @@ def service_of(folder: str) -> str:
     return folder.replace("%2E", ".")
 
 
-def check_service(name: str) -> str:
-    if not _SERVICE.match(name) or name.startswith("."):
-        raise AlfError(
-            f"service {excerpt(name)}",
-            "is not a service name",
-            "use letters, digits and . _ @ : - (up to 200)",
-            EX_USAGE,
-        )
-    return name
-
-
-def service_name(explicit: str, environ: Mapping[str, str], command: tuple[str, ...]) -> str:
-    """--service, else the systemd unit this process runs in, else the command's name."""
-    if explicit:
-        return check_service(explicit)
-    unit = unit_of_this_process()
-    if unit:
-        return check_service(unit)
-    base = os.path.basename(command[0]) if command else "alfwrapper"
-    return check_service(re.sub(r"[^A-Za-z0-9_.@:-]", "_", base) or "alfwrapper")
-
-
-def unit_of_this_process() -> str:
-    """The systemd service this process runs in (its cgroup's .service), without .service."""
-    try:
-        text = Path("/proc/self/cgroup").read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        units = [p for p in path.split("/") if p.endswith(".service")]
-        if units and not units[-1].startswith("user@"):
-            return units[-1][: -len(".service")]
-    return ""
-
-
 def socket_unit_restart() -> str:
     """How to get fresh sockets for this service: the command that restarts the socket
     unit that passed them.  systemd names it (TriggeredBy=) when systemctl may ask; in
     a sandboxed unit it often may not, and then it is the socket unit of the same name,
     systemd's default.  Outside systemd, a general hint."""
-    unit = unit_of_this_process()
+    unit = activation.unit_of_this_process()
     if not unit:
         return "restart the socket unit that passes them (systemctl list-sockets)"
     # A user manager sets $MANAGERPID for what it starts, the system one does not
@@ -890,7 +852,7 @@ def _service_folder(path: Path) -> bool:
     """A folder alfwrapper made for a service: not the users' trees, nor anything
     else someone left in the tree (which would otherwise break every listing)."""
     name = service_of(path.name)
-    return path.is_dir() and bool(_SERVICE.match(name)) and not name.startswith(".")
+    return path.is_dir() and valid_service(name)
 
 
 def user_stores() -> list[Store]:

@@ -389,12 +389,19 @@ MUTATIONS = [
     Mutation(
         "inetd-peer-not-judged",
         "alfwrapper/lifecycle/wrapper.py",
-        "            if record.connected:\n",
-        "            if record.connected and not record.stdin:\n",
+        "        if record.connected:\n",
+        "        if record.connected and not record.stdin:\n",
         (
             "tests/integration/test_inetd.py::test_a_peer_gone_before_the_filter_starts_nothing",
             "tests/integration/test_gallery.py::test_sshd_from_systemd_socket_activate_inetd",
         ),
+    ),
+    Mutation(
+        "denied-peer-imports-the-state",
+        "alfwrapper/lifecycle/wrapper.py",
+        "from alfwrapper.lifecycle import backlog\n",
+        "from alfwrapper import state  # noqa: F401\nfrom alfwrapper.lifecycle import backlog\n",
+        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
         "inetd-stderr-to-peer",
@@ -519,7 +526,7 @@ MUTATIONS = [
     ),
     Mutation(
         "bind-after-attach",
-        "alfwrapper/lifecycle/wrapper.py",
+        "alfwrapper/lifecycle/launch.py",
         "        loaded = programs.filter_sockets(records, service, pinned)\n",
         "        for record in records:\n            if record.spec is not None:\n"
         "                bind_socket(record.sock, record.spec)\n"
@@ -1084,7 +1091,7 @@ MUTATIONS += [
     ),
     Mutation(
         "options-checked-after-attaching",
-        "alfwrapper/lifecycle/wrapper.py",
+        "alfwrapper/lifecycle/launch.py",
         "    state.check_meta_room(argv, os.getcwd())\n",
         "",
         (

@@ -315,3 +315,18 @@ def _max_fd() -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     limit = hard if hard != resource.RLIM_INFINITY else 1 << 20
     return max(soft, min(limit, 1 << 30))
+
+
+def unit_of_this_process() -> str:
+    """The systemd service this process runs in (its cgroup's .service), without .service."""
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:  # noqa: PTH123
+            text = f.read()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        units = [p for p in path.split("/") if p.endswith(".service")]
+        if units and not units[-1].startswith("user@"):
+            return units[-1][: -len(".service")]
+    return ""

@@ -16,7 +16,6 @@ kernel's verdicts with it, and the benchmarks time it.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import functools
 import inspect
@@ -38,8 +37,10 @@ def libbpf() -> ctypes.CDLL:
         try:  # the soname first: find_library runs ldconfig, tens of milliseconds
             lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
         except OSError:
+            from ctypes.util import find_library  # noqa: PLC0415  (imports subprocess)
+
             try:
-                lib = ctypes.CDLL(ctypes.util.find_library("bpf") or "libbpf.so", use_errno=True)
+                lib = ctypes.CDLL(find_library("bpf") or "libbpf.so", use_errno=True)
             except OSError:
                 raise OSError(0, "libbpf.so.1 is missing (apt-get install libbpf1)") from None
         lib.bpf_prog_test_run_opts.argtypes = [ctypes.c_int, ctypes.c_void_p]

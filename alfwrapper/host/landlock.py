@@ -4,7 +4,6 @@ number, since glibc 2.36 has no wrappers and Debian 12 no library."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import stat

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 from alfwrapper.host.libc import LIBC, check

@@ -4,7 +4,6 @@ ring buffer manager cannot be used."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 import select

@@ -61,8 +61,6 @@ from typing import TYPE_CHECKING
 
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
 from alfwrapper.host.attach import describe, has_filter
-from alfwrapper.host.bpf_calls import prog_test_run
-from alfwrapper.host.frames import tcp_syn_frame, udp_frame
 from alfwrapper.policy.rules import SubnetRules
 
 if TYPE_CHECKING:
@@ -135,6 +133,10 @@ def endpoint(sockaddr: tuple[str, int] | tuple[str, int, int, int]) -> Endpoint:
 def program_judge(prog_fd: int, unjudgeable: bool) -> Judge:
     """Judge with the loaded program; where a test run cannot give the socket's verdict
     (interface rules, a developer's filter), nothing can be judged."""
+    # Imported here: an Accept=yes peer is judged by its rules (rules_judge), and a
+    # denied one should cost no more than it must.
+    from alfwrapper.host.bpf_calls import prog_test_run  # noqa: PLC0415
+    from alfwrapper.host.frames import tcp_syn_frame, udp_frame  # noqa: PLC0415
 
     def judge(peer: Endpoint, local: Endpoint, payload: bytes | None) -> bool | None:
         if unjudgeable:

@@ -4,6 +4,7 @@ then installed."""
 from __future__ import annotations
 
 from alfwrapper import state
+from alfwrapper.bpf import program
 from alfwrapper.bpf.compiler import LoadedFilter
 from alfwrapper.bpf.parts import FillEnv
 from alfwrapper.host import attach
@@ -22,6 +23,9 @@ def filter_sockets(records: list[SocketRecord], service: str, pinned: bool) -> l
     A connected Accept=yes socket lives as long as its one connection: no state and
     no program (its rules judge its one peer: backlog.judge_connection)."""
     kept = [r for r in records if not r.connected]
+    for record in kept:
+        port = record.spec.port if record.spec else record.sock.getsockname()[1]
+        record.label = program.label(service, record.protocol, port)
     for record in kept if pinned else []:
         taken = state.store().take(service, record.sock, record.label)
         record.pins, record.judged, record.made = taken.state, taken.judged, taken.made

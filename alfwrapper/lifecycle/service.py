@@ -22,12 +22,13 @@ from alfwrapper import state
 from alfwrapper.bpf import program
 from alfwrapper.bpf.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_key
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_USAGE, AlfError, excerpt
+from alfwrapper.host import activation
 from alfwrapper.host.faults import crash_point
 from alfwrapper.host.netns import netns as enter_netns
 from alfwrapper.lifecycle import companions
 from alfwrapper.policy.files import Policy
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
-from alfwrapper.policy.rules import SocketRules
+from alfwrapper.policy.rules import SocketRules, check_service
 from alfwrapper.state import alive
 
 if TYPE_CHECKING:
@@ -87,8 +88,8 @@ def members(service: str, name: str = "") -> list[Member]:
 def default_service(given: str) -> str:
     """The SERVICE argument, else the systemd unit we run in (ExecReload=)."""
     if given:
-        return state.check_service(given)
-    unit = state.unit_of_this_process()
+        return check_service(given)
+    unit = activation.unit_of_this_process()
     if not unit:
         raise AlfError(
             "service",
@@ -96,7 +97,7 @@ def default_service(given: str) -> str:
             "name the service: alfwrapper reload SERVICE",
             EX_USAGE,
         )
-    return state.check_service(unit)
+    return check_service(unit)
 
 
 def reload(

@@ -14,7 +14,6 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from alfwrapper.bpf import program
 from alfwrapper.errors import EX_NOPERM, EX_OSERR, EX_USAGE, AlfError
 from alfwrapper.host import activation
 from alfwrapper.policy.files import Policy
@@ -33,7 +32,7 @@ class SocketRecord:
     name: str
     rules: SocketRules
     spec: ListenSpec | None = None  # created by us (bound after attaching), else inherited
-    label: str = ""  # its programs' and maps' name (program.label; gather_sockets)
+    label: str = ""  # its programs' and maps' name (program.label; programs.filter_sockets)
     loaded: LoadedFilter | None = None
     pins: state.SocketState | None = None  # its pinned state, unless Accept=yes
     judged: bool = False  # what was queued on it is judged (state.Store.take)
@@ -62,7 +61,7 @@ class SocketRecord:
         return "tcp" if self.sock.type == socket.SOCK_STREAM else "udp"
 
 
-def gather_sockets(policy: Policy, service: str) -> list[SocketRecord]:
+def gather_sockets(policy: Policy) -> list[SocketRecord]:
     """Inherited sockets first (an inetd one on fd 0, then LISTEN_FDS' in their
     order), then the created ones (still unbound).  The names the rules are scoped
     to are checked before any socket is created."""
@@ -84,9 +83,6 @@ def gather_sockets(policy: Policy, service: str) -> list[SocketRecord]:
         SocketRecord(open_socket(spec), spec.name, policy.rules_for(spec.name), spec)
         for spec in policy.listens
     ]
-    for record in records:
-        port = record.spec.port if record.spec else record.sock.getsockname()[1]
-        record.label = program.label(service, record.protocol, port)
     return records
 
 

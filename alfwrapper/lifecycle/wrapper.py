@@ -1,12 +1,18 @@
 """The wrapper's life, one socket record each: sockets, state, programs, backlog, exec.
 
-    Policy -> sockets (inherited, created: sockets.py) -> each taken: its pinned
-      state found by cookie or made, and the fixed dispatcher attached and locked
-      (Store.take; its empty slot drops) -> programs (planned, loaded, filled)
-      -> into each socket's slot (programs.py) -> judge what was queued on inherited
-      sockets not judged yet, or an Accept=yes peer (backlog.py) -> bind created
-      sockets -> interface watcher, drop log forwarder (companions.py) -> drop
-      privileges -> exec COMMAND
+    Policy -> sockets (inherited, created: sockets.py) -> an Accept=yes peer judged
+      by its rules (backlog.py), a denied one reset before anything else is done
+      -> (launch.py) each kept socket taken: its pinned state found by cookie or
+      made, and the fixed dispatcher attached and locked (Store.take; its empty
+      slot drops) -> programs (planned, loaded, filled) -> into each socket's slot
+      (programs.py) -> judge what was queued on inherited sockets not judged yet
+      (backlog.py) -> bind created sockets -> interface watcher, drop log forwarder
+      (companions.py) -> drop privileges -> exec COMMAND
+
+A denied Accept=yes peer costs what this module imports and no more: the state,
+the programs and BCC's side (launch.py) are imported only for a start that goes
+on, so that a flood of denied connections, each one a wrapper started by
+systemd or inetd, costs as little as it can (docs/benchmarks.md has the figure).
 
 Created sockets are bound only after their filter is attached, so no packet
 reaches them unfiltered.  Inherited sockets may hold connections and
@@ -19,20 +25,12 @@ killed anywhere leaves a state the next start settles (state.Store.take).
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
-import time
 from typing import NoReturn
 
-from alfwrapper import state
-from alfwrapper.bpf import compiler
-from alfwrapper.bpf.parts import knock_key
-from alfwrapper.errors import EX_NOINPUT, EX_USAGE, AlfError, excerpt
-from alfwrapper.host import activation, attach, companion, privileges
-from alfwrapper.host.faults import crash_point
-from alfwrapper.lifecycle import backlog, companions, programs
-from alfwrapper.lifecycle.sockets import SocketRecord, bind_socket, gather_sockets
+from alfwrapper.errors import EX_NOINPUT, EX_USAGE, AlfError
+from alfwrapper.lifecycle import backlog
+from alfwrapper.lifecycle.sockets import gather_sockets
 from alfwrapper.policy.files import Policy
 
 
@@ -46,58 +44,6 @@ def check_command(command: tuple[str, ...]) -> None:
             "give a path or a program on PATH",
             EX_NOINPUT,
         )
-
-
-def describe_sockets(
-    records: list[SocketRecord], service: str, argv: list[str], watcher: int, forwarder: int
-) -> None:
-    """What status and reload need to know, in each socket's pinned meta."""
-    for record in records:
-        if record.pins is None:
-            continue
-        host, port = record.sock.getsockname()[:2]
-        state.write_meta(
-            record.pins,
-            {
-                "service": service,
-                "name": record.name,
-                "protocol": record.protocol,
-                "address": host,
-                "port": port,
-                "pid": os.getpid(),
-                "watcher": watcher,
-                "forwarder": forwarder,
-                "rules": record.rules.counts(),
-                "netns": state.netns_cookie(),
-                "argv": argv,
-                "cwd": os.getcwd(),
-                "knock": knock_key(record.rules) if record.rules.knock else "",
-                "started": int(time.time()),
-                "program": compiler.prog_id(record.loaded) if record.loaded else 0,
-                "judged": True,
-            },
-        )
-
-
-def state_available() -> str:
-    """Why this wrapper cannot keep pinned state, or "" if it can.  Without it, each
-    socket gets its program directly, which no restart or reload can replace."""
-    try:
-        state.store().root(create=True)
-        return ""
-    except AlfError as err:
-        return f"{err.what}: {err.why}"
-
-
-def collect_stale_state() -> None:
-    """Forget what sockets of this namespace that are gone left behind, once the
-    programs are in (host/sockdiag.py: a dump of every socket, only if some socket's
-    process is gone)."""
-    try:
-        state.store().gc()
-    except (AlfError, OSError) as err:
-        print(f"alfwrapper: note: the state of gone sockets was not removed ({err}); "
-              "`alfwrapper gc` removes it", file=sys.stderr)  # fmt: skip
 
 
 def run(
@@ -115,84 +61,11 @@ def run(
     unless not ``keep_capabilities`` (privileges.py).  ``diverted``: the
     streams activation.divert_inetd_streams kept off an inetd peer, for the application."""
     check_command(policy.command)
-    state.check_meta_room(argv, os.getcwd())
-    import seccomp  # noqa: F401, PLC0415  (before any work: privileges.deny_bpf_syscall needs it)
-
-    records = gather_sockets(policy, service)
-    if any(r.rules.interfaces or r.rules.log_rate for r in records):
-        companion.check_libraries()  # of the watcher and the forwarder
-    from alfwrapper.loader import client  # noqa: PLC0415
-
-    if client.use_if_needed():
-        following = sorted({i for r in records for i in r.rules.interfaces})
-        if following:
-            raise AlfError(
-                f"--interface {following[0]}",
-                "without CAP_BPF, filters come from the loader, which cannot follow "
-                "interface renames for you",
-                "use subnet rules, or give the service CAP_BPF",
-                EX_USAGE,
-            )
-    unpinned = state_available() if any(not r.connected for r in records) else ""
-    pinned = any(not r.connected for r in records) and not unpinned
-    try:
-        loaded = programs.filter_sockets(records, service, pinned)
-        for record in records:
-            if record.connected:
-                if not backlog.judge_connection(record, policy.command[0]):
-                    return 0
-            elif record.inherited and not record.judged and record.loaded is not None:
-                backlog.judge_backlog(record)
-        crash_point("judged")
-        for record in records:
-            if record.pins is not None and not record.judged:
-                state.mark_judged(record.pins)
-        for record in records:
-            if record.spec is not None:
-                bind_socket(record.sock, record.spec)
-        crash_point("bound")
-    except BaseException:
-        # A created socket dies with this process, and its state is of no use; an
-        # inherited one keeps its state (its dispatcher is attached: the next start
-        # takes it from there).
-        for record in records:
-            if record.made and record.spec is not None and record.pins is not None:
-                state.store().remove(record.pins)
-        raise
-    if pinned:
-        collect_stale_state()
-    if unpinned:
-        print(
-            f"alfwrapper: note: no pinned state ({unpinned}): the filters cannot be "
-            "reloaded, and a restart cannot re-filter an inherited socket",
-            file=sys.stderr,
-        )
+    records = gather_sockets(policy)
     for record in records:
-        if record.rules.empty:
-            what = (
-                "every packet passes until a reload gives it rules"
-                if record.pins
-                else "it is not filtered"
-            )  # fmt: skip
-            print(
-                f"alfwrapper: note: {attach.describe(record.sock)} named "
-                f"{excerpt(record.name)} has no rules: {what}",
-                file=sys.stderr,
-            )
-    watcher = companions.start_watcher(loaded, service)
-    forwarder = companions.start_forwarder(
-        [(r.name, r.pins) for r in records if r.pins is not None and r.rules.log_rate],
-        service,
-    )
-    describe_sockets(records, service, argv, watcher, forwarder)
-    crash_point("described")
-    note = privileges.confine_application(keep_capabilities)
-    if note:
-        print(f"alfwrapper: note: {note}", file=sys.stderr)
-    moved = [r for r in records if not r.stdin]
-    for record in records:
-        if record.stdin:
-            record.sock.detach()  # fd 0 (and 1) stay as they are
-    activation.exec_with_sockets(
-        [r.sock for r in moved], [r.name for r in moved], policy.command, os.environ, diverted
-    )
+        if record.connected:
+            if not backlog.judge_connection(record, policy.command[0]):
+                return 0
+    from alfwrapper.lifecycle import launch  # noqa: PLC0415  (not for a denied peer)
+
+    return launch.filter_and_exec(policy, records, service, argv, keep_capabilities, diverted)

@@ -61,6 +61,7 @@ from alfwrapper.loader.quota import (
     record_program,
     services_of,
 )
+from alfwrapper.policy.rules import check_service
 
 WORKERS = 8  # connections served at once
 
@@ -343,7 +344,7 @@ def _socket_of(fds: list[int]) -> socket.socket:
 
 
 def _where(message: dict[str, Any], who: Caller) -> state.SocketState:
-    service = state.check_service(request_field(message, "service", str))
+    service = check_service(request_field(message, "service", str))
     cookie = request_field(message, "cookie", int)
     where = who.store.state(service, cookie)
     if not (where.dir / "dispatch").exists():
@@ -398,7 +399,7 @@ def _collect(message: dict[str, Any], fds: list[int], who: Caller, limits: Limit
 
 @_op("sockets")
 def _sockets(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
-    service = state.check_service(request_field(message, "service", str))
+    service = check_service(request_field(message, "service", str))
     if service not in services_of(who.store):
         no_service(service)
     return {"cookies": [w.cookie for w in who.store.sockets_of(service)]}, []
@@ -432,7 +433,7 @@ def _check(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits)
 
 @_op("take")  # Store.take: the socket brought under its pinned dispatcher
 def _take(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) -> Answer:
-    service = state.check_service(request_field(message, "service", str))
+    service = check_service(request_field(message, "service", str))
     label = _label(message)
     with _socket_of(fds) as sock:
         tree = who.store

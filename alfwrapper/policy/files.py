@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +24,6 @@ from typing import Any
 
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_USAGE, AlfError, excerpt
 from alfwrapper.policy.inputs import read_input
-from alfwrapper.policy.knocking import read_secret
 from alfwrapper.policy.prefix_list import PrefixList, read_rule_file
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import (
@@ -383,6 +381,8 @@ def build_policy(
                     raise entry.error(str(err), "give source ports in knock order") from None
                 _check_sequence(entry, ports)
             else:
+                from alfwrapper.policy.knocking import read_secret  # noqa: PLC0415
+
                 secret = read_secret(entry.path(entry.value))
         path = ""
         for entry in keys.get("filter", []):
@@ -547,6 +547,8 @@ def read_policy_file(path: Path, layer: int) -> tuple[list[Entry], list[ListenSp
         raise AlfError(
             f"{path}", f"not UTF-8 text (byte {err.start})", "write TOML", EX_CONFIG
         ) from None
+    import tomllib  # noqa: PLC0415  (only policy files are TOML: a start without one skips it)
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -16,7 +16,6 @@ one clear line (cli).
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
@@ -253,6 +252,8 @@ class PrefixList(Sequence[Prefix]):
 
     def _digest(self) -> bytes:
         if self._key is None:
+            import hashlib  # noqa: PLC0415  (a denied inetd peer never hashes)
+
             h = hashlib.blake2b(digest_size=16)
             for column in (self.family, self.length, self.high, self.low):
                 value = _constant(column)  # the same digest whether stored once or not

@@ -9,6 +9,8 @@ Prefixes are prefixes.py's, bounded reads inputs.py's.
 from __future__ import annotations
 
 import ipaddress
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,6 +148,36 @@ def valid_socket_name(name: str) -> bool:
     """A socket's name as systemd allows it in FileDescriptorName= (fdname_is_valid):
     the one rule for --name, a policy's [socket.NAME] and its listen names."""
     return 0 < len(name) <= 255 and name.isascii() and name.isprintable() and ":" not in name
+
+
+_SERVICE = re.compile(r"^[A-Za-z0-9_.@:\\-]{1,200}$")
+
+
+def valid_service(name: str) -> bool:
+    """A service's name, as its pinned state's folder is named: the one rule for
+    --service, a systemd unit's name and the loader's requests."""
+    return bool(_SERVICE.match(name)) and not name.startswith(".")
+
+
+def check_service(name: str) -> str:
+    if not valid_service(name):
+        raise AlfError(
+            f"service {excerpt(name)}",
+            "is not a service name",
+            "use letters, digits and . _ @ : - (up to 200)",
+            EX_USAGE,
+        )
+    return name
+
+
+def service_name(explicit: str, unit: str, command: tuple[str, ...]) -> str:
+    """--service, else the systemd unit this process runs in, else the command's name."""
+    if explicit:
+        return check_service(explicit)
+    if unit:
+        return check_service(unit)
+    base = os.path.basename(command[0]) if command else "alfwrapper"
+    return check_service(re.sub(r"[^A-Za-z0-9_.@:-]", "_", base) or "alfwrapper")
 
 
 def parse_listen(kind: str, text: str) -> ListenSpec:

@@ -108,6 +108,18 @@ def test_a_peer_gone_before_the_filter_starts_nothing(
     assert not marker.exists()
 
 
+# What a denied Accept=yes peer's wrapper must not import (lifecycle/wrapper.py).
+HEAVY = ("bcc", "numpy", "pyroute2", "tomllib", "alfwrapper.bpf", "alfwrapper.state",
+         "alfwrapper.loader", "alfwrapper.observe", "alfwrapper.lifecycle.launch",
+         "alfwrapper.lifecycle.programs")  # fmt: skip
+
+
+def imports(errors: str) -> list[str]:
+    """The modules that -X importtime says were imported."""
+    return [line.rsplit("|", 1)[-1].strip() for line in errors.splitlines()
+            if line.startswith("import time:")]  # fmt: skip
+
+
 def test_a_connection_is_judged_without_bcc(
     network: Network, services: list[Service], tmp_path: Path
 ) -> None:
@@ -128,10 +140,15 @@ def test_a_connection_is_judged_without_bcc(
     assert receive(b.command([]), b.server_v6, 7102) in (repr(""), repr("<ConnectionResetError>"))
     wait_until(lambda: svc.errors().count("denied and reset") == 2, svc.errors, timeout=30)
     assert not marker.exists()
+    # A denied peer is reset before the state, the programs, the loader or BCC's side
+    # are imported: a flood of them costs the imports of judging and no more.
+    denied = imports(svc.errors())
+    assert "alfwrapper.lifecycle.backlog" in denied, svc.errors()[-2000:]
+    assert not [m for m in denied if m.startswith(HEAVY)], denied
     assert receive(a.command([]), a.server_v4, 7102) == repr("served\n")
     assert receive(a.command([]), a.server_v6, 7102) == repr("served\n")
-    imported = [line.rsplit("|", 1)[-1].strip() for line in svc.errors().splitlines()
-                if line.startswith("import time:")]  # fmt: skip
+    imported = imports(svc.errors())
+    assert "alfwrapper.lifecycle.launch" in imported  # the allowed peers' starts go on
     assert "alfwrapper.cli" in imported, svc.errors()[-2000:]  # what -X importtime shows
     assert not [m for m in imported if m == "bcc" or m.startswith("bcc.")], imported
     # Nor numpy: a few rules judge a peer as the Prefix objects they were parsed into.
