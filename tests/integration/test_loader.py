@@ -55,12 +55,15 @@ def loader(manager: UserManager, readable_copy: Path) -> Path:
 
 @pytest.fixture
 def users(network: Network, loader: Path) -> Iterator[Callable[[str], OwnManager]]:
-    """Start an ordinary user's own systemd --user (on first use); all stop afterwards."""
+    """Start an ordinary user's own systemd --user (on first use); all stop afterwards.
+    The test user's pinned tree starts empty: what an earlier run left there (a start
+    killed in a network namespace since deleted, which no gc can tell from alive, as
+    a mutation run or a stopped run leaves it) is not this test's."""
     started: dict[str, OwnManager] = {}
 
     def get(name: str) -> OwnManager:
         if name not in started:
-            ordinary_user(name)
+            shutil.rmtree(PINS / str(ordinary_user(name)), ignore_errors=True)
             started[name] = OwnManager(name, network.server)
         return started[name]
 
