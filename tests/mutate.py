@@ -195,7 +195,10 @@ MUTATIONS = [
         "alfwrapper/state.py",
         "            if not meta and not alone:\n",
         "            if False:\n",
-        ("tests/integration/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",),
+        (
+            "tests/integration/test_state.py::test_a_gc_leaves_the_state_a_start_is_making",
+            "tests/integration/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",
+        ),
     ),
     Mutation(
         "concurrent-mkdir-is-foreign",
@@ -339,7 +342,11 @@ MUTATIONS = [
         "alfwrapper/host/privileges.py",
         "        if path in excluded or os.path.islink(path) or not os.path.isdir(path):",
         "        if path in excluded:",
-        (ROOT_DAEMON,),
+        (
+            "tests/unit/test_confinement.py::"
+            "test_writable_outside_leaves_out_the_way_to_each_excluded_folder",
+            ROOT_DAEMON,
+        ),
     ),
     Mutation(
         "inetd-exec-failure-to-peer",

@@ -210,6 +210,24 @@ def test_starts_and_gcs_at_once_do_not_fail_each_other(
         assert not (state.ROOT / name).exists(), name
 
 
+def test_a_gc_leaves_the_state_a_start_is_making(bpf_root: None) -> None:
+    """The race above, held still: a start makes a socket's folder under the service
+    folder's shared lock, its meta last (Store._make).  A gc meanwhile leaves that
+    folder, which has no meta yet and whose socket is not bound; once the start lets
+    go, the same folder is the state of a gone socket, and a gc takes it."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+        where = state.store().state("making", state.socket_cookie(sock))
+        state.store().root(create=True)
+        state.trusted_dir(where.service_dir, create=True)
+        with state.service_lock(where.service_dir, exclusive=False) as held:
+            assert held
+            state.trusted_dir(where.dir, create=True)  # Store._make's first step
+            assert where not in state.store().gc()  # (other tests' gone sockets may go)
+            assert where.dir.is_dir()
+        assert where in state.store().gc()
+    assert not where.service_dir.exists()
+
+
 @pytest.mark.alone  # a gc by another test would take the empty folder it holds
 def test_a_start_waits_for_a_stopped_gc_only_so_long(
     bpf_root: None, monkeypatch: pytest.MonkeyPatch
