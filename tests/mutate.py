@@ -532,6 +532,13 @@ MUTATIONS = [
         ("tests/adversarial/test_same_verdict.py::test_test_run_and_socket_agree",),
     ),
     Mutation(
+        "denied-peer-imports-shutil",
+        "alfwrapper/cli.py",
+        "        super().__init__(prog, width=width)\n",
+        "        super().__init__(prog)\n",
+        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+    ),
+    Mutation(
         "bind-after-attach",
         "alfwrapper/lifecycle/launch.py",
         "        loaded = programs.filter_sockets(records, service, pinned)\n",
@@ -900,7 +907,7 @@ MUTATIONS += [
     Mutation(
         "check-loads-as-root-only",
         "alfwrapper/bpf/compiler.py",
-        "    cap_bpf = 1 << privileges.CAP_BPF\n",
+        "    cap_bpf = 1 << CAP_BPF\n",
         '    return ""\n',
         ("tests/integration/test_policy.py::test_check_loads_programs_as_the_units_do",),
     ),

@@ -346,11 +346,12 @@ def refused_without_perfmon(loaded: LoadedFilter) -> str:
     just loaded that way).  The same instructions are loaded again in a child that
     keeps CAP_BPF only."""
     from alfwrapper.host import privileges  # noqa: PLC0415
+    from alfwrapper.host.capabilities import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN  # noqa: PLC0415
 
     # What the verifier grants a loader with either (allow_ptr_leaks, bypass_spec_v1).
-    if not privileges.effective() & (1 << privileges.CAP_PERFMON | 1 << privileges.CAP_SYS_ADMIN):
+    if not privileges.effective() & (1 << CAP_PERFMON | 1 << CAP_SYS_ADMIN):
         return ""
-    cap_bpf = 1 << privileges.CAP_BPF
+    cap_bpf = 1 << CAP_BPF
     programs = list(loaded.programs.items())
     read_end, write_end = os.pipe()
     pid = os.fork()

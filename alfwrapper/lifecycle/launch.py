@@ -6,6 +6,7 @@ is in wrapper.py's docstring."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from typing import NoReturn
@@ -13,7 +14,7 @@ from typing import NoReturn
 from alfwrapper import state
 from alfwrapper.bpf import compiler
 from alfwrapper.bpf.parts import knock_key
-from alfwrapper.errors import EX_USAGE, AlfError, excerpt
+from alfwrapper.errors import EX_NOINPUT, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import activation, attach, companion, privileges
 from alfwrapper.host.faults import crash_point
 from alfwrapper.lifecycle import backlog, companions, programs
@@ -52,6 +53,16 @@ def describe_sockets(
         )
 
 
+def check_command(program: str) -> None:
+    if shutil.which(program) is None:
+        raise AlfError(
+            f"COMMAND {program}",
+            "not found or not executable",
+            "give a path or a program on PATH",
+            EX_NOINPUT,
+        )
+
+
 def state_available() -> str:
     """Why this wrapper cannot keep pinned state, or "" if it can.  Without it, each
     socket gets its program directly, which no restart or reload can replace."""
@@ -82,6 +93,7 @@ def filter_and_exec(
     diverted: dict[int, int] | None,
 ) -> NoReturn:
     """wrapper.run's, from where its Accept=yes peers are judged and allowed."""
+    check_command(policy.command[0])
     state.check_meta_room(argv, os.getcwd())
     import seccomp  # noqa: F401, PLC0415  (before any work: privileges.deny_bpf_syscall needs it)
 

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from alfwrapper.host import bpf_calls, privileges
+from alfwrapper.host.capabilities import CAP_BPF, CAP_SETGID, CAP_SETUID
 from alfwrapper.host.interfaces import LEASE_NS, renew_lease
 
 WATCHER_USERS = ("alfwrapper", "nobody")  # the first that exists
@@ -67,9 +68,9 @@ def become_watcher_user() -> None:
     service's own user, or uid 0 with a bounded capability set, as in a unit
     with CapabilityBoundingSet=), stay that user, with CAP_BPF alone."""
     privileges.set_dumpable(False)
-    switch = (1 << privileges.CAP_SETUID) | (1 << privileges.CAP_SETGID)
+    switch = (1 << CAP_SETUID) | (1 << CAP_SETGID)
     if os.geteuid() != 0 or privileges.permitted() & switch != switch:
-        privileges.drop_privileges(keep=1 << privileges.CAP_BPF)
+        privileges.drop_privileges(keep=1 << CAP_BPF)
         return
     for name in WATCHER_USERS:
         try:
@@ -79,7 +80,7 @@ def become_watcher_user() -> None:
             continue
     else:
         raise OSError(0, f"none of the users {', '.join(WATCHER_USERS)} exists")
-    privileges.switch_user(user.pw_uid, user.pw_gid, keep=1 << privileges.CAP_BPF)
+    privileges.switch_user(user.pw_uid, user.pw_gid, keep=1 << CAP_BPF)
     privileges.set_dumpable(False)  # a change of credentials resets it
 
 

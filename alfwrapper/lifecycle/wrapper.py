@@ -25,25 +25,12 @@ killed anywhere leaves a state the next start settles (state.Store.take).
 
 from __future__ import annotations
 
-import shutil
 from typing import NoReturn
 
-from alfwrapper.errors import EX_NOINPUT, EX_USAGE, AlfError
+from alfwrapper.errors import EX_USAGE, AlfError
 from alfwrapper.lifecycle import backlog
 from alfwrapper.lifecycle.sockets import gather_sockets
 from alfwrapper.policy.files import Policy
-
-
-def check_command(command: tuple[str, ...]) -> None:
-    if not command:
-        raise AlfError("usage", "no COMMAND given", "put the program to run after --", EX_USAGE)
-    if shutil.which(command[0]) is None:
-        raise AlfError(
-            f"COMMAND {command[0]}",
-            "not found or not executable",
-            "give a path or a program on PATH",
-            EX_NOINPUT,
-        )
 
 
 def run(
@@ -60,12 +47,13 @@ def run(
     keeps the capabilities the unit gave, but those that reach its filter,
     unless not ``keep_capabilities`` (privileges.py).  ``diverted``: the
     streams activation.divert_inetd_streams kept off an inetd peer, for the application."""
-    check_command(policy.command)
+    if not policy.command:
+        raise AlfError("usage", "no COMMAND given", "put the program to run after --", EX_USAGE)
     records = gather_sockets(policy)
     for record in records:
         if record.connected:
             if not backlog.judge_connection(record, policy.command[0]):
-                return 0
+                return 0  # nothing more is looked at, not even whether COMMAND exists
     from alfwrapper.lifecycle import launch  # noqa: PLC0415  (not for a denied peer)
 
     return launch.filter_and_exec(policy, records, service, argv, keep_capabilities, diverted)

@@ -208,7 +208,8 @@ def needed() -> bool:
     """Must this process go through the loader?  Yes when it may not create maps and
     load programs itself: without CAP_BPF (or CAP_SYS_ADMIN) where unprivileged BPF
     is disabled.  Where it is allowed, the built-in filters load directly."""
-    from alfwrapper.host.privileges import CAP_BPF, CAP_SYS_ADMIN, effective  # noqa: PLC0415
+    from alfwrapper.host.capabilities import CAP_BPF, CAP_SYS_ADMIN  # noqa: PLC0415
+    from alfwrapper.host.privileges import effective  # noqa: PLC0415
 
     if effective() & ((1 << CAP_BPF) | (1 << CAP_SYS_ADMIN)):
         return False

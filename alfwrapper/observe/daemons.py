@@ -3,7 +3,7 @@
 Two questions decide it.  How does the command take its sockets: from
 LISTEN_FDS (sd_listen_fds(3)), inetd style on fds 0 and 1, or does it bind
 its own, which alfwrapper never sees?  And does it need a capability that
-alfwrapper removes (privileges.REACHES_FILTER, or all with --no-capabilities)?
+alfwrapper removes (capabilities.REACHES_FILTER, or all with --no-capabilities)?
 KNOWN answers both for daemons from Debian's archive; for any other command
 the executable's bytes are searched for sd_listen_fds / LISTEN_FDS, and its
 file capabilities and set-user-ID bit are read.  A heuristic: it says
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from alfwrapper.errors import EX_NOINPUT, AlfError
-from alfwrapper.host import privileges
+from alfwrapper.host import capabilities
 
 INETD, LISTEN_FDS, OWN = "inetd", "listen-fds", "own"
 HOW = {
@@ -51,7 +51,7 @@ class Daemon:
     why: str = ""
 
 
-_PRIVSEP = (privileges.CAP_SETUID, privileges.CAP_SETGID, privileges.CAP_SYS_CHROOT)
+_PRIVSEP = (capabilities.CAP_SETUID, capabilities.CAP_SETGID, capabilities.CAP_SYS_CHROOT)
 KNOWN = (
     # -i alone or among sshd's flags that take no argument (-Di), not in -oIdentity...
     Daemon(
@@ -148,7 +148,7 @@ def examine(argv: Sequence[str], inetd: bool, no_capabilities: bool) -> list[Fin
                 "bind its own sockets (which alfwrapper never sees)",
             )
         )
-    removed = (1 << 64) - 1 if no_capabilities else privileges.REACHES_FILTER_MASK
+    removed = (1 << 64) - 1 if no_capabilities else capabilities.REACHES_FILTER_MASK
     needs = sum(1 << cap for cap in daemon.needs) if daemon else 0
     needs |= file_capabilities(path)
     lost = needs & removed

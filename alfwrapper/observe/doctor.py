@@ -17,7 +17,7 @@ from pathlib import Path
 
 from alfwrapper.errors import EX_UNAVAILABLE, LIBRARIES, AlfError
 from alfwrapper.host import bpf_calls, frames, kernel_headers
-from alfwrapper.host.privileges import CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN
+from alfwrapper.host.capabilities import CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN
 from alfwrapper.policy.prefixes import parse_prefix
 from alfwrapper.policy.rules import SocketRules, SubnetRules
 

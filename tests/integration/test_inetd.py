@@ -109,9 +109,12 @@ def test_a_peer_gone_before_the_filter_starts_nothing(
 
 
 # What a denied Accept=yes peer's wrapper must not import (lifecycle/wrapper.py).
+# Nor what only a start that goes on, or another command, needs: shutil (which
+# argparse would import for the width of help), ctypes (privileges), json.
 HEAVY = ("bcc", "numpy", "pyroute2", "tomllib", "alfwrapper.bpf", "alfwrapper.state",
          "alfwrapper.loader", "alfwrapper.observe", "alfwrapper.lifecycle.launch",
-         "alfwrapper.lifecycle.programs")  # fmt: skip
+         "alfwrapper.lifecycle.programs", "alfwrapper.host.privileges", "shutil",
+         "ctypes", "json")  # fmt: skip
 
 
 def imports(errors: str) -> list[str]:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from support import ROOT
 
-from alfwrapper.host.privileges import REACHES_FILTER, writable_outside
+from alfwrapper.host.capabilities import REACHES_FILTER
+from alfwrapper.host.privileges import writable_outside
 
 
 def test_writable_outside_leaves_out_the_way_to_each_excluded_folder(tmp_path: Path) -> None:
