@@ -532,6 +532,13 @@ MUTATIONS = [
         ("tests/adversarial/test_same_verdict.py::test_test_run_and_socket_agree",),
     ),
     Mutation(
+        "buckets-move-the-last-keys",
+        "alfwrapper/bpf/subnet_table.py",
+        "            mine = sorted(members[first], key=lambda i: -int(room[second[i]]))\n",
+        "            mine = members[first]\n",
+        ("tests/unit/test_subnet_table.py::test_buckets_fit_at_two_keys_a_bucket",),
+    ),
+    Mutation(
         "denied-peer-imports-shutil",
         "alfwrapper/cli.py",
         "        super().__init__(prog, width=width)\n",
