@@ -278,7 +278,7 @@ MUTATIONS = [
     ),
     Mutation(
         "caps-reaching-filter-kept",
-        "alfwrapper/host/privileges.py",
+        "alfwrapper/host/capabilities.py",
         "REACHES_FILTER_MASK = sum(1 << cap for cap in REACHES_FILTER)",
         "REACHES_FILTER_MASK = 0",
         ("tests/integration/test_daemon_privileges.py",),
