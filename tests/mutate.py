@@ -539,6 +539,20 @@ MUTATIONS = [
         ("tests/unit/test_subnet_table.py::test_buckets_fit_at_two_keys_a_bucket",),
     ),
     Mutation(
+        "few-rules-lose-a-leaf-range",
+        "alfwrapper/bpf/subnet_table.py",
+        "                    leaf = leaf | span if adds else leaf & ~span\n",
+        "                    leaf = leaf | span if adds else leaf\n",
+        ("tests/unit/test_subnet_table.py::test_a_few_rules_give_the_same_tables_without_numpy",),
+    ),
+    Mutation(
+        "few-rules-import-numpy",
+        "alfwrapper/bpf/subnet_table.py",
+        "    small = _small_table(rules)\n",
+        "    small = None\n",
+        ("tests/unit/test_subnet_table.py::test_a_few_rules_start_without_numpy",),
+    ),
+    Mutation(
         "denied-peer-imports-shutil",
         "alfwrapper/cli.py",
         "        super().__init__(prog, width=width)\n",

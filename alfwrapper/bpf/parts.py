@@ -244,7 +244,7 @@ class Subnets(Part):
             ("SUBNET_ROOT_SLOTS", str(ROOT_SLOTS)),
             ("SUBNET_PASS", str(NODE_PASS)),
             ("SUBNET_DESCEND", str(NODE_DESCEND)),
-            ("V6_BUCKETS", str(max(1, len(table.buckets)))),
+            ("V6_BUCKETS", str(max(1, table.bucket_rows))),
             (
                 "V6_STEPS",
                 " ".join(
@@ -269,7 +269,7 @@ class Subnets(Part):
             write_mapped_at(tables[name].map_fd, first * row_bytes, rows.tobytes(), name.decode())
 
         table.v4.fill(write_v4)  # a window at a time, into the maps' own memory
-        if len(table.buckets):
+        if table.bucket_rows:
             fill_mapped(
                 tables[b"subnet_v6"].map_fd, memoryview(table.buckets).cast("B"), "subnet_v6"
             )

@@ -6,7 +6,7 @@ million rules and varied sources here), and it needs CAP_BPF.  Instead the
 wrapper resolves allow/deny into one verdict per address and lays it out so
 that a packet costs a fixed, small number of dependent memory reads:
 
-* IPv4 (V4Table, built with numpy): DIR-24-8-style, two levels.  The first
+* IPv4 (V4Table, built with numpy; SmallV4 for a few rules): DIR-24-8-style, two levels.  The first
   R address bits (R from 16 to 26, chosen per rule set for the least memory)
   pick a block's entry: two bits, PASS and DESCEND, in 32-byte lines of 64
   entries that also hold the index of the line's first leaf.  A block that
@@ -26,15 +26,20 @@ that a packet costs a fixed, small number of dependent memory reads:
   Built with numpy where only one list has IPv6 rules and none is longer than
   64 bits (_table64: a blocklist, or an allow list of /48s to /64s); otherwise
   one prefix at a time (_family_table), to the same table.
+
+Up to SMALL_RULES rules, both are laid out in plain Python instead (_small_table),
+so that a start with a few rules never imports numpy.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Sequence
+import sys
+from array import array
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from alfwrapper.errors import EX_DATAERR, AlfError
 from alfwrapper.policy.prefix_list import PrefixList
@@ -44,6 +49,8 @@ from alfwrapper.policy.rules import SubnetRules
 # numpy arrays.  numpy is imported where used, so that a missing numpy is one clear
 # line (cli); and typed loosely, so that Debian's numpy 1.24 and pip's 2.x check alike.
 Array = Any
+Placed = TypeVar("Placed")
+Keys = TypeVar("Keys", bound=Sized)
 
 ROOT_BITS = 16
 ROOT_SLOTS = 1 << ROOT_BITS  # IPv6 roots
@@ -70,10 +77,43 @@ _NONE, _FULL, _PARTIAL = 0, 1, 2
 # struct subnet_key: defined here, handed to C by parts.c_struct (the one definition).
 KEY_FIELDS = (("nbytes", "u8"), ("family", "u8"), ("pad", "u8[2]"), ("addr", "u8[16]"))
 VALUE = struct.Struct("=I")
+_BUCKET = struct.Struct(f"={BUCKET_WORDS}Q")  # a bucket as the map holds it
 
 
 @dataclass(frozen=True, eq=False)
-class V4Table:
+class V4Shape:
+    """The size of an IPv4 table (V4Table, SmallV4): a first level of ``root_bits``,
+    room for ``capacity`` leaves."""
+
+    root_bits: int
+    capacity: int
+
+    @property
+    def leaf_bytes(self) -> int:
+        return 1 << (32 - self.root_bits - 3)
+
+    @property
+    def size(self) -> int:
+        return (LINE_WORDS * 8 << (self.root_bits - 6)) + self.capacity * self.leaf_bytes
+
+
+def cheapest_first_level(leaves: Callable[[int], int]) -> tuple[int, int]:
+    """The first-level size (in V4_ROOT_BITS) whose table needs the least memory, and
+    its leaf count, ``leaves(bits)``: (bits, capacity)."""
+    best: tuple[int, int, int] | None = None
+    for bits in V4_ROOT_BITS:
+        lines = LINE_WORDS * 8 << (bits - 6)
+        if best is not None and lines >= best[0]:
+            break  # wider first levels only cost more
+        capacity = leaves(bits)
+        size = (lines + capacity * (1 << (32 - bits - 3)), bits, capacity)
+        best = size if best is None else min(best, size)
+    assert best is not None  # at most 32 MiB of lines and 2**26 leaves of 8 bytes
+    return best[1], best[2]
+
+
+@dataclass(frozen=True, eq=False)
+class V4Table(V4Shape):
     """IPv4: the first ``root_bits`` bits of an address pick an entry, 64 entries to a
     line of ``lines`` (LINE_WORDS u64: DESCEND bits, PASS bits, the line's first leaf,
     padding).  An entry's PASS bit is its block's verdict, unless its DESCEND bit is
@@ -85,19 +125,9 @@ class V4Table:
     compiles; ``lines`` and ``leaves`` for tests and tools.  ``capacity`` leaves have
     room: one for each block that may need one (_split_blocks)."""
 
-    root_bits: int
-    capacity: int
     allow: Ranges
     deny: Ranges
     allow_all: bool
-
-    @property
-    def leaf_bytes(self) -> int:
-        return 1 << (32 - self.root_bits - 3)
-
-    @property
-    def size(self) -> int:
-        return (LINE_WORDS * 8 << (self.root_bits - 6)) + self.capacity * self.leaf_bytes
 
     @cached_property
     def _arrays(self) -> tuple[Array, Array]:
@@ -155,12 +185,16 @@ class SubnetTable:
     value) their entries.
     """
 
-    v4: V4Table
+    v4: V4Table | SmallV4
     roots: tuple[int, ...]
     nodes: tuple[tuple[int, int, int, int], ...]
     levels: tuple[int, ...]
     bucket_levels: tuple[BucketLevel, ...] = ()
-    buckets: Any = None  # Array
+    buckets: Any = None  # Array, or bytes (a few rules: _small_table)
+
+    @property
+    def bucket_rows(self) -> int:
+        return sum(1 << level.bits for level in self.bucket_levels)
 
 
 def _node(deny: int, allow: int) -> int:
@@ -360,6 +394,12 @@ def _member(values: Array, ordered: Array) -> Array:
 
 def build_subnet_table(rules: SubnetRules) -> SubnetTable:
     """Resolve the rules into one verdict per address block and lay out the maps."""
+    small = _small_table(rules)
+    return small if small is not None else _bulk_table(rules)
+
+
+def _bulk_table(rules: SubnetRules) -> SubnetTable:
+    """The tables laid out with numpy (any number of rules)."""
     allow_all = not rules.allow  # no allow rule at all: everything not denied passes
     v4 = build_v4(_of_family(rules.allow, 4), _of_family(rules.deny, 4), allow_all)
     allow_root = _FULL if allow_all else _NONE
@@ -374,14 +414,25 @@ def build_subnet_table(rules: SubnetRules) -> SubnetTable:
         count = len(nodes6)
     if count > MAX_NODES:
         raise _too_big(f"more than {MAX_NODES} map entries")
-    bucket_levels, buckets = build_buckets(columns)
+    return _assembled(v4, roots6, nodes6, levels6, build_buckets(columns))
+
+
+def _assembled(
+    v4: V4Table | SmallV4,
+    roots6: Sequence[int],
+    nodes6: Sequence[tuple[int, int, int, int]],
+    levels6: Sequence[int],
+    buckets: tuple[tuple[BucketLevel, ...], Any],
+) -> SubnetTable:
+    """The table from its IPv4 part and its IPv6 levels: those of up to
+    BUCKET_MAX_BYTES in ``buckets``, the deeper ones' entries in the HASH."""
     return SubnetTable(
         v4=v4,
         roots=tuple(roots6),
         nodes=tuple(n for n in nodes6 if n[1] > BUCKET_MAX_BYTES),
         levels=tuple(n for n in levels6 if n > BUCKET_MAX_BYTES),
-        bucket_levels=bucket_levels,
-        buckets=buckets,
+        bucket_levels=buckets[0],
+        buckets=buckets[1],
     )
 
 
@@ -441,16 +492,8 @@ def build_v4(allow: Sequence[Prefix], deny: Sequence[Prefix], allow_all: bool) -
     """The IPv4 table, with the first-level size that needs the least memory (its
     arrays are written later, by V4Table.fill)."""
     allowed, denied = Ranges.of(PrefixList.of(allow)), Ranges.of(PrefixList.of(deny))
-    best: tuple[int, int, int] | None = None
-    for bits in V4_ROOT_BITS:
-        lines = LINE_WORDS * 8 << (bits - 6)
-        if best is not None and lines >= best[0]:
-            break  # wider first levels only cost more
-        capacity = _split_count(allowed, denied, bits)
-        size = (lines + capacity * (1 << (32 - bits - 3)), bits, capacity)
-        best = size if best is None else min(best, size)
-    assert best is not None  # at most 32 MiB of lines and 2**26 leaves of 8 bytes
-    return V4Table(best[1], best[2], allowed, denied, allow_all)
+    bits, capacity = cheapest_first_level(lambda bits: _split_count(allowed, denied, bits))
+    return V4Table(bits, capacity, allowed, denied, allow_all)
 
 
 def _split_blocks(allowed: Ranges, denied: Ranges, bits: int) -> Array:
@@ -604,7 +647,7 @@ def _leaf_bytes(blocks: Array, start: Array, length: Array, bits: int) -> Array:
     return out
 
 
-def lookup_v4(table: V4Table, value: int) -> bool:
+def lookup_v4(table: V4Table | SmallV4, value: int) -> bool:
     entry = value >> (32 - table.root_bits)
     descend, passes, first = (int(w) for w in table.lines[entry >> 6][:3])
     bit = 1 << (entry & 63)
@@ -667,6 +710,21 @@ def _place(keys: Array, bits: int, pair: tuple[int, int]) -> tuple[Any, Any] | N
     return bucket, _ranks(bucket)
 
 
+def fitted(
+    keys: Keys, place: Callable[[Keys, int, tuple[int, int]], Placed | None]
+) -> tuple[int, tuple[int, int], Placed]:
+    """A bucket level for ``keys``: the fewest buckets (at least a bucket for
+    KEYS_PER_BUCKET keys) and the first pair of MULTIPLIERS where ``place(keys,
+    bits, pair)`` finds every key a place, and those places."""
+    bits = max(1, (len(keys) // KEYS_PER_BUCKET).bit_length())
+    while True:
+        for pair in MULTIPLIERS:
+            placed = place(keys, bits, pair)
+            if placed is not None:
+                return bits, pair, placed
+        bits += 1
+
+
 def node_columns(
     nodes: Sequence[tuple[int, int, int, int]], levels: Sequence[int]
 ) -> dict[int, tuple[Array, Array]]:
@@ -697,17 +755,7 @@ def build_buckets(
         keys, values = columns[nbytes]
         if not len(keys):
             continue  # every prefix of that length is covered by a shorter one
-        bits = max(1, (len(keys) // KEYS_PER_BUCKET).bit_length())
-        while True:
-            for pair in MULTIPLIERS:
-                placed = _place(keys, bits, pair)
-                if placed is not None:
-                    break
-            else:
-                bits += 1
-                continue
-            break
-        bucket, slot = placed
+        bits, pair, (bucket, slot) = fitted(keys, _place)
         table = np.zeros((1 << bits, BUCKET_WORDS), np.uint64)
         table[bucket.astype(np.int64), slot] = keys
         tail = table.view(np.uint8).reshape(-1, 8 * BUCKET_WORDS)[:, 8 * BUCKET_SLOTS :]
@@ -720,8 +768,15 @@ def build_buckets(
     return tuple(made), np.concatenate(parts) if parts else empty
 
 
+def bucket_words(buckets: Any, index: int) -> list[int]:
+    """The BUCKET_WORDS u64 of one bucket, from either layout's buckets."""
+    if isinstance(buckets, bytes | bytearray):
+        return list(_BUCKET.unpack_from(buckets, index * _BUCKET.size))
+    return [int(w) for w in buckets[index]]
+
+
 def _in_bucket(buckets: Any, index: int, key: int) -> int | None:
-    words = [int(w) for w in buckets[index]]
+    words = bucket_words(buckets, index)
     tail = words[BUCKET_SLOTS].to_bytes(8, "little")
     for i in range(tail[BUCKET_SLOTS]):
         if words[i] == key:
@@ -739,8 +794,7 @@ def lookup_buckets(table: SubnetTable, value: int, node: int) -> int:
             if found is not None:
                 node = found
                 break
-            words = table.buckets[index]
-            if int(words[BUCKET_SLOTS]) >> 56 < BUCKET_SLOTS:
+            if bucket_words(table.buckets, index)[BUCKET_SLOTS] >> 56 < BUCKET_SLOTS:
                 break  # not full: not in a second bucket either
     return node
 
@@ -773,3 +827,176 @@ def encode_nodes(table: SubnetTable, key: struct.Struct) -> tuple[bytes, bytes]:
         pack_key(keys, i * ksize, nbytes, family, b"", block.to_bytes(nbytes, "big"))
         pack_value(values, i * vsize, node)
     return bytes(keys), bytes(values)
+
+
+# -- A few rules: the same tables in plain Python ---------------------------------------
+
+# Up to this many rules, a start lays out its tables without numpy.  (With at most 64
+# leaves, the cheapest IPv4 first level is at most 2**18 blocks: 8,192 lines.)
+SMALL_RULES = 64
+_LOW64 = (1 << 64) - 1
+Range = tuple[int, int]  # an IPv4 range as Ranges holds it: (start, length)
+
+
+@dataclass(frozen=True, eq=False)
+class SmallV4(V4Shape):
+    """V4Table's layout of a few rules, made in plain Python (_small_table): the lines
+    and the leaves that are used, as bytes."""
+
+    line_data: bytes
+    leaf_data: bytes
+
+    def fill(self, write: Callable[[str, int, Any], None]) -> None:
+        """As V4Table.fill, in one write each."""
+        write("lines", 0, memoryview(self.line_data))
+        if self.leaf_data:
+            write("leaves", 0, memoryview(self.leaf_data))
+
+    @property
+    def lines(self) -> Array:  # for tests and tools, as V4Table's
+        import numpy as np  # noqa: PLC0415
+
+        return np.frombuffer(self.line_data, np.uint64).reshape(-1, LINE_WORDS)
+
+    @property
+    def leaves(self) -> Array:
+        import numpy as np  # noqa: PLC0415
+
+        leaves = np.zeros((self.capacity, self.leaf_bytes), np.uint8)
+        used = np.frombuffer(self.leaf_data, np.uint8).reshape(-1, self.leaf_bytes)
+        leaves[: len(used)] = used
+        return leaves
+
+
+def _small_table(rules: SubnetRules) -> SubnetTable | None:
+    """The tables of at most SMALL_RULES rules, laid out in plain Python, so that such a
+    start never imports numpy (about 50 ms and 20 MiB): the same IPv4 bytes and the
+    same IPv6 roots, entries and buckets' contents as the numpy layout
+    (tests/unit/test_subnet_table.py holds them to each other).  None for more rules."""
+    if len(rules.allow) + len(rules.deny) > SMALL_RULES:
+        return None
+    allow_all = not rules.allow
+    allowed = _small_ranges(p for p in rules.allow if p.family == 4)
+    denied = _small_ranges(p for p in rules.deny if p.family == 4)
+    bits, capacity = cheapest_first_level(lambda bits: len(_small_split(allowed, denied, bits)))
+    v4 = SmallV4(bits, capacity, *_small_v4(allowed, denied, allow_all, bits))
+    roots6, nodes6, levels6 = _family_table(6, rules, _FULL if allow_all else _NONE)
+    columns = {
+        nbytes: [(n[2], n[3]) for n in nodes6 if n[1] == nbytes]
+        for nbytes in levels6
+        if nbytes <= BUCKET_MAX_BYTES
+    }
+    return _assembled(v4, roots6, nodes6, levels6, _small_buckets(columns))
+
+
+def _small_ranges(prefixes: Iterable[Prefix]) -> list[Range]:
+    """Ranges.of: sorted, wider first at the same start, those inside others dropped."""
+    kept, reach = [], -1
+    for start, length in sorted((p.value, p.length) for p in prefixes):
+        if start >= reach:
+            kept.append((start, length))
+        reach = max(reach, start + (1 << (32 - length)))
+    return kept
+
+
+def _small_split(allowed: list[Range], denied: list[Range], bits: int) -> list[int]:
+    """_split_blocks: the blocks narrower ranges fall in, but those denied whole."""
+    shift = 32 - bits
+    blocks = sorted({s >> shift for s, n in allowed + denied if n > bits})
+    wide = [(s >> shift, (s >> shift) + (1 << (bits - n))) for s, n in denied if n <= bits]
+    return [b for b in blocks if not any(first <= b < end for first, end in wide)]
+
+
+def _small_v4(
+    allowed: list[Range], denied: list[Range], allow_all: bool, bits: int
+) -> tuple[bytes, bytes]:
+    """_fill_v4's lines and used leaves, with a Python integer as each bitmap."""
+    shift, total = 32 - bits, 1 << bits
+    leaf_bits = 1 << shift
+    whole = (1 << leaf_bits) - 1
+
+    def blocks(ranges: list[Range]) -> int:  # the blocks wide ranges cover, as bits
+        covered = 0
+        for start, length in ranges:
+            if length <= bits:
+                covered |= ((1 << (1 << (bits - length))) - 1) << (start >> shift)
+        return covered
+
+    passes = ((1 << total) - 1 if allow_all else blocks(allowed)) & ~blocks(denied)
+    descend, leaves = 0, []
+    for block in _small_split(allowed, denied, bits):
+        leaf = whole if passes >> block & 1 else 0
+        for ranges, adds in ((allowed, True), (denied, False)):
+            for start, length in ranges:
+                if length > bits and start >> shift == block:
+                    span = ((1 << (1 << (32 - length))) - 1) << (start & (leaf_bits - 1))
+                    leaf = leaf | span if adds else leaf & ~span
+        passes = passes | 1 << block if leaf == whole else passes & ~(1 << block)
+        if leaf not in (0, whole):
+            descend |= 1 << block
+            leaves.append(leaf.to_bytes(leaf_bits // 8, "little"))
+    lines = array("Q", bytes(total // 64 * LINE_WORDS * 8))
+    for word, bitmap in ((0, descend), (1, passes)):
+        lines[word::LINE_WORDS] = _u64s(bitmap.to_bytes(total // 8, "little"))
+    descend_words, first = _u64s(descend.to_bytes(total // 8, "little")), 0
+    for line, word in enumerate(descend_words):  # each line's first leaf: a running count
+        lines[line * LINE_WORDS + 2] = first
+        first += word.bit_count()
+    return lines.tobytes(), b"".join(leaves)
+
+
+def _u64s(little: bytes) -> array[int]:
+    words = array("Q", little)
+    if sys.byteorder == "big":
+        words.byteswap()
+    return words
+
+
+def _small_buckets(
+    columns: dict[int, list[tuple[int, int]]],
+) -> tuple[tuple[BucketLevel, ...], bytes]:
+    """build_buckets for a few keys: the same sizes and the same placement rule."""
+    made, parts, offset = [], [], 0
+    for nbytes in sorted(columns):
+        entries = columns[nbytes]
+        if not entries:
+            continue
+        keys = [key for key, _ in entries]
+        bits, pair, placed = fitted(keys, _small_place)
+        table = bytearray(_BUCKET.size << bits)
+        count: dict[int, int] = {}
+        for (key, value), bucket in zip(entries, placed, strict=True):
+            slot = count.get(bucket, 0)
+            count[bucket] = slot + 1
+            struct.pack_into("=Q", table, bucket * _BUCKET.size + 8 * slot, key)
+            table[bucket * _BUCKET.size + 8 * BUCKET_SLOTS + slot] = value
+        for bucket, n in count.items():
+            table[bucket * _BUCKET.size + _BUCKET.size - 1] = n
+        made.append(BucketLevel(nbytes, offset, bits, pair))
+        parts.append(bytes(table))
+        offset += 1 << bits
+    return tuple(made), b"".join(parts)
+
+
+def _small_place(keys: list[int], bits: int, pair: tuple[int, int]) -> list[int] | None:
+    """_place for a few keys: each key's bucket (its slot: its place among the keys of
+    that bucket, in key order), or None."""
+    first = [(key * pair[0] & _LOW64) >> (64 - bits) for key in keys]
+    count: dict[int, int] = {}
+    for bucket in first:
+        count[bucket] = count.get(bucket, 0) + 1
+    room = {b: max(BUCKET_SLOTS - n, 0) for b, n in count.items()}
+    members: dict[int, list[int]] = {}
+    for i, bucket in enumerate(first):
+        if count[bucket] > BUCKET_SLOTS:
+            members.setdefault(bucket, []).append(i)
+    second = {i: (keys[i] * pair[1] & _LOW64) >> (64 - bits) for m in members.values() for i in m}
+    placed = list(first)
+    for bucket in sorted(members):
+        mine = sorted(members[bucket], key=lambda i: -room.get(second[i], BUCKET_SLOTS))
+        for i in mine[: len(mine) - BUCKET_SLOTS]:
+            if room.get(second[i], BUCKET_SLOTS) <= 0:
+                return None
+            room[second[i]] = room.get(second[i], BUCKET_SLOTS) - 1
+            placed[i] = second[i]
+    return placed

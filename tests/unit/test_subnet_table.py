@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import passes, probe_addresses, random_rules
+from support import ROOT
 
 from alfwrapper.bpf import subnet_table
 from alfwrapper.bpf.subnet_table import (
@@ -82,7 +86,7 @@ def test_covered_prefixes_add_no_entries() -> None:
     # The /32's own entry, in the 4-byte bucket level; the /48 adds none.
     assert [b.nbytes for b in table.bucket_levels] == [4] and table.nodes == ()
     assert lookup_buckets(table, 0x20010DB8 << 96, -1) == NODE_PASS
-    assert int(table.buckets.view("u1").reshape(-1, 64)[:, 63].sum()) == 1  # one key
+    assert [len(keys) for keys in bucket_entries(table)] == [1]  # one key
     assert len(table.v4.leaves) == 0
 
 
@@ -204,6 +208,7 @@ def test_ipv6_in_bulk_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> 
         raise AssertionError("laid out one prefix at a time")
 
     monkeypatch.setattr(subnet_table, "_family_table", one_at_a_time)
+    monkeypatch.setattr(subnet_table, "SMALL_RULES", 0)  # as if they were many
     rules = rules_of(allow=["192.0.2.0/24", "2001:db8::/48", "2001:db8:1::/64"])
     check(rules, [(6, 0x20010DB8 << 96), (6, 0x20010DB8_0002 << 80), (4, 0xC0000201)])
 
@@ -232,3 +237,88 @@ def test_buckets_fit_at_two_keys_a_bucket(seed: int) -> None:
     moved = bucket != first
     assert (bucket[moved] == second[moved]).all()
     assert (held[first[moved]] == subnet_table.BUCKET_SLOTS).all()
+
+
+def mixed_rules(rng: random.Random, count: int) -> SubnetRules:
+    """Up to SMALL_RULES rules of both families: random ones in documentation ranges,
+    nested IPv6 ones, and now and then a wide IPv4 range (a /0 to a /12)."""
+    rules = random_rules(rng, count // 2)
+    six = nested_ipv6(rng, count // 4)
+    wide = [Prefix(4, rng.getrandbits(32) >> (32 - n) << (32 - n) if n else 0, n)
+            for n in rng.sample((0, 1, 8, 12), rng.randint(0, 2))]  # fmt: skip
+    lists = (list(rules.allow), list(rules.deny))
+    for p in six + wide:
+        lists[rng.random() < 0.5].append(p)
+    return SubnetRules(allow=tuple(lists[0]), deny=tuple(lists[1]))
+
+
+def bucket_entries(table: subnet_table.SubnetTable) -> list[dict[int, int]]:
+    """Per bucket level, each key and its value, found as the filter finds them."""
+    out = []
+    for level in table.bucket_levels:
+        found = {}
+        for index in range(level.offset, level.offset + (1 << level.bits)):
+            words = subnet_table.bucket_words(table.buckets, index)
+            tail = words[-1].to_bytes(8, "little")
+            for slot in range(tail[-1]):
+                found[words[slot]] = tail[slot]
+        for key, value in found.items():
+            probe = key << (128 - 8 * level.nbytes)
+            alone = dataclasses.replace(table, bucket_levels=(level,))
+            assert subnet_table.lookup_buckets(alone, probe, -1) == value, hex(key)
+        out.append(found)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 2**32), st.integers(0, subnet_table.SMALL_RULES), st.sampled_from((16, 18, 20))
+)
+def test_a_few_rules_give_the_same_tables_without_numpy(
+    seed: int, count: int, least_bits: int
+) -> None:
+    """A few rules are laid out in plain Python (_small_table): the same IPv4 lines and
+    leaves, byte for byte, the same IPv6 roots and deeper entries, and bucket levels
+    of the same sizes holding the same keys and values, each where a lookup finds it;
+    so a program compiled for one fits the other.  (From a first level of
+    ``least_bits``, so that wider ones are laid out too.)"""
+    rng = random.Random(seed)
+    rules = mixed_rules(rng, count)
+    before = subnet_table.V4_ROOT_BITS
+    subnet_table.V4_ROOT_BITS = range(least_bits, 27)
+    try:
+        small = subnet_table._small_table(rules)  # noqa: SLF001
+        bulk = subnet_table._bulk_table(rules)  # noqa: SLF001
+    finally:
+        subnet_table.V4_ROOT_BITS = before
+    assert small is not None and isinstance(small.v4, subnet_table.SmallV4)
+    assert (small.v4.root_bits, small.v4.capacity) == (bulk.v4.root_bits, bulk.v4.capacity)
+    assert small.v4.lines.tobytes() == bulk.v4.lines.tobytes()
+    assert small.v4.leaves.tobytes() == bulk.v4.leaves.tobytes()
+    assert (small.roots, small.nodes, small.levels) == (bulk.roots, bulk.nodes, bulk.levels)
+    shape = [(b.nbytes, b.offset, b.bits) for b in small.bucket_levels]
+    assert shape == [(b.nbytes, b.offset, b.bits) for b in bulk.bucket_levels]
+    assert small.bucket_rows == len(bulk.buckets)
+    assert bucket_entries(small) == bucket_entries(bulk)
+    check(rules, probe_addresses(rng, rules, 60))
+
+
+def test_a_few_rules_start_without_numpy() -> None:
+    """What a start with a few rules runs to lay out and write its tables imports no
+    numpy; more rules than SMALL_RULES take the numpy layout."""
+    code = (
+        "import sys\n"
+        "from alfwrapper.bpf.subnet_table import build_subnet_table, SmallV4\n"
+        "from alfwrapper.policy.prefixes import parse_prefix\n"
+        "from alfwrapper.policy.rules import SubnetRules\n"
+        "rules = SubnetRules(allow=tuple(map(parse_prefix, sys.argv[1:])))\n"
+        "table = build_subnet_table(rules)\n"
+        "table.v4.fill(lambda kind, first, rows: rows.tobytes())\n"
+        "print(isinstance(table.v4, SmallV4), 'numpy' in sys.modules)\n"
+    )
+    few = ["192.0.2.0/24", "198.51.100.7", "2001:db8::/32", "2001:db8:1::/64"]
+    many = [f"192.0.2.{i}" for i in range(subnet_table.SMALL_RULES + 1)]
+    for rules, expected in ((few, "True False"), (many, "False True")):
+        out = subprocess.run([sys.executable, "-c", code, *rules], capture_output=True,
+                             text=True, timeout=60, cwd=ROOT)  # fmt: skip
+        assert out.stdout.strip() == expected, (rules[:3], out.stdout, out.stderr)
