@@ -9,13 +9,14 @@ from pathlib import Path
 from support import ROOT
 
 
-def test_bench_smoke(bpf_root: None, tmp_path: Path) -> None:
+def test_bench_smoke(bpf_root: None, tmp_path: Path, deb: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/bench.py"), "--smoke", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "benchmarks/bench.py"), "--smoke", "--out", str(tmp_path),
+         "--deb", str(deb)],
         capture_output=True,
         text=True,
-        timeout=600,
-    )
+        timeout=1200,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     report = (tmp_path / "benchmarks.md").read_text()
     for section in (
@@ -39,6 +40,9 @@ def test_bench_smoke(bpf_root: None, tmp_path: Path) -> None:
         "half IPv4 /32, half IPv6 /64",
         "## Accept=yes",
         "A denied peer on an Accept=yes socket",
+        "## The gallery's sshd, under systemd",
+        "An allowed ssh-keyscan through the gallery's sshd unit",
+        "denied connections a second for 2 s at the gallery's sshd unit",
         "Machine:",
     ):
         assert section in report
