@@ -550,7 +550,10 @@ MUTATIONS = [
         "alfwrapper/bpf/subnet_table.py",
         "    small = _small_table(rules)\n",
         "    small = None\n",
-        ("tests/unit/test_subnet_table.py::test_a_few_rules_start_without_numpy",),
+        (
+            "tests/unit/test_subnet_table.py::test_a_few_rules_start_without_numpy",
+            "tests/integration/test_errors.py::test_a_few_rules_start_without_numpy",
+        ),
     ),
     Mutation(
         "denied-peer-imports-shutil",

@@ -346,6 +346,19 @@ sys.exit(main(sys.argv[2:]))
 MANY_RULES = [w for i in range(SMALL_RULES + 1) for w in ("--allow", f"198.51.100.{i}/32")]
 
 
+def test_a_few_rules_start_without_numpy(bpf_root: None, tmp_path: Path) -> None:
+    """Up to SMALL_RULES rules given on the command line, a start needs no numpy: the
+    command runs behind them (README, Requirements)."""
+    mark = tmp_path / "command-ran"
+    rules = MANY_RULES[: 2 * SMALL_RULES]
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT, "numpy", "--listen", "127.0.0.1:8098", *rules,
+         "--", "/bin/sh", "-c", f"touch {mark}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0 and mark.exists(), out.stderr
+
+
 @pytest.mark.parametrize(
     ("library", "package", "argv", "env"),
     [
