@@ -10,6 +10,11 @@ unit's environment across its restarts, and a sandboxed unit may write nowhere b
 the BPF file system.  The tests (tests/adversarial/test_crash.py,
 tests/boot/test_kills.py) kill at each point in turn and check, with real traffic,
 that the next start leaves the socket filtered.
+
+``ALFWRAPPER_PAUSE_AT=NAME`` (or ``NAME@DIR``) stops the process there instead
+(SIGSTOP, as a stalled machine would hold it), so that a test can send what an
+attacker would in that moment and then let it go on (SIGCONT):
+tests/adversarial/test_startup.py.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import signal
 
 VARIABLE = "ALFWRAPPER_CRASH_AT"
+PAUSE_VARIABLE = "ALFWRAPPER_PAUSE_AT"
 
 # Every crash point, in the order a start (then a reload, a live rule, gc) meets them.
 POINTS = (
@@ -37,16 +43,21 @@ POINTS = (
 
 
 def crash_point(name: str) -> None:
-    """Die here if the environment says so (tests only)."""
-    wanted = os.environ.get(VARIABLE)
-    if not wanted:
-        return
+    """Die (or stop) here if the environment says so (tests only)."""
+    for variable, signum in ((PAUSE_VARIABLE, signal.SIGSTOP), (VARIABLE, signal.SIGKILL)):
+        wanted = os.environ.get(variable)
+        if wanted and _here(wanted, name):
+            os.kill(os.getpid(), signum)
+
+
+def _here(wanted: str, name: str) -> bool:
+    """Whether ``wanted`` (NAME or NAME@DIR) means this point, this time."""
     point, _, once = wanted.partition("@")
     if point != name:
-        return
+        return False
     if once:
         try:
             os.mkdir(once, 0o700)
         except OSError:
-            return
-    os.kill(os.getpid(), signal.SIGKILL)
+            return False
+    return True

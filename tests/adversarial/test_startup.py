@@ -1,17 +1,23 @@
 """The denied client during the wrapper's own start: created sockets are filtered before
 they are bound, so nothing sent while a slow start (a 1,000,000-rule file) compiles and
-loads is queued unfiltered."""
+loads is queued unfiltered, nor while a start stands still just before its socket's
+first filter is attached."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from attacks import ATTACKER, seen_from, wait_line
 from hosts import Network, Service, all_probes, check_policy
 from support import ECHO_SERVER, WRAPPER
 from wrapping import million_rule_file
+
+from alfwrapper.host import faults
 
 
 def test_nothing_reaches_created_sockets_during_a_slow_start(
@@ -66,3 +72,62 @@ def test_nothing_reaches_created_sockets_during_a_slow_start(
     assert all(int(c.split()[1]) > 50 for c in counts), counts  # it did flood the start
     assert not seen_from(svc, b.v4, b.v6), svc.output()
     assert "EARLY" not in svc.output()
+
+
+def stopped(pid: int, seconds: float = 30.0) -> None:
+    """Wait until the process stands still (SIGSTOP: state T in /proc/PID/stat)."""
+    deadline = time.monotonic() + seconds
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"process {pid} did not stop in {seconds} s"
+        time.sleep(0.02)
+
+
+def test_nothing_reaches_created_sockets_while_a_start_stands_before_its_filter(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """The start is held still where its sockets' state is pinned and no filter is on
+    them yet (the crash point "pinned"), and the denied host floods both ports for half
+    a second: a created socket is not bound yet, so nothing is queued (a socket bound
+    before its filter would queue it all, and the application would read it)."""
+    a, b = network.allowed, network.denied
+    svc = Service(
+        network.server,
+        [*WRAPPER, "--listen", "[::]:8080", "--listen-datagram", "[::]:8081",
+         "--allow", "192.0.2.2/32", "--allow", "2001:db8:a::2/128", "--", *ECHO_SERVER],
+        env={faults.PAUSE_VARIABLE: f"pinned@{tmp_path / 'paused'}"},  # the first socket
+    )  # fmt: skip
+    services.append(svc)
+    stopped(svc.proc.pid)
+    stop = tmp_path / "stop"
+    floods = [
+        subprocess.Popen(
+            b.command(
+                [
+                    sys.executable,
+                    str(ATTACKER),
+                    "flood",
+                    target,
+                    "8080",
+                    "8081",
+                    str(stop),
+                    f"PAUSED{family}",
+                ]
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for family, target in ((4, b.server_v4), (6, b.server_v6))
+    ]
+    try:
+        for proc in floods:
+            assert wait_line(proc) == "flooding"
+        time.sleep(0.5)  # the flood runs while the start stands still
+    finally:
+        stop.touch()
+        counts = [proc.communicate(timeout=90)[0].strip() for proc in floods]
+    assert all(int(c.split()[1]) > 5 for c in counts), counts
+    os.kill(svc.proc.pid, signal.SIGCONT)
+    svc.wait_for(r"^ready ", timeout=120)
+    check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
+    assert not seen_from(svc, b.v4, b.v6), svc.output()
+    assert "PAUSED" not in svc.output()
