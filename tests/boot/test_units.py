@@ -82,8 +82,12 @@ def test_echo_restart_crash_reactivation_and_reload(guest: Guest) -> None:
         expect(guest, unit, "answered", "tcp", ALLOW4, GUEST4, "8080", FIRST)
         guest.run(f"systemctl restart {unit}")
         served_and_dropped(guest, unit, 8080, udp=False)
-        guest.run(f"systemctl kill --signal=SIGKILL {unit}")  # a crash: the socket starts it again
-        guest.wait(f"! systemctl is-active --quiet {unit}")
+        # A crash: Restart=on-failure starts it again 100 ms later, too soon for a poll
+        # to be sure to see it inactive; the main process changing says it crashed.
+        pid = guest.run(f"systemctl show -P MainPID {unit}").strip()
+        assert pid not in ("", "0"), pid
+        guest.run(f"systemctl kill --signal=SIGKILL {unit}")
+        guest.wait(f'test "$(systemctl show -P MainPID {unit})" != {pid}')
         served_and_dropped(guest, unit, 8080, udp=False)
         guest.run(f"systemctl stop {unit}")  # as an idle exit leaves it: the socket listens
         served_and_dropped(guest, unit, 8080, udp=False)
