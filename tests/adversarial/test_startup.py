@@ -13,11 +13,35 @@ import time
 from pathlib import Path
 
 from attacks import ATTACKER, seen_from, wait_line
-from hosts import Network, Service, all_probes, check_policy
+from hosts import Host, Network, Service, all_probes, check_policy
 from support import ECHO_SERVER, WRAPPER
 from wrapping import million_rule_file
 
 from alfwrapper.host import faults
+
+
+def flood_both_ports(host: Host, stop: Path, tag: str) -> list[subprocess.Popen[str]]:
+    """attacker.py flood from ``host`` at the server's ports 8080 (TCP) and 8081 (UDP),
+    over IPv4 and IPv6, each message tagged TAG4-n or TAG6-n, until ``stop`` exists."""
+    return [
+        subprocess.Popen(
+            host.command(
+                [
+                    sys.executable,
+                    str(ATTACKER),
+                    "flood",
+                    target,
+                    "8080",
+                    "8081",
+                    str(stop),
+                    f"{tag}{family}",
+                ]
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for family, target in ((4, host.server_v4), (6, host.server_v6))
+    ]
 
 
 def test_nothing_reaches_created_sockets_during_a_slow_start(
@@ -27,25 +51,7 @@ def test_nothing_reaches_created_sockets_during_a_slow_start(
     rules = tmp_path / "million.rules"
     million_rule_file(rules, ["192.0.2.2/32", "2001:db8:a::2/128"])
     stop = tmp_path / "stop"
-    floods = [
-        subprocess.Popen(
-            b.command(
-                [
-                    sys.executable,
-                    str(ATTACKER),
-                    "flood",
-                    target,
-                    "8080",
-                    "8081",
-                    str(stop),
-                    f"EARLY{family}",
-                ]
-            ),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for family, target in ((4, b.server_v4), (6, b.server_v6))
-    ]
+    floods = flood_both_ports(b, stop, "EARLY")
     try:
         for proc in floods:
             assert wait_line(proc) == "flooding"
@@ -99,25 +105,7 @@ def test_nothing_reaches_created_sockets_while_a_start_stands_before_its_filter(
     services.append(svc)
     stopped(svc.proc.pid)
     stop = tmp_path / "stop"
-    floods = [
-        subprocess.Popen(
-            b.command(
-                [
-                    sys.executable,
-                    str(ATTACKER),
-                    "flood",
-                    target,
-                    "8080",
-                    "8081",
-                    str(stop),
-                    f"PAUSED{family}",
-                ]
-            ),
-            stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for family, target in ((4, b.server_v4), (6, b.server_v6))
-    ]
+    floods = flood_both_ports(b, stop, "PAUSED")
     try:
         for proc in floods:
             assert wait_line(proc) == "flooding"
