@@ -546,6 +546,20 @@ MUTATIONS = [
         ("tests/unit/test_subnet_table.py::test_a_few_rules_give_the_same_tables_without_numpy",),
     ),
     Mutation(
+        "short-rule-file-imports-numpy",
+        "alfwrapper/policy/prefix_list.py",
+        "few: int = SMALL_RULES) -> PrefixList:",
+        "few: int = 0) -> PrefixList:",
+        ("tests/integration/test_errors.py::test_a_few_rules_start_without_numpy",),
+    ),
+    Mutation(
+        "short-rule-file-one-line-short",
+        "alfwrapper/policy/prefix_list.py",
+        '    if newlines + (not data.endswith(b"\\n")) <= few:',
+        '    if newlines + (not data.endswith(b"\\n")) < few:',
+        ("tests/integration/test_errors.py::test_a_few_rules_start_without_numpy",),
+    ),
+    Mutation(
         "few-rules-import-numpy",
         "alfwrapper/bpf/subnet_table.py",
         "    small = _small_table(rules)\n",

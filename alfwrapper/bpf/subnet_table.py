@@ -42,7 +42,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from alfwrapper.errors import EX_DATAERR, AlfError
-from alfwrapper.policy.prefix_list import PrefixList
+from alfwrapper.policy.prefix_list import SMALL_RULES, PrefixList
 from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
 from alfwrapper.policy.rules import SubnetRules
 
@@ -831,9 +831,9 @@ def encode_nodes(table: SubnetTable, key: struct.Struct) -> tuple[bytes, bytes]:
 
 # -- A few rules: the same tables in plain Python ---------------------------------------
 
-# Up to this many rules, a start lays out its tables without numpy.  (With at most 64
-# leaves, the cheapest IPv4 first level is at most 2**18 blocks: 8,192 lines.)
-SMALL_RULES = 64
+# Up to SMALL_RULES rules (prefix_list.py, whose reader they pass too), a start lays
+# out its tables without numpy.  (With at most 64 leaves, the cheapest IPv4 first level
+# is at most 2**18 blocks: 8,192 lines.)
 _LOW64 = (1 << 64) - 1
 Range = tuple[int, int]  # an IPv4 range as Ranges holds it: (start, length)
 

@@ -10,8 +10,9 @@ those that are an IPv6 one in hex groups (``_parse_v6``), in bulk with numpy, an
 hands every other line (a dotted IPv4 tail, comments, spaces, anything it is not
 sure of) to ``prefixes.parse_prefix`` one at a time, so that both ways
 accept, refuse and number lines alike (tests/unit/test_prefix_list.py checks
-that they agree).  numpy is imported where used, so that a missing numpy is
-one clear line (cli).
+that they agree).  A file of at most SMALL_RULES lines is read one line at a
+time: importing numpy would cost such a start more than its parse.  numpy is
+imported where used, so that a missing numpy is one clear line (cli).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from alfwrapper.policy.prefixes import Prefix, parse_prefix
 Array = Any  # numpy arrays (typed loosely: Debian's numpy 1.24 and pip's 2.x check alike)
 
 _LOW = (1 << 64) - 1
+# Up to this many rules, a start imports no numpy (about 50 ms and 20 MiB): a rule file
+# of at most this many lines is read one line at a time, and the subnet table of at
+# most this many rules is laid out in plain Python (bpf/subnet_table.py).
+SMALL_RULES = 64
 _PACKED = struct.Struct("<II")  # packed(): the counts of IPv4 and IPv6 rules
 
 
@@ -357,8 +362,13 @@ def _too_long(origin: str, number: int, start: bytes | str) -> AlfError:
                     f"{LINE_LIMIT} bytes", "write one CIDR per line", EX_DATAERR)  # fmt: skip
 
 
-def parse_rule_bytes(data: bytes, origin: str) -> PrefixList:
-    """A rule file's contents: one CIDR per line, ``#`` starts a comment."""
+def parse_rule_bytes(data: bytes, origin: str, few: int = SMALL_RULES) -> PrefixList:
+    """A rule file's contents: one CIDR per line, ``#`` starts a comment.  At most
+    ``few`` lines are read one at a time, without numpy."""
+    # (a file of at most ``few`` lines that a reader takes fits in the window counted)
+    newlines = data.count(b"\n", 0, (few + 1) * (LINE_LIMIT + 1))
+    if newlines + (not data.endswith(b"\n")) <= few:
+        return PrefixList.of(parse_rule_lines(data.decode("utf-8").splitlines(), origin))
     if not data.isascii() or any(b in data for b in _OTHER_BREAKS):
         text = data.decode("utf-8")  # the caller checked that it decodes
         return PrefixList.of(parse_rule_lines(text.splitlines(), origin))

@@ -346,11 +346,18 @@ sys.exit(main(sys.argv[2:]))
 MANY_RULES = [w for i in range(SMALL_RULES + 1) for w in ("--allow", f"198.51.100.{i}/32")]
 
 
-def test_a_few_rules_start_without_numpy(bpf_root: None, tmp_path: Path) -> None:
-    """Up to SMALL_RULES rules given on the command line, a start needs no numpy: the
-    command runs behind them (README, Requirements)."""
+@pytest.mark.parametrize("where", ["command line", "rule file"])
+def test_a_few_rules_start_without_numpy(bpf_root: None, tmp_path: Path, where: str) -> None:
+    """Up to SMALL_RULES rules given on the command line or in a rule file of at most
+    SMALL_RULES lines, a start needs no numpy: the command runs behind them (README,
+    Requirements)."""
     mark = tmp_path / "command-ran"
     rules = MANY_RULES[: 2 * SMALL_RULES]
+    if where == "rule file":
+        lines = ["# a few", *rules[1 : 2 * SMALL_RULES - 4 : 2], "2001:db8::/64  # six"]
+        (tmp_path / "few").write_text("\n".join(lines) + "\n")
+        assert len(lines) == SMALL_RULES  # at most SMALL_RULES lines: the edge
+        rules = ["--allow-file", str(tmp_path / "few")]
     out = subprocess.run(
         [sys.executable, "-c", WITHOUT, "numpy", "--listen", "127.0.0.1:8098", *rules,
          "--", "/bin/sh", "-c", f"touch {mark}"],

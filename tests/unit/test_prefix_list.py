@@ -25,8 +25,8 @@ def one_at_a_time(data: bytes) -> list[Prefix] | str:
 
 
 def in_bulk(data: bytes) -> list[Prefix] | str:
-    try:
-        return list(parse_rule_bytes(data, "f"))
+    try:  # few=0: however short, the bulk path (a short file is read line by line)
+        return list(parse_rule_bytes(data, "f", few=0))
     except AlfError as err:
         return err.line()
 
