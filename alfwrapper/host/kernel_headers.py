@@ -15,7 +15,6 @@ the newest Debian headers: a socket filter uses only the UAPI and basic types.
 from __future__ import annotations
 
 import os
-import platform
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,12 +43,12 @@ class HeaderTree:
 
     @property
     def exact(self) -> bool:
-        return self.release == platform.release()
+        return self.release == os.uname().release
 
 
 def _arch() -> str:
     """The kernel's name for this architecture, as in arch/NAME/include."""
-    machine = platform.machine()
+    machine = os.uname().machine
     return {"x86_64": "x86", "i686": "x86", "aarch64": "arm64"}.get(machine, machine)
 
 
@@ -94,7 +93,7 @@ def _version_key(path: Path) -> list[object]:
 def find(release: str | None = None, root: Path = Path("/")) -> HeaderTree | None:
     """The headers BCC will use for ``release`` (default: the running kernel), or None.
     ``root``: where the file system starts (tests)."""
-    release = release or platform.release()
+    release = release or os.uname().release
     if os.environ.get(SOURCE_VARIABLE):
         return HeaderTree(f"{os.environ[SOURCE_VARIABLE]} ({SOURCE_VARIABLE})", release)
     modules = root / _MODULES / release
@@ -121,7 +120,7 @@ HINT = "apt-get install linux-headers-amd64 (BCC compiles against them)"
 
 def searched(release: str | None = None) -> str:
     """Where find() looks, for a message."""
-    release = release or platform.release()
+    release = release or os.uname().release
     return f"looked in /{_MODULES}/{release}/build and /{_DEBIAN}/linux-headers-*"
 
 
