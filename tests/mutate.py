@@ -555,9 +555,16 @@ MUTATIONS = [
     Mutation(
         "short-rule-file-one-line-short",
         "alfwrapper/policy/prefix_list.py",
-        '    if newlines + (not data.endswith(b"\\n")) <= few:',
-        '    if newlines + (not data.endswith(b"\\n")) < few:',
+        '    if short and data.count(b"\\n") + (not data.endswith(b"\\n")) <= few:',
+        '    if short and data.count(b"\\n") + (not data.endswith(b"\\n")) < few:',
         ("tests/integration/test_errors.py::test_a_few_rules_start_without_numpy",),
+    ),
+    Mutation(
+        "short-rule-file-unbounded",
+        "alfwrapper/policy/prefix_list.py",
+        "    short = len(data) <= few * (LINE_LIMIT + 1)\n",
+        "    short = True\n",
+        ("tests/unit/test_prefix_list.py::test_a_short_file_is_read_one_line_at_a_time",),
     ),
     Mutation(
         "few-rules-import-numpy",

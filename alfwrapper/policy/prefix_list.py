@@ -363,11 +363,13 @@ def _too_long(origin: str, number: int, start: bytes | str) -> AlfError:
 
 
 def parse_rule_bytes(data: bytes, origin: str, few: int = SMALL_RULES) -> PrefixList:
-    """A rule file's contents: one CIDR per line, ``#`` starts a comment.  At most
-    ``few`` lines are read one at a time, without numpy."""
-    # (a file of at most ``few`` lines that a reader takes fits in the window counted)
-    newlines = data.count(b"\n", 0, (few + 1) * (LINE_LIMIT + 1))
-    if newlines + (not data.endswith(b"\n")) <= few:
+    """A rule file's contents: one CIDR per line, ``#`` starts a comment.  A file of at
+    most ``few`` lines, no longer than so many lines can be, is read one line at a
+    time, without numpy."""
+    # A file of at most ``few`` lines that a reader takes is at most this long; any
+    # longer one (a huge line, a flood of lines) goes in bulk, bounded per chunk.
+    short = len(data) <= few * (LINE_LIMIT + 1)
+    if short and data.count(b"\n") + (not data.endswith(b"\n")) <= few:
         return PrefixList.of(parse_rule_lines(data.decode("utf-8").splitlines(), origin))
     if not data.isascii() or any(b in data for b in _OTHER_BREAKS):
         text = data.decode("utf-8")  # the caller checked that it decodes

@@ -90,6 +90,40 @@ def test_ipv6_and_mapped_lines_are_read_in_bulk(monkeypatch: pytest.MonkeyPatch)
     assert one_by_one == slow
 
 
+@pytest.mark.parametrize(
+    ("data", "bulk"),
+    [
+        (b"192.0.2.0/24\n" * prefix_list.SMALL_RULES, False),
+        (b"192.0.2.0/24\n" * (prefix_list.SMALL_RULES + 1), True),
+        (b"192.0.2.0/24\n" * (prefix_list.SMALL_RULES - 1) + b"192.0.2.0/24", False),
+        (b"", False),
+        # few lines, but longer than SMALL_RULES lines can be: in bulk, chunk by chunk
+        (b"# " + b"x" * 300_000 + b"\n192.0.2.0/24\n", True),
+        (b"1" * ((prefix_list.LINE_LIMIT + 1) * prefix_list.SMALL_RULES + 1), True),
+    ],
+)  # fmt: skip
+def test_a_short_file_is_read_one_line_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, data: bytes, bulk: bool
+) -> None:
+    """At most SMALL_RULES lines, and no longer than so many lines can be, are read
+    without numpy; anything else in bulk, however few its lines."""
+    chunks: list[int] = []
+    in_chunks = prefix_list._parse_chunk
+
+    def spy(chunk: bytes, first: int, origin: str) -> tuple[PrefixList, int]:
+        chunks.append(first)
+        return in_chunks(chunk, first, origin)
+
+    monkeypatch.setattr(prefix_list, "_parse_chunk", spy)
+    assert in_bulk(data) == one_at_a_time(data)
+    chunks.clear()
+    try:
+        parse_rule_bytes(data, "f")
+    except AlfError:
+        pass
+    assert bool(chunks) == bulk
+
+
 @pytest.mark.parametrize("ending", ["\r\n", "\r", "\x0c", "\u2028"])
 def test_other_line_breaks_keep_their_line_numbers(ending: str) -> None:
     data = ending.join(["192.0.2.0/24", "# ok", "198.51.100.0/24", "1.2.3.5/24"]).encode()
