@@ -46,15 +46,15 @@ def receive(host_command: list[str], address: str, port: int) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.parametrize("case", ["served", "bad option", "exec fails", "library output"])
+@pytest.mark.parametrize("case", ["served", "bad option", "help", "exec fails", "library output"])
 def test_the_wrappers_messages_never_reach_the_peer(
     network: Network, services: list[Service], tmp_path: Path, case: str
 ) -> None:
     """With stdout and stderr the connection (a unit that leaves StandardError= to
     inherit), alfwrapper's own lines (the note that the socket has no rules, a usage
-    error, a command that cannot be executed) and what a library prints (BCC writes
-    "Unable to find kernel headers" to stdout) stay off it; the application's stdout
-    and stderr are the connection again, as the unit asked."""
+    error, its help on stdout, a command that cannot be executed) and what a library
+    prints (BCC writes "Unable to find kernel headers" to stdout) stay off it; the
+    application's stdout and stderr are the connection again, as the unit asked."""
     a = network.allowed
     broken = tmp_path / "broken"
     broken.write_text("#!/nonexistent/interpreter\n")
@@ -65,6 +65,8 @@ def test_the_wrappers_messages_never_reach_the_peer(
         tail = ["--", sys.executable, "-c", APP]
     elif case == "bad option":
         tail = ["--no-such-option", "--", "true"]
+    elif case == "help":  # on stdout, the one thing the wrapper itself prints there
+        tail = ["--help"]
     elif case == "exec fails":
         tail = ["--", str(broken)]
     else:  # BCC finds no headers there, says so on stdout, and the wrapper fails.  (The
