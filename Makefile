@@ -53,7 +53,8 @@ unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # The fast tiers (tests/conftest.py TIERS): pure Python, and BPF on this kernel
-# without network namespaces or systemd, on every core (pytest-xdist; a test
+# without network namespaces or systemd (not the thorough tier's long fuzz and
+# stress runs), on every core (pytest-xdist; a test
 # file stays on one worker).  As root.
 test-fast: setup
 	$(PY) -m pytest -m "unit or kernel" -n auto --dist loadfile $(PYTEST_ARGS)

@@ -151,6 +151,8 @@ TIERS = {
     "boot": "a booted guest: Debian 12 under nspawn, or Debian's 6.1 under qemu (its "
     "verifier too: tests/kernel)",
     "release": "the package, the install and the benchmark smoke run",
+    "thorough": "long fuzz and stress runs on this kernel, no network namespaces (the "
+    "loader's compile confinement, a thousand starts)",
 }
 RELEASE = {"test_package.py", "test_install.py", "test_bench.py"}
 
@@ -165,6 +167,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.fspath))
         needs = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("thorough") is not None:
+            continue  # its marker is its tier
         if path.parent.name == "unit":
             tier = "unit"
         elif path.parent.name in ("boot", "kernel"):

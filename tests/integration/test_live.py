@@ -190,6 +190,7 @@ def test_watcher_is_replaced_on_reload(network: Network, services: list[Service]
     check_policy(svc, served=[], dropped=[Probe(b, "tcp", 4, 8080)])
 
 
+@pytest.mark.thorough
 @pytest.mark.alone  # it counts stale pins a gc by another test would take
 def test_a_thousand_starts_leave_no_stale_pins(bpf_root: None) -> None:
     """What each start does to the pins, a thousand times, each in a process of its own

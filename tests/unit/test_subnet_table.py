@@ -153,8 +153,7 @@ def test_windows_give_the_table_whole(root_bits: int, monkeypatch: pytest.Monkey
     cut = build_subnet_table(rules).v4
     assert whole.capacity > 10 and (cut.lines == whole.lines).all()
     assert (cut.leaves == whole.leaves).all()
-    check(rules, probe_addresses(rng, rules, 3000))
-    monkeypatch.undo()
+    monkeypatch.undo()  # the arrays are the same, so one check of their meaning serves
     check(rules, probe_addresses(rng, rules, 3000))
 
 
