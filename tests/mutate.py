@@ -584,8 +584,18 @@ MUTATIONS = [
         ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
-        "bind-after-attach",
+        "allowed-peer-imports-state",
         "alfwrapper/lifecycle/launch.py",
+        "    if any(not r.connected for r in records):\n"
+        "        from alfwrapper.lifecycle import kept  # noqa: PLC0415  (the state, "
+        "programs, BCC)\n",
+        "    from alfwrapper.lifecycle import kept  # noqa: PLC0415\n\n"
+        "    if any(not r.connected for r in records):\n",
+        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+    ),
+    Mutation(
+        "bind-after-attach",
+        "alfwrapper/lifecycle/kept.py",
         "        loaded = programs.filter_sockets(records, service, pinned)\n",
         "        for record in records:\n            if record.spec is not None:\n"
         "                bind_socket(record.sock, record.spec)\n"
@@ -1150,7 +1160,7 @@ MUTATIONS += [
     ),
     Mutation(
         "options-checked-after-attaching",
-        "alfwrapper/lifecycle/launch.py",
+        "alfwrapper/lifecycle/kept.py",
         "    state.check_meta_room(argv, os.getcwd())\n",
         "",
         (

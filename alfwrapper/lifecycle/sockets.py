@@ -11,11 +11,12 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from alfwrapper.errors import EX_NOPERM, EX_OSERR, EX_USAGE, AlfError
-from alfwrapper.host import activation
+from alfwrapper.errors import EX_NOPERM, EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.host import activation, attach
 from alfwrapper.policy.files import Policy
 from alfwrapper.policy.rules import ListenSpec, SocketRules
 
@@ -126,3 +127,19 @@ def bind_socket(sock: socket.socket, spec: ListenSpec) -> None:
             hints.get(err.errno or 0, "check the address"),
             code,
         ) from None
+
+
+def note_unruled(records: list[SocketRecord]) -> None:
+    """A note on stderr for each socket without rules: what passes it."""
+    for record in records:
+        if record.rules.empty:
+            what = (
+                "every packet passes until a reload gives it rules"
+                if record.pins
+                else "it is not filtered"
+            )  # fmt: skip
+            print(
+                f"alfwrapper: note: {attach.describe(record.sock)} named "
+                f"{excerpt(record.name)} has no rules: {what}",
+                file=sys.stderr,
+            )

@@ -2,17 +2,18 @@
 
     Policy -> sockets (inherited, created: sockets.py) -> an Accept=yes peer judged
       by its rules (backlog.py), a denied one reset before anything else is done
-      -> (launch.py) each kept socket taken: its pinned state found by cookie or
+      -> (launch.py, kept.py) each kept socket taken: its pinned state found by cookie or
       made, and the fixed dispatcher attached and locked (Store.take; its empty
       slot drops) -> programs (planned, loaded, filled) -> into each socket's slot
       (programs.py) -> judge what was queued on inherited sockets not judged yet
       (backlog.py) -> bind created sockets -> interface watcher, drop log forwarder
       (companions.py) -> drop privileges -> exec COMMAND
 
-A denied Accept=yes peer costs what this module imports and no more: the state,
-the programs and BCC's side (launch.py) are imported only for a start that goes
-on, so that a flood of denied connections, each one a wrapper started by
-systemd or inetd, costs as little as it can (docs/benchmarks.md has the figure).
+A denied Accept=yes peer costs what this module imports and no more: launch.py
+is imported only for a start that goes on, and the state, the programs and BCC's
+side (kept.py) only for one that keeps a socket (not an allowed peer's), so that
+a flood of denied connections, each one a wrapper started by systemd or inetd,
+costs as little as it can (docs/benchmarks.md has the figure).
 
 Created sockets are bound only after their filter is attached, so no packet
 reaches them unfiltered.  Inherited sockets may hold connections and

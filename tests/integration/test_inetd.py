@@ -154,6 +154,10 @@ def test_a_connection_is_judged_without_bcc(
     assert receive(a.command([]), a.server_v6, 7102) == repr("served\n")
     imported = imports(svc.errors())
     assert "alfwrapper.lifecycle.launch" in imported  # the allowed peers' starts go on
+    # ... with no state, program, loader or BCC's side: a connection needs no filter.
+    kept = ("alfwrapper.bpf", "alfwrapper.state", "alfwrapper.loader", "alfwrapper.lifecycle.kept",
+            "alfwrapper.lifecycle.programs", "pyroute2")  # fmt: skip
+    assert not [m for m in imported if m.startswith(kept)], imported
     assert "alfwrapper.cli" in imported, svc.errors()[-2000:]  # what -X importtime shows
     assert not [m for m in imported if m == "bcc" or m.startswith("bcc.")], imported
     # Nor numpy: a few rules judge a peer as the Prefix objects they were parsed into.

@@ -1,0 +1,131 @@
+"""A start's kept sockets (listening, or datagram; not an Accept=yes connection):
+their state taken, their programs in, what was queued on them judged, created ones
+bound, the companions started, and what status and reload need written.  Imported
+(with the state, the programs and BCC's side) only by a start that keeps a socket:
+launch.py, after every Accept=yes peer was judged."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from alfwrapper import state
+from alfwrapper.bpf import compiler
+from alfwrapper.bpf.parts import knock_key
+from alfwrapper.errors import EX_USAGE, AlfError
+from alfwrapper.host import companion
+from alfwrapper.host.faults import crash_point
+from alfwrapper.lifecycle import backlog, companions, programs
+from alfwrapper.lifecycle.sockets import SocketRecord, bind_socket, note_unruled
+
+
+def describe_sockets(
+    records: list[SocketRecord], service: str, argv: list[str], watcher: int, forwarder: int
+) -> None:
+    """What status and reload need to know, in each socket's pinned meta."""
+    for record in records:
+        if record.pins is None:
+            continue
+        host, port = record.sock.getsockname()[:2]
+        state.write_meta(
+            record.pins,
+            {
+                "service": service,
+                "name": record.name,
+                "protocol": record.protocol,
+                "address": host,
+                "port": port,
+                "pid": os.getpid(),
+                "watcher": watcher,
+                "forwarder": forwarder,
+                "rules": record.rules.counts(),
+                "netns": state.netns_cookie(),
+                "argv": argv,
+                "cwd": os.getcwd(),
+                "knock": knock_key(record.rules) if record.rules.knock else "",
+                "started": int(time.time()),
+                "program": compiler.prog_id(record.loaded) if record.loaded else 0,
+                "judged": True,
+            },
+        )
+
+
+def state_available() -> str:
+    """Why this wrapper cannot keep pinned state, or "" if it can.  Without it, each
+    socket gets its program directly, which no restart or reload can replace."""
+    try:
+        state.store().root(create=True)
+        return ""
+    except AlfError as err:
+        return f"{err.what}: {err.why}"
+
+
+def collect_stale_state() -> None:
+    """Forget what sockets of this namespace that are gone left behind, once the
+    programs are in (host/sockdiag.py: a dump of every socket, only if some socket's
+    process is gone)."""
+    try:
+        state.store().gc()
+    except (AlfError, OSError) as err:
+        print(f"alfwrapper: note: the state of gone sockets was not removed ({err}); "
+              "`alfwrapper gc` removes it", file=sys.stderr)  # fmt: skip
+
+
+def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> None:
+    """Every kept socket's filter on, what was queued judged, created sockets bound (the
+    order: wrapper.py's docstring), companions started, each socket's meta written."""
+    state.check_meta_room(argv, os.getcwd())
+    if any(r.rules.interfaces or r.rules.log_rate for r in records):
+        companion.check_libraries()  # of the watcher and the forwarder
+    from alfwrapper.loader import client  # noqa: PLC0415
+
+    if client.use_if_needed():
+        following = sorted({i for r in records for i in r.rules.interfaces})
+        if following:
+            raise AlfError(
+                f"--interface {following[0]}",
+                "without CAP_BPF, filters come from the loader, which cannot follow "
+                "interface renames for you",
+                "use subnet rules, or give the service CAP_BPF",
+                EX_USAGE,
+            )
+    unpinned = state_available() if any(not r.connected for r in records) else ""
+    pinned = any(not r.connected for r in records) and not unpinned
+    try:
+        loaded = programs.filter_sockets(records, service, pinned)
+        for record in records:
+            if record.inherited and not record.judged and record.loaded is not None:
+                backlog.judge_backlog(record)  # a connected one has no program: judged
+        crash_point("judged")
+        for record in records:
+            if record.pins is not None and not record.judged:
+                state.mark_judged(record.pins)
+        for record in records:
+            if record.spec is not None:
+                bind_socket(record.sock, record.spec)
+        crash_point("bound")
+    except BaseException:
+        # A created socket dies with this process, and its state is of no use; an
+        # inherited one keeps its state (its dispatcher is attached: the next start
+        # takes it from there).
+        for record in records:
+            if record.made and record.spec is not None and record.pins is not None:
+                state.store().remove(record.pins)
+        raise
+    if pinned:
+        collect_stale_state()
+    if unpinned:
+        print(
+            f"alfwrapper: note: no pinned state ({unpinned}): the filters cannot be "
+            "reloaded, and a restart cannot re-filter an inherited socket",
+            file=sys.stderr,
+        )
+    note_unruled(records)
+    watcher = companions.start_watcher(loaded, service)
+    forwarder = companions.start_forwarder(
+        [(r.name, r.pins) for r in records if r.pins is not None and r.rules.log_rate],
+        service,
+    )
+    describe_sockets(records, service, argv, watcher, forwarder)
+    crash_point("described")
