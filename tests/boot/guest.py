@@ -141,22 +141,41 @@ def served_and_dropped(
         expect(g, unit, "timeout", "udp", DENY6, GUEST6, str(port), "2")
 
 
-def a_failing_start_stops_its_socket(g: Guest, first: str, seconds: float) -> None:
+def a_failing_start_stops_its_socket(
+    g: Guest, first: str, seconds: float, slow_lines: int = 0
+) -> None:
     """A broken policy makes alfwrapper-echo.service fail at every start, and a client
     waits on its socket: after the unit's start limit the socket fails and stops
-    listening (bounded, and closed)."""
+    listening (bounded, and closed).  With ``slow_lines``, the policy's allow-file has
+    that many good lines before its one bad last line, so each start reads them all
+    before it fails: a slow failing start, every one seconds apart."""
     echo, policy = "alfwrapper-echo.service", "/etc/alfwrapper/policy/alfwrapper-echo.toml.d"
     since = g.run("date +%s").strip()  # this test's starts only
-    g.run(f"mkdir -p {policy} && echo 'allow = [' > {policy}/broken.toml && "
+    broken, rules = "echo 'allow = ['", "/etc/alfwrapper/slow-broken.list"
+    if slow_lines:
+        g.run(f"mkdir -p {policy} && python3 -c 'import sys; sys.stdout.writelines("
+              f"f\"10.{{i >> 16 & 255}}.{{i >> 8 & 255}}.{{i & 255}}/32\\n\" "
+              f"for i in range({slow_lines})); "
+              f"print(\"10.0.0.0/33\")' > {rules} && chmod 644 {rules}")  # fmt: skip
+        broken = f"echo 'allow-file = [\"{rules}\"]'"
+    g.run(f"mkdir -p {policy} && {broken} > {policy}/broken.toml && "
           "systemctl start alfwrapper-echo.socket")  # fmt: skip
     try:
         g.client("tcp", ALLOW4, GUEST4, "8080", first)  # queued: it starts the service
         g.wait("systemctl is-failed --quiet alfwrapper-echo.socket", seconds, every=2)
-        starts = g.run(f"journalctl -b -u {echo} --since @{since} -o cat | grep -c '^Started '")
-        assert 1 <= int(starts) <= int(g.run(f"systemctl show -P StartLimitBurst {echo}")), starts
+        journal = g.run(f"journalctl -b -u {echo} --since @{since} -o short-unix")
+        started = [float(line.split()[0]) for line in journal.splitlines() if " Started " in line]
+        burst = int(g.run(f"systemctl show -P StartLimitBurst {echo}"))
+        assert 1 <= len(started) <= burst, journal
+        if slow_lines:
+            # Every start took seconds: systemd's default limit (5 in 10 s) could not
+            # have stopped them, and the unit's own (all of its burst) did.
+            gaps = [b - a for a, b in zip(started, started[1:], strict=False)]
+            assert len(started) == burst and min(gaps) > 2.5, (gaps, journal[-3000:])
+            assert "10.0.0.0/33" in g.journal(echo), g.journal(echo)
         assert g.client("tcp", ALLOW4, GUEST4, "8080", "5") in ("refused", "timeout")
         result = g.run("systemctl show -P Result alfwrapper-echo.socket").strip()
         assert result == "service-start-limit-hit", result
     finally:
-        g.run(f"rm -rf {policy}", check=False)
+        g.run(f"rm -rf {policy} {rules}", check=False)
         stop(g, "alfwrapper-echo.socket", echo)
