@@ -312,7 +312,7 @@ def own(path: Path) -> None:
 
 
 # What a socket's meta holds besides the options and the folder: counts, ids and
-# names of bounded size (wrapper.describe_sockets), well within this.
+# names of bounded size (lifecycle/kept.py: describe_sockets), well within this.
 META_FIXED = 1024
 
 

@@ -90,8 +90,8 @@ def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> N
                 "use subnet rules, or give the service CAP_BPF",
                 EX_USAGE,
             )
-    unpinned = state_available() if any(not r.connected for r in records) else ""
-    pinned = any(not r.connected for r in records) and not unpinned
+    unpinned = state_available()  # some socket is kept, or this module would not run
+    pinned = not unpinned
     try:
         loaded = programs.filter_sockets(records, service, pinned)
         for record in records:
