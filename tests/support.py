@@ -61,9 +61,13 @@ def bpf_problem() -> str:
     return _bpf_problem[0]
 
 
-# Tests run in two processes (make test: pytest-xdist); this keeps the ones marked
-# `alone` apart from every other (conftest.host_share).
+# Tests run in several processes (make test: pytest-xdist); this keeps the ones marked
+# `alone` apart from every other (conftest.host_share).  flock(2) prefers no one: a
+# test waiting for the host alone would wait until every other worker happened to be
+# between tests at once.  So every test first passes the gate, which one waiting to be
+# alone holds: no test starts behind it, and it waits only for those running.
 HOST_LOCK = Path("/run/alfwrapper-tests/lock")
+HOST_GATE = HOST_LOCK.with_name("gate")
 
 
 @contextmanager
@@ -72,9 +76,16 @@ def host_hold(exclusive: bool) -> Iterator[None]:
         yield
         return
     HOST_LOCK.parent.mkdir(mode=0o755, exist_ok=True)
+    gate = os.open(HOST_GATE, os.O_RDWR | os.O_CREAT, 0o600)
     fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
+        fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if not exclusive:
+            os.close(gate)
+            gate = -1
         yield
     finally:
         os.close(fd)
+        if gate >= 0:
+            os.close(gate)

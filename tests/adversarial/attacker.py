@@ -21,6 +21,10 @@
         knock (a SYN not waited on), from a SRC that may be forged, with IPv6
         extension headers (hbh, dest, frag, ah) or IPv4 options (ipopt); for a
         SYN, prints "synack", "rst" or "none"
+    attacker.py raws
+        the same, for each line of standard input (raw's arguments, EXTS "-" for
+        none): every packet sent in one go, each SYN's answer awaited at once
+        (2 s in all rather than each); one result a line, in their order
 
 Prints "sent" (or the SYN's answer) when done; every wait is bounded.
 """
@@ -99,35 +103,61 @@ def halfopen(address: str, port: int, data: str, release: str, hold: float) -> s
 def raw(
     version: str, src: str, dst: str, kind: str, port: int, data: str, exts: list[str], sport: int
 ) -> str:
+    return raws([[version, src, dst, kind, str(port), data, ",".join(exts), str(sport)]])
+
+
+def raws(lines: list[list[str]]) -> str:
     from craft import packet  # noqa: PLC0415
     from scapy.all import TCP, AsyncSniffer, conf, fragment, fragment6, send  # noqa: PLC0415
 
     conf.verb = 0
-    pkt = packet(version, src, dst, kind, port, data, tuple(exts), sport)
-    if kind in ("udp", "knock"):
-        send(pkt)
-        return "sent"
-    if kind == "udpfrag":
-        pieces = fragment6(pkt, 1280) if version == "6" else fragment(pkt, 1200)
-        send(pieces)
-        return f"sent {len(pieces)}"
-    # Watch for the answer ourselves: scapy's own matching misses answers to
-    # packets with extension headers.
-    route = conf.route6.route(dst) if version == "6" else conf.route.route(dst)
-    sniffer = AsyncSniffer(
-        iface=route[0],
-        lfilter=lambda p: TCP in p and p[TCP].sport == port and p[TCP].dport == sport,
-        count=1,
-        timeout=2,
+    pkts, syns, answers = [], {}, {}
+    for n, (version, src, dst, kind, port, data, exts, sport) in enumerate(lines):
+        ext = tuple(e for e in exts.split(",") if e and e != "-")
+        pkt = packet(version, src, dst, kind, int(port), data, ext, int(sport))
+        if kind == "udpfrag":
+            pkts.append(fragment6(pkt, 1280) if version == "6" else fragment(pkt, 1200))
+            answers[n] = f"sent {len(pkts[-1])}"
+        else:
+            pkts.append([pkt])
+        if kind == "syn":
+            syns[(int(port), int(sport))] = n
+    routes = {(conf.route6 if line[0] == "6" else conf.route).route(line[2])[0] for line in lines}
+
+    def seen(p: object) -> None:
+        key = (p[TCP].sport, p[TCP].dport)  # type: ignore[index]
+        answers.setdefault(syns[key], "synack" if p[TCP].flags & 0x12 == 0x12 else "rst")  # type: ignore[index]
+
+    sniffers = (
+        [
+            AsyncSniffer(
+                iface=iface,
+                lfilter=lambda p: TCP in p and (p[TCP].sport, p[TCP].dport) in syns,
+                prn=seen,
+                timeout=10,
+            )
+            for iface in sorted(routes)
+        ]
+        if syns
+        else []
     )
-    sniffer.start()
+    for sniffer in sniffers:
+        sniffer.start()
     time.sleep(0.1)
-    send(pkt)
-    sniffer.join()
-    answers = sniffer.results or []
-    if not answers:
-        return "none"
-    return "synack" if answers[0][TCP].flags & 0x12 == 0x12 else "rst"
+    for pieces in pkts:
+        send(pieces)
+        time.sleep(0.01)  # in order: the next might leave from another CPU's queue
+    wanted = len(syns) + sum(line[3] == "udpfrag" for line in lines)
+    deadline = time.monotonic() + 2
+    while len(answers) < wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for sniffer in sniffers:
+        if sniffer.running:
+            sniffer.stop()
+    return "\n".join(
+        answers.get(n, "none") if line[3] in ("syn", "udpfrag") else "sent"
+        for n, line in enumerate(lines)
+    )
 
 
 def flood(address: str, tcp_port: int, udp_port: int, stop: str, tag: str) -> str:
@@ -206,6 +236,8 @@ def main() -> str:
         exts = [e for e in (args[7].split(",") if len(args) > 7 else []) if e]
         sport = int(args[8]) if len(args) > 8 else 40000
         return raw(args[1], args[2], args[3], args[4], int(args[5]), args[6], exts, sport)
+    if args[0] == "raws":
+        return raws([line.split() for line in sys.stdin.read().splitlines() if line.strip()])
     raise SystemExit(f"attacker.py: unknown attack {args[0]!r}")
 
 

@@ -57,29 +57,19 @@ CASES = [
 ]
 
 
-def send(host: Host, case: Case, src: str, dst: str, port: int, token: str, sport: int) -> str:
+def send(host: Host, packets: list[tuple[str, ...]]) -> list[str]:
+    """Crafted packets from host, sent in one go (attacker.py raws); the answer to each."""
     out = subprocess.run(
-        host.command(
-            [
-                sys.executable,
-                str(ATTACKER),
-                "raw",
-                case.version,
-                src,
-                dst,
-                case.kind,
-                str(port),
-                token,
-                ",".join(case.exts),
-                str(sport),
-            ]
-        ),
+        host.command([sys.executable, str(ATTACKER), "raws"]),
+        input="".join(" ".join(fields) + "\n" for fields in packets),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+    answers = out.stdout.splitlines()
+    assert len(answers) == len(packets), out.stdout
+    return answers
 
 
 # Deny rules alone: what an IPv4-mapped source slipped past (it is no IPv6 the rules name).
@@ -112,7 +102,7 @@ def test_test_run_and_socket_agree(network: Network, services: list[Service], pa
         program.plan_program(config.rules_for("web")),
         FillEnv({index[n]: n for n in config.rules_for("web").interfaces}),
     )
-    rows = []
+    rows, sent = [], {"allowed": [], "denied": []}
     for n, case in enumerate(CASES):
         host = a if case.sender == "allowed" else b
         src = case.src or (host.v4 if case.version == "4" else host.v6)
@@ -121,20 +111,23 @@ def test_test_run_and_socket_agree(network: Network, services: list[Service], pa
         token = f"case{n}-{uuid.uuid4().hex[:8]}"
         pkt = packet(case.version, src, dst, case.kind, port, token, case.exts, 41000 + n)
         run = prog_test_run(loaded.fd, frame(pkt), ingress_ifindex=index[host.server_if])
-        answer = send(host, case, src, dst, port, token, 41000 + n)
-        rows.append((case, token, run.retval != 0, answer))
+        fields = (case.version, src, dst, case.kind, str(port), token, ",".join(case.exts) or "-")
+        sent[case.sender].append((*fields, str(41000 + n)))
+        rows.append((case, token, run.retval != 0))
+    answers = dict(zip([f[5] for f in sent["allowed"]], send(a, sent["allowed"]), strict=True))
+    answers |= zip([f[5] for f in sent["denied"]], send(b, sent["denied"]), strict=True)
     # Everything sent; let the application log what it got.
     deadline = time.monotonic() + 2
     while time.monotonic() < deadline:
         time.sleep(0.1)
     on_socket = {
-        token: (token in svc.output()) if case.kind == "udp" else (answer == "synack")
-        for case, token, _, answer in rows
+        token: (token in svc.output()) if case.kind == "udp" else (answers[token] == "synack")
+        for case, token, _ in rows
     }
-    disagree = [(c, run, on_socket[t]) for c, t, run, _ in rows if run != on_socket[t]]
+    disagree = [(c, run, on_socket[t]) for c, t, run in rows if run != on_socket[t]]
     assert not disagree, f"test run vs socket: {disagree}\n{svc.output()}"
     # And the verdicts are the policy's: not a vacuous agreement.
-    for case, token, _, _ in rows:
+    for case, token, _ in rows:
         expected = case.sender == "allowed" and not case.src.startswith("::ffff:")
         assert on_socket[token] == expected, (case, svc.output())
 
@@ -151,25 +144,24 @@ def test_knocking_agrees_on_crafted_knocks(network: Network, services: list[Serv
     for version, exts in (("4", ("ipopt",)), ("6", ("hbh", "dest"))):
         src = a.v4 if version == "4" else a.v6
         dst = a.server_v4 if version == "4" else a.server_v6
-        got_run, got_socket = [], []
+        got_run, batch = [], []
         for sport in (7001, 7002, 7003):
             pkt = packet(version, src, dst, "knock", 8080, "", exts, sport)
             got_run.append(prog_test_run(loaded.fd, frame(pkt)).retval != 0)
-            assert send(a, Case("allowed", version, "", "knock", exts), src, dst, 8080, "", sport)
-            time.sleep(0.05)
+            batch.append((version, src, dst, "knock", "8080", "-", ",".join(exts), str(sport)))
         pkt = packet(version, src, dst, "syn", 8080, "", exts, 50000)
         got_run.append(prog_test_run(loaded.fd, frame(pkt)).retval != 0)
+        batch.append((version, src, dst, "syn", "8080", "-", ",".join(exts), "50000"))
+        answers = send(a, batch)
+        assert answers[:3] == ["sent"] * 3, answers
         got_socket = [False, False, False]  # knocks are dropped: never answered
-        got_socket.append(
-            send(a, Case("allowed", version, "", "syn", exts), src, dst, 8080, "", 50000)
-            == "synack"
-        )
+        got_socket.append(answers[3] == "synack")
         assert got_run == got_socket == [False, False, False, True], (version, got_run, got_socket)
     # Never knocked: nothing, in both.
     src, dst = b.v4, b.server_v4
     pkt = packet("4", src, dst, "syn", 8080, "", (), 50001)
     assert prog_test_run(loaded.fd, frame(pkt)).retval == 0
-    assert send(b, Case("denied", "4", "", "syn"), src, dst, 8080, "", 50001) == "none"
+    assert send(b, [("4", src, dst, "syn", "8080", "-", "-", "50001")]) == ["none"]
 
 
 @pytest.mark.parametrize("part", ["subnets", "filter"])
@@ -187,12 +179,14 @@ def test_fragmented_datagrams_are_judged_whole(
     svc.wait_for(r"^ready ")
     sent = {}
     for host in (b, a):
+        batch = []
         for version in ("4", "6"):
             src, dst = (host.v4, host.server_v4) if version == "4" else (host.v6, host.server_v6)
             token = f"frag{version}-{uuid.uuid4().hex[:8]}"
-            answer = send(host, Case("", version, "", "udpfrag"), src, dst, 8081, token, 42000)
-            assert answer in ("sent 3", "sent 4"), answer  # it did go out in fragments
+            batch.append((version, src, dst, "udpfrag", "8081", token, "-", "42000"))
             sent[token] = host is a
+        for answer in send(host, batch):
+            assert answer in ("sent 3", "sent 4"), answer  # it did go out in fragments
     for token in (t for t, ok in sent.items() if ok):
         svc.wait_for(token)
     time.sleep(1)  # the denied ones were sent first: had they passed, they would be in by now

@@ -90,12 +90,16 @@ def send(host: Host, count: int, tag: str, source: str = "", version: str = "4")
     """count datagrams to the UDP socket, each a different port so none is a retry."""
     target = host.server_v4 if version == "4" else host.server_v6
     argv = [sys.executable, str(ATTACKER)]
+    if source:  # forged, with scapy: in one go (attacker.py raws)
+        lines = "".join(
+            f"{version} {source} {target} udp 8081 {tag}-{i} - {42000 + i}\n" for i in range(count)
+        )
+        sent = subprocess.run(host.command([*argv, "raws"]), input=lines, capture_output=True,
+                              text=True, timeout=60, check=True)  # fmt: skip
+        assert sent.stdout.splitlines() == ["sent"] * count, sent.stdout
+        return
     for i in range(count):
-        if source:  # forged, with scapy
-            cmd = [*argv, "raw", version, source, target, "udp", "8081", f"{tag}-{i}", "",
-                   str(42000 + i)]  # fmt: skip
-        else:
-            cmd = [*argv, "udpflood", target, "8081", "1", f"{tag}-{i}"]
+        cmd = [*argv, "udpflood", target, "8081", "1", f"{tag}-{i}"]
         subprocess.run(host.command(cmd), capture_output=True, timeout=60, check=True)
 
 
