@@ -38,7 +38,7 @@ lint: setup
 	mandoc -Tlint -W warning man/*.[1-9]
 
 test: setup lint
-	$(PY) -m pytest -n 2 --dist loadscope $(PYTEST_ARGS)
+	$(PY) -m pytest -n 3 --dist loadscope $(PYTEST_ARGS)
 
 # Writes docs/benchmarks.md and docs/*.png from a run on this machine (as root).
 bench: setup

@@ -55,7 +55,7 @@ def network(bpf_root: None) -> Iterator[Network]:
     finally:
         # Whatever still runs in them goes first; then alfwrapper forgets the state of
         # their sockets (it can tell only while the namespaces exist); then they go.
-        # Only this test's: the other worker's gc and status visit every namespace.
+        # Only this test's: other workers' gc and status visit every namespace.
         deadline = time.monotonic() + 10
         for name in net.names:
             while time.monotonic() < deadline:
@@ -160,7 +160,7 @@ RELEASE = {"test_package.py", "test_install.py", "test_bench.py"}
 def pytest_configure(config: pytest.Config) -> None:
     for name, what in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
-    config.addinivalue_line("markers", "alone: no test of the other worker runs meanwhile")
+    config.addinivalue_line("markers", "alone: no test of another worker runs meanwhile")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -184,7 +184,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(getattr(pytest.mark, tier))
 
 
-# `make test` runs two pytest-xdist workers, and this sends them work by lanes: a lane's
+# `make test` runs three pytest-xdist workers (on two cores: much of a test is waiting),
+# and this sends them work by lanes: a lane's
 # tests run on one worker, one after another, as written.  The boot and release tiers
 # are one lane: they build the Debian package once (`deb`), and two `make deb` in one
 # tree trip over each other.  The loader's tests are one: its unit (test_loader.py) and
@@ -216,7 +217,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 @pytest.fixture(autouse=True)
 def host_share(request: pytest.FixtureRequest) -> Iterator[None]:
-    """The other worker's tests run beside this one.  One marked `alone` holds the host
+    """Other workers' tests run beside this one.  One marked `alone` holds the host
     to itself: it changes a sysctl that every namespace and guest sees, or watches what
     any gc (each network test ends with one) would change.  Every other test shares it,
     but one in the qemu guest (guest61): its kernel, disk and BPF file system are its
