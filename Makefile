@@ -94,7 +94,7 @@ install: venv completion
 		$(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5 \
 		$(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(UNITDIR) \
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions
-	printf '#!/usr/bin/python3 -I\nimport sys\nsys.path.insert(0, "%s/python")\nfrom alfwrapper.cli import main\nsys.exit(main())\n' \
+	printf '#!/usr/bin/python3 -I\nimport sys\nsys.path.insert(0, "%s/python")\nfrom alfwrapper.door import main\nsys.exit(main())\n' \
 		"$(LIBDIR)" > $(DESTDIR)$(PREFIX)/bin/alfwrapper
 	chmod 755 $(DESTDIR)$(PREFIX)/bin/alfwrapper
 	install -m 644 build/completion/alfwrapper $(DESTDIR)$(PREFIX)/share/bash-completion/completions/

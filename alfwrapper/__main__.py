@@ -2,6 +2,6 @@
 
 import sys
 
-from alfwrapper.cli import main
+from alfwrapper.door import main
 
 sys.exit(main(sys.argv[1:]))

@@ -25,6 +25,7 @@ LAYERS = (
     "observe",  # read-only questions
     "cli",  # the command line and its completion
     "completion",
+    "door",  # the way in: a kept verdict's denial, else the command line
     "__main__",
 )
 

@@ -69,6 +69,43 @@ MUTATIONS = [
         ("tests/integration/test_errors.py::test_verifier_rejection_says_why",),
     ),
     Mutation(
+        "kept-verdict-ignores-deny",
+        "alfwrapper/lifecycle/verdicts.py",
+        '    if covered("deny"):\n',
+        "    if False:\n",
+        ("tests/unit/test_verdicts.py",),
+    ),
+    Mutation(
+        "kept-verdict-files-not-followed",
+        "alfwrapper/lifecycle/verdicts.py",
+        'if any(_identity(path) != tuple_or_none(ident) for path, ident in body["consulted"]):',
+        "if False:",
+        (
+            "tests/integration/test_inetd.py::"
+            "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
+        ),
+    ),
+    Mutation(
+        "kept-verdict-seal-not-checked",
+        "alfwrapper/lifecycle/verdicts.py",
+        "if len(raw) < 32 or hashlib.sha256(raw[32:]).digest() != raw[:32]:",
+        "if len(raw) < 32:",
+        (
+            "tests/integration/test_inetd.py::"
+            "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
+        ),
+    ),
+    Mutation(
+        "dropin-folder-not-followed",
+        "alfwrapper/policy/files.py",
+        "        look(os.path.abspath(folder))  # a drop-in added or removed changes its folder\n",
+        "",
+        (
+            "tests/integration/test_inetd.py::"
+            "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
+        ),
+    ),
+    Mutation(
         "cache-fds-not-written-in",
         "alfwrapper/bpf/cache.py",
         "            _INSN.pack_into(code, index * 8, op, regs, off, fds[name])\n",
@@ -87,7 +124,7 @@ MUTATIONS = [
     ),
     Mutation(
         "cache-owner-not-checked",
-        "alfwrapper/bpf/cache.py",
+        "alfwrapper/host/cachedir.py",
         "        and info.st_uid == os.geteuid()\n",
         "        and True\n",
         ("tests/integration/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
@@ -101,11 +138,11 @@ MUTATIONS = [
     ),
     Mutation(
         "cache-entry-written-in-place",
-        "alfwrapper/bpf/cache.py",
-        '                crash_point("cache-written")\n'
-        "                os.replace(tmp.name, folder / key_)\n",
-        "                os.replace(tmp.name, folder / key_)\n"
-        '                crash_point("cache-written")\n',
+        "alfwrapper/host/cachedir.py",
+        '        crash_point("cache-written")\n'
+        "        os.replace(temporary, os.path.join(folder, name))\n",
+        "        os.replace(temporary, os.path.join(folder, name))\n"
+        '        crash_point("cache-written")\n',
         ("tests/integration/test_cache.py::test_a_crash_while_storing_leaves_no_entry",),
     ),
     Mutation(
@@ -406,8 +443,9 @@ MUTATIONS = [
     Mutation(
         "denied-peer-imports-the-state",
         "alfwrapper/lifecycle/wrapper.py",
-        "from alfwrapper.lifecycle import backlog\n",
-        "from alfwrapper import state  # noqa: F401\nfrom alfwrapper.lifecycle import backlog\n",
+        "from alfwrapper.lifecycle import backlog, verdicts\n",
+        "from alfwrapper import state  # noqa: F401\n"
+        "from alfwrapper.lifecycle import backlog, verdicts\n",
         ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(

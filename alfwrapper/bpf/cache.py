@@ -11,14 +11,12 @@ checks them as it checks a compiled program.  Neither BCC nor LLVM is loaded.
   C and its -D settings (so the rules' sizes, the parts and a developer's
   filter's text), the entry functions, BCC's version, the kernel headers BCC
   used, the running kernel, and this format.  A change to any one misses.
-- **Where**: ``ALFWRAPPER_CACHE`` (a directory, or ``off``); else the
-  ``alfwrapper*`` directory of the unit's ``CacheDirectory=`` (systemd's
-  ``$CACHE_DIRECTORY``); else, for root, ``/var/cache/alfwrapper/programs``;
-  else none.  The directory must be this user's and closed to others (mode
-  0700, not a link), or the cache is not used: whoever may write an entry
-  chooses the program.
+- **Where**: the cache folder (host/cachedir.py: ``ALFWRAPPER_CACHE``, the unit's
+  ``CacheDirectory=``, or root's ``/var/cache/alfwrapper/programs``), which must
+  be this user's and closed to others, or the cache is not used: whoever may
+  write an entry chooses the program.
 - **Verified**: an entry is read only if it is a regular file of this user,
-  at most ``MAX_ENTRY_BYTES``; its SHA-256 over the content must match, and
+  at most ``MAX_ENTRY_BYTES`` (cachedir.read_entry); its SHA-256 over the content must match, and
   its key the one asked for.  Anything else is a miss: the program is
   compiled again and the entry replaced.  A cached program the kernel
   refuses is compiled again too.
@@ -26,8 +24,8 @@ checks them as it checks a compiled program.  Neither BCC nor LLVM is loaded.
   recently used go first, after each store and in `alfwrapper gc`, which also
   removes entries not used for a month (those of a kernel or BCC since replaced).
 
-Entries are written to a temporary file and renamed into place, so a crash
-or a concurrent start never leaves half an entry under a key.
+Entries are written whole or not at all (cachedir.write_entry).  The folder also
+holds peers' verdicts (lifecycle/verdicts.py, ``verdict-*``), bounded with these.
 """
 
 from __future__ import annotations
@@ -36,9 +34,7 @@ import base64
 import hashlib
 import json
 import os
-import stat
 import struct
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from importlib.util import find_spec
@@ -46,14 +42,22 @@ from pathlib import Path
 from typing import Any
 
 from alfwrapper.bpf.tables import MapSpec
-from alfwrapper.host.faults import crash_point
+from alfwrapper.host import cachedir
+from alfwrapper.host.cachedir import read_entry, usable, write_entry
 
 FORMAT = 1
 MAX_ENTRY_BYTES = 16 << 20
 MAX_ENTRIES = 256
 MAX_BYTES = 128 << 20
 GC_UNUSED_SECONDS = 30 * 86400  # `alfwrapper gc` removes entries not used for a month
-SYSTEM_DIR = Path("/var/cache/alfwrapper/programs")
+SYSTEM_DIR = Path(cachedir.SYSTEM_DIR)
+
+
+def directory() -> Path | None:
+    """The cache folder (host/cachedir.py), if this process has one."""
+    found = cachedir.directory()
+    return None if found is None else Path(found)
+
 
 _LD_IMM64 = 0x18
 _PSEUDO_MAP_FD = 1
@@ -117,43 +121,6 @@ def key(text: str, cflags: list[str], entries: list[str], headers: str) -> str:
     return hashlib.sha256("\0".join(facts).encode()).hexdigest()
 
 
-def directory() -> Path | None:
-    """Where this process keeps its cache, if anywhere (see the module's docstring)."""
-    chosen = os.environ.get("ALFWRAPPER_CACHE", "")
-    if chosen == "off":
-        return None
-    if chosen:
-        return Path(chosen)
-    for folder in os.environ.get("CACHE_DIRECTORY", "").split(":"):
-        if folder and Path(folder).name.startswith("alfwrapper"):
-            return Path(folder) / "programs"
-    return SYSTEM_DIR if os.geteuid() == 0 else None
-
-
-def _ours(info: os.stat_result, kind: int) -> bool:
-    return (
-        stat.S_IFMT(info.st_mode) == kind
-        and info.st_uid == os.geteuid()
-        and not (info.st_mode & 0o077 if kind == stat.S_IFDIR else info.st_mode & 0o022)
-    )
-
-
-def _usable(folder: Path, create: bool) -> bool:
-    """The folder is this user's, closed to others; made (0700) if asked and missing."""
-    if create:
-        for part in (folder.parent, folder):
-            try:
-                part.mkdir(mode=0o700)
-            except FileExistsError:
-                pass
-            except OSError:
-                return False
-    try:
-        return _ours(folder.lstat(), stat.S_IFDIR)
-    except OSError:
-        return False
-
-
 def _seal(body: dict[str, Any]) -> bytes:
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return json.dumps({"sha256": hashlib.sha256(text.encode()).hexdigest(), "body": text}).encode()
@@ -162,21 +129,9 @@ def _seal(body: dict[str, Any]) -> bytes:
 def load(key_: str) -> Entry | None:
     """The entry under this key, if there is a sound one; None otherwise."""
     folder = directory()
-    if folder is None or not _usable(folder, create=False):
+    raw = None if folder is None else read_entry(str(folder), key_, MAX_ENTRY_BYTES)
+    if raw is None:
         return None
-    path = folder / key_
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not _ours(info, stat.S_IFREG) or info.st_size > MAX_ENTRY_BYTES:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read(MAX_ENTRY_BYTES + 1)
-    finally:
-        os.close(fd)
     try:
         sealed = json.loads(raw)
         text = sealed["body"]
@@ -198,10 +153,6 @@ def load(key_: str) -> Entry | None:
     names = {spec.name for spec in entry.maps}
     if any(n not in names for p in entry.programs for _, n in p.relocations):
         return None
-    try:
-        os.utime(path)  # used now: the least recently used go first
-    except OSError:
-        pass
     return entry
 
 
@@ -209,7 +160,7 @@ def store(key_: str, entry: Entry) -> None:
     """Keep an entry under its key (replacing any), then hold the cache to its bounds.
     A cache that cannot be written is no error: the next start compiles."""
     folder = directory()
-    if folder is None or not _usable(folder, create=True):
+    if folder is None:
         return
     body = {
         "format": FORMAT,
@@ -221,20 +172,8 @@ def store(key_: str, entry: Entry) -> None:
             for p in entry.programs
         ],
     }  # fmt: skip
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".new-", delete=False) as tmp:
-            try:
-                tmp.write(_seal(body))
-                tmp.flush()
-                os.fsync(tmp.fileno())
-                crash_point("cache-written")
-                os.replace(tmp.name, folder / key_)
-            except BaseException:
-                os.unlink(tmp.name)
-                raise
-    except OSError:
-        return
-    prune(folder)
+    if write_entry(str(folder), key_, _seal(body)):
+        prune(folder)
 
 
 def prune(
@@ -247,7 +186,7 @@ def prune(
     ``unused_for`` seconds (`alfwrapper gc`: a month), and leftovers of interrupted
     stores; how many files were removed."""
     folder = folder or directory()
-    if folder is None or not _usable(folder, create=False):
+    if folder is None or not usable(str(folder), create=False):
         return 0
     entries, removed = [], 0
     for item in folder.iterdir():

@@ -13,7 +13,9 @@ A denied Accept=yes peer costs what this module imports and no more: launch.py
 is imported only for a start that goes on, and the state, the programs and BCC's
 side (kept.py) only for one that keeps a socket (not an allowed peer's), so that
 a flood of denied connections, each one a wrapper started by systemd or inetd,
-costs as little as it can (docs/benchmarks.md has the figure).
+costs as little as it can (docs/benchmarks.md has the figure).  Once its verdict
+is kept (verdicts.py), the next denied peer with the same command line and files
+is reset before even this module is imported.
 
 Created sockets are bound only after their filter is attached, so no packet
 reaches them unfiltered.  Inherited sockets may hold connections and
@@ -29,9 +31,10 @@ from __future__ import annotations
 from typing import NoReturn
 
 from alfwrapper.errors import EX_USAGE, AlfError
-from alfwrapper.lifecycle import backlog
+from alfwrapper.lifecycle import backlog, verdicts
 from alfwrapper.lifecycle.sockets import gather_sockets
 from alfwrapper.policy.files import Policy
+from alfwrapper.policy.inputs import CONSULTED
 
 
 def run(
@@ -53,7 +56,11 @@ def run(
     records = gather_sockets(policy)
     for record in records:
         if record.connected:
-            if not backlog.judge_connection(record, policy.command[0]):
+            allowed = backlog.judge_connection(record, policy.command[0])
+            if len(records) == 1 and verdicts.PENDING is not None:
+                subnets = record.rules.subnets  # judged by these alone: kept for the next
+                verdicts.keep(subnets.allow, subnets.deny, policy.command[0], CONSULTED)
+            if not allowed:
                 return 0  # nothing more is looked at, not even whether COMMAND exists
     from alfwrapper.lifecycle import launch  # noqa: PLC0415  (not for a denied peer)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_USAGE, AlfError, excerpt
-from alfwrapper.policy.inputs import read_input
+from alfwrapper.policy.inputs import look, read_input
 from alfwrapper.policy.prefix_list import PrefixList, read_rule_file
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import (
@@ -463,7 +463,7 @@ def find_policy(name: str, environ: Mapping[str, str]) -> list[Path]:
     if "/" in name or name.endswith(".toml"):
         main = Path(name)
         dropin_dirs = [Path(f"{name}.d")]
-        if not main.exists():
+        if look(os.path.abspath(main)) is None:
             raise AlfError(f"policy {name}", "no such file", "check the path", EX_NOINPUT)
     else:
         if not _NAME.match(name):
@@ -474,7 +474,7 @@ def find_policy(name: str, environ: Mapping[str, str]) -> list[Path]:
                 EX_USAGE,
             )
         dirs = policy_dirs(environ)
-        found = [d / f"{name}.toml" for d in dirs if (d / f"{name}.toml").exists()]
+        found = [d / f"{name}.toml" for d in dirs if look(os.path.abspath(d / f"{name}.toml"))]
         if not found:
             raise AlfError(
                 f"policy {name}",
@@ -486,6 +486,7 @@ def find_policy(name: str, environ: Mapping[str, str]) -> list[Path]:
         dropin_dirs = [d / f"{name}.toml.d" for d in dirs]
     dropins: dict[str, Path] = {}
     for folder in dropin_dirs:
+        look(os.path.abspath(folder))  # a drop-in added or removed changes its folder
         if folder.is_dir():
             for path in sorted(folder.glob("*.toml")):
                 dropins.setdefault(path.name, path)

@@ -19,6 +19,31 @@ FILTER_LIMIT = 1 << 20
 READ_SECONDS = 30.0
 _CHUNK = 1 << 20
 
+# Every file read and every path looked at in this process, with what it was then
+# (identity): a verdict kept for later starts (lifecycle/verdicts.py) holds only while
+# each is still the same.
+Identity = tuple[int, int, int, int, int] | None
+CONSULTED: list[tuple[str, Identity]] = []
+
+
+def identity(info: os.stat_result | None) -> Identity:
+    """What tells a file apart from any other, and from itself before a change: device,
+    inode, size, and the modification and change times (the change time cannot be set
+    back)."""
+    if info is None:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def look(path: str) -> Identity:
+    """The path's identity now (None if there is none), noted in CONSULTED."""
+    try:
+        found = identity(os.stat(path))
+    except OSError:
+        found = None
+    CONSULTED.append((path, found))
+    return found
+
 
 def read_input(path: str, what: str, limit: int) -> bytes:
     """A regular file the user named, at most ``limit`` bytes, read within READ_SECONDS.
@@ -79,6 +104,7 @@ def read_input(path: str, what: str, limit: int) -> bytes:
                     EX_NOINPUT,
                 )
             chunks.append(chunk)
+        CONSULTED.append((os.path.abspath(path), identity(info)))
         return b"".join(chunks)
     finally:
         os.close(fd)

@@ -3,6 +3,8 @@ hands it over: what a peer receives, what starts, what fd 0 may be."""
 
 from __future__ import annotations
 
+import hashlib
+import marshal
 import socket
 import subprocess
 import sys
@@ -11,9 +13,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hosts import Network, Service
+from hosts import Host, Network, Service
 from managers import wait_until
 from support import WRAPPER
+
+from alfwrapper.lifecycle import verdicts
+from alfwrapper.policy.prefixes import Prefix
 
 APP = "import sys; sys.stderr.write('app stderr\\n'); sys.stderr.flush(); print('app stdout')"
 
@@ -168,6 +173,95 @@ def test_a_connection_is_judged_without_bcc(
         out = subprocess.run([*WRAPPER, "explain", *rules, "--from", source],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert out.stdout.startswith(verdict), (source, out.stdout, out.stderr)
+
+
+def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """The first denied peer is judged by the full start, which keeps its verdict
+    (lifecycle/verdicts.py); the next denied peer is reset before the command line is
+    parsed.  Allowed peers are served.  Every file the policy read or looked for is
+    followed: a drop-in added, a rule file rewritten in place at the same size, the
+    entry tampered with: each time the next peer is judged in full again."""
+    cache = tmp_path / "cache"
+    marker = tmp_path / "started"
+    policy = tmp_path / "web.toml"
+    blocked = tmp_path / "blocked.list"
+    a, b = network.allowed, network.denied
+    policy.write_text(
+        f'allow = ["192.0.2.0/24", "198.51.100.0/24", "2001:db8::/32"]\n'
+        f"deny-file = [{str(blocked)!r}]\n"
+    )
+    blocked.write_text(f"{b.v4}/32\n{b.v6}/128\n")
+    svc = activate(
+        network, services, 7103,
+        "env", f"ALFWRAPPER_CACHE={cache}", sys.executable, "-X", "importtime", "-m",
+        "alfwrapper", "--policy", str(policy), "--", sys.executable,
+        "-c", f"import sys; open({str(marker)!r}, 'a').write('started\\n'); print('served')",
+    )  # fmt: skip
+    seen = 0
+
+    def denied(host_address: str) -> list[str]:
+        """A denied peer's connection: reset, the command not started; the modules its
+        wrapper imported."""
+        nonlocal seen
+        before = len(svc.errors())
+        got = receive(b.command([]), host_address, 7103)
+        assert got in (repr(""), repr("<ConnectionResetError>")), got
+        seen += 1
+        wait_until(lambda: svc.errors().count("denied and reset") == seen, svc.errors)
+        assert not marker.exists()
+        return imports(svc.errors()[before:])
+
+    def served(host: Host, address: str) -> None:
+        assert receive(host.command([]), address, 7103) == repr("served\n")
+
+    first = denied(b.server_v4)
+    assert "alfwrapper.cli" in first  # judged in full, and kept
+    assert [p.name[:8] for p in cache.glob("verdict-*")] == ["verdict-"]
+    for address in (b.server_v4, b.server_v6):  # the kept verdict: nothing else imported
+        kept = denied(address)
+        assert "alfwrapper.lifecycle.verdicts" in kept, kept
+        assert not [m for m in kept if m.startswith(("alfwrapper.cli", "alfwrapper.policy",
+                    "argparse", "alfwrapper.lifecycle.backlog"))], kept  # fmt: skip
+    served(a, a.server_v4)
+    served(a, a.server_v6)
+    assert svc.errors().count("connection from") == 3  # the same note, each time
+    # A drop-in that lifts the deny file: the next peer is judged in full, and served.
+    dropins = tmp_path / "web.toml.d"
+    dropins.mkdir()
+    (dropins / "open.toml").write_text("deny-file = []\n")
+    served(b, b.server_v4)
+    marker.unlink()
+    (dropins / "open.toml").unlink()
+    assert "alfwrapper.cli" in denied(b.server_v4)  # the folder changed again: in full
+    assert "alfwrapper.cli" not in denied(b.server_v4)
+    # The rule file rewritten in place, at the same size: b's address no longer in it.
+    other4 = b.v4.rsplit(".", 1)[0] + (".9" if not b.v4.endswith(".9") else ".8")
+    text = blocked.read_text()
+    fresh = text.replace(f"{b.v4}/32", f"{other4}/32")
+    assert len(fresh) == len(text)
+    with blocked.open("r+") as f:
+        f.write(fresh)
+    served(b, b.server_v4)
+    marker.unlink()
+    # Back to denying it, kept.  Then an entry whose table denies everyone: sealed, it
+    # is used (whoever can write the cache folder decides); unsealed, never.
+    blocked.write_text(text)
+    denied(b.server_v4)
+    assert "alfwrapper.cli" not in denied(b.server_v4)
+    entry = next(cache.glob("verdict-*"))
+    body = marshal.loads(entry.read_bytes()[32:])
+    body["table"] = verdicts.table_of([], [Prefix(4, 0, 0), Prefix(6, 0, 0)])
+    forged = marshal.dumps(body)
+    entry.write_bytes(bytes(32) + forged)
+    served(a, a.server_v4)
+    marker.unlink()
+    entry.write_bytes(hashlib.sha256(forged).digest() + forged)
+    before = len(svc.errors())
+    assert receive(a.command([]), a.server_v4, 7103) in (repr(""), repr("<ConnectionResetError>"))
+    wait_until(lambda: "denied and reset" in svc.errors()[before:], svc.errors)
+    assert not marker.exists()
 
 
 def run_with_stdin(stdin: socket.socket, *argv: str) -> subprocess.CompletedProcess[str]:

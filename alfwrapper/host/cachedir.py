@@ -1,0 +1,119 @@
+"""The cache folder: where a start keeps what it may reuse (compiled programs,
+bpf/cache.py; peers' verdicts, lifecycle/verdicts.py), and the only safe ways to read
+and write an entry there.  Standard library only: a denied Accept=yes peer reads its
+verdict through this before anything else is imported.
+
+- **Where**: ``ALFWRAPPER_CACHE`` (a directory, or ``off``); else the
+  ``alfwrapper*`` directory of the unit's ``CacheDirectory=`` (systemd's
+  ``$CACHE_DIRECTORY``) + ``/programs``; else, for root,
+  ``/var/cache/alfwrapper/programs``; else none.
+- **Whose**: the folder must be this user's and closed to others (mode 0700, not
+  a link), and an entry a regular file of this user that others cannot write, or
+  it is not used: whoever may write an entry chooses what the next start does.
+- **Whole**: an entry is written to a temporary file, synced and renamed into
+  place, so a crash or a concurrent start never leaves half an entry under a name.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from alfwrapper.host.faults import crash_point
+
+# Paths as text, not pathlib's: it costs a denied peer about 10 ms of imports.
+SYSTEM_DIR = "/var/cache/alfwrapper/programs"
+
+
+def directory() -> str | None:
+    """Where this process keeps its cache, if anywhere (see the module's docstring)."""
+    chosen = os.environ.get("ALFWRAPPER_CACHE", "")
+    if chosen == "off":
+        return None
+    if chosen:
+        return chosen
+    for folder in os.environ.get("CACHE_DIRECTORY", "").split(":"):
+        if folder and os.path.basename(folder.rstrip("/")).startswith("alfwrapper"):
+            return os.path.join(folder, "programs")
+    return SYSTEM_DIR if os.geteuid() == 0 else None
+
+
+def ours(info: os.stat_result, kind: int) -> bool:
+    return (
+        stat.S_IFMT(info.st_mode) == kind
+        and info.st_uid == os.geteuid()
+        and not (info.st_mode & 0o077 if kind == stat.S_IFDIR else info.st_mode & 0o022)
+    )
+
+
+def usable(folder: str, create: bool) -> bool:
+    """The folder is this user's, closed to others; made (0700) if asked and missing."""
+    if create:
+        for part in (os.path.dirname(os.path.normpath(folder)), folder):
+            try:
+                os.mkdir(part, 0o700)
+            except FileExistsError:
+                pass
+            except OSError:
+                return False
+    try:
+        return ours(os.lstat(folder), stat.S_IFDIR)
+    except OSError:
+        return False
+
+
+def read_entry(folder: str, name: str, limit: int) -> bytes | None:
+    """The entry's bytes, if the folder is usable and the entry ours and at most
+    ``limit`` bytes; None otherwise.  Marks it used (its mtime: the least recently
+    used go first)."""
+    if not usable(folder, create=False):
+        return None
+    path = os.path.join(folder, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not ours(info, stat.S_IFREG) or info.st_size > limit:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > limit:
+        return None
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+    return raw
+
+
+def write_entry(folder: str, name: str, data: bytes) -> bool:
+    """Keep ``data`` under ``name`` (replacing any), whole or not at all.  A cache
+    that cannot be written is no error: False, and the next start does the work.
+    (Not tempfile: it imports shutil, which a denied peer's start should not pay.)"""
+    if not usable(folder, create=True):
+        return False
+    temporary = os.path.join(folder, f".new-{os.urandom(8).hex()}")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        crash_point("cache-written")
+        os.replace(temporary, os.path.join(folder, name))
+    except BaseException as err:
+        os.unlink(temporary)
+        if isinstance(err, OSError):
+            return False
+        raise
+    return True

@@ -1,0 +1,268 @@
+"""Kept verdicts: a denied Accept=yes peer reset before the wrapper's own start-up.
+
+Each connection of an Accept=yes socket (systemd's, `systemd-socket-activate
+--inetd`'s, inetd's) starts a wrapper, and the wrapper judges the peer by its
+subnet rules (backlog.judge_connection).  Building the policy for that costs
+Python's start-up and about 80 ms of imports and parsing, for a peer the
+wrapper then resets.  So the first start that judges a connection keeps what the
+verdict depended on, and the next start with the same command line and the same
+files judges from it, here, before anything else is imported (door.py):
+
+- **Kept**: the subnet rules of the connection's socket (every prefix, by
+  length, for a lookup per length), the COMMAND named in the note, and every
+  file the policy read or looked for (policy/inputs.CONSULTED: the policy, its
+  drop-in folders, rule files), each with its identity (device, inode, size,
+  modification and change times), in the cache folder (host/cachedir.py: this
+  user's alone) as ``verdict-KEY``, sealed with its SHA-256.  Not kept for more
+  than ``MAX_RULES`` prefixes: reading them would cost what it saves.
+- **Key**: a SHA-256 of this format, alfwrapper's version, the working
+  directory, the arguments, ``ALFWRAPPER_POLICY_PATH``, ``LISTEN_FDS``,
+  ``LISTEN_FDNAMES``, whether ``LISTEN_PID`` is this process, and the handed-over
+  sockets (fd, family, type, connected or not, which fds are one socket).
+- **Used** only when the entry is sound and every consulted file is still what it
+  was, and only to deny: a peer the kept rules deny is reset (SO_LINGER 0) with
+  the note the full start prints, and the wrapper exits 0.  Anything else
+  (allowed, no entry, a changed file, a peer already gone, any error) goes on
+  to the full start, which judges again and keeps its verdict for the next.
+
+Standard library only, imported lazily: an ordinary start pays two fstat calls.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+from alfwrapper import __version__
+from alfwrapper.host import cachedir
+
+FORMAT = 1
+MAX_RULES = 100_000
+MAX_ENTRY_BYTES = 8 << 20
+PREFIX = "verdict-"
+_WIDTH = {4: 32, 6: 128}
+
+TYPE_CHECKING = False  # typing itself costs a denied peer 3 ms
+if TYPE_CHECKING:
+    from typing import Any
+
+# Set by denied_early when it found no sound entry: (folder, name, key material),
+# for keep() to write once the full start has judged the connection.
+PENDING: tuple[str, str, str] | None = None
+
+
+def _candidates() -> list[int]:
+    """The fds a wrapper would take as handed over: 0 if it is a socket, and LISTEN_FDS'."""
+    fds = []
+    try:
+        if stat.S_ISSOCK(os.fstat(0).st_mode):
+            fds.append(0)
+    except OSError:
+        pass
+    if os.environ.get("LISTEN_PID") == str(os.getpid()):
+        count = os.environ.get("LISTEN_FDS", "")
+        if count.isdigit() and 0 < int(count) <= 64:
+            fds += range(3, 3 + int(count))
+    return fds
+
+
+def _handed_over() -> tuple[str, list[int]] | None:
+    """The sockets' shape (for the key) and the connected ones' fds; None when no
+    connected socket was handed over (nothing for this module to do)."""
+    fds = _candidates()
+    if not fds:
+        return None
+    import socket  # noqa: PLC0415
+
+    shape, connected = [], []
+    seen: dict[tuple[int, int], int] = {}
+    for fd in fds:
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            return None
+        if not stat.S_ISSOCK(info.st_mode):
+            shape.append(f"{fd}:-")
+            continue
+        sock = socket.socket(fileno=fd)
+        try:
+            family, kind = sock.family, sock.type
+            try:
+                sock.getpeername()
+                is_connected = True
+            except OSError:
+                is_connected = False
+        finally:
+            sock.detach()
+        same = seen.setdefault((info.st_dev, info.st_ino), fd)
+        shape.append(f"{fd}:{int(family)}:{int(kind)}:{int(is_connected)}:{same}")
+        if is_connected and family in (socket.AF_INET, socket.AF_INET6):
+            connected.append(fd)
+    if not connected:
+        return None
+    return ";".join(shape), connected
+
+
+def _material(argv: list[str], shape: str) -> str:
+    env = os.environ
+    facts = [
+        str(FORMAT),
+        __version__,
+        os.getcwd(),
+        env.get("ALFWRAPPER_POLICY_PATH", "\1"),
+        env.get("LISTEN_FDS", "\1"),
+        env.get("LISTEN_FDNAMES", "\1"),
+        str(env.get("LISTEN_PID") == str(os.getpid())),
+        shape,
+        *argv,
+    ]
+    return "\0".join(facts)
+
+
+def _unseal(raw: bytes) -> Any:
+    import hashlib  # noqa: PLC0415
+    import marshal  # noqa: PLC0415
+
+    if len(raw) < 32 or hashlib.sha256(raw[32:]).digest() != raw[:32]:
+        return None
+    try:
+        return marshal.loads(raw[32:])
+    except (ValueError, EOFError, TypeError):
+        return None
+
+
+def _identity(path: str) -> tuple[int, int, int, int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _peer(fd: int) -> tuple[str, int, int]:
+    """The peer's address as getpeername gives it, its family (4 or 6; an IPv4-mapped
+    one is IPv4, as its packets carry it) and its value."""
+    import socket  # noqa: PLC0415
+
+    sock = socket.socket(fileno=fd)
+    try:
+        text = sock.getpeername()[0]
+    finally:
+        sock.detach()
+    if ":" not in text:
+        return text, 4, int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
+    packed = socket.inet_pton(socket.AF_INET6, text.split("%", 1)[0])
+    if packed[:12] == b"\0" * 10 + b"\xff\xff":
+        return text, 4, int.from_bytes(packed[12:], "big")
+    return text, 6, int.from_bytes(packed, "big")
+
+
+def passes(table: dict[str, dict[int, dict[int, frozenset[int]]]], family: int, value: int) -> bool:
+    """SubnetRules.passes over a kept table: denied if a deny prefix covers the
+    source; else passed if an allow prefix does, or if there are no allow prefixes."""
+    width = _WIDTH[family]
+
+    def covered(kind: str) -> bool:
+        lengths = table[kind][family]
+        return any(value >> (width - length) in nets for length, nets in lengths.items())
+
+    if covered("deny"):
+        return False
+    return not any(table["allow"].values()) or covered("allow")
+
+
+def table_of(allow: Any, deny: Any) -> dict[str, dict[int, dict[int, frozenset[int]]]]:
+    """The kept table of two prefix sequences ((family, value, length) each)."""
+    table: dict[str, dict[int, dict[int, set[int]]]] = {}
+    for kind, prefixes in (("allow", allow), ("deny", deny)):
+        by_family: dict[int, dict[int, set[int]]] = {4: {}, 6: {}}
+        for family, value, length in prefixes:
+            by_family[family].setdefault(length, set()).add(value >> (_WIDTH[family] - length))
+        table[kind] = by_family
+    return {
+        kind: {f: {n: frozenset(s) for n, s in lengths.items()} for f, lengths in fams.items()}
+        for kind, fams in table.items()
+    }
+
+
+def _reset(fd: int) -> None:
+    import socket  # noqa: PLC0415
+    import struct  # noqa: PLC0415
+
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    finally:
+        sock.close()
+
+
+def denied_early(argv: list[str]) -> bool:
+    """True when a kept verdict denies the handed-over connection's peer: it has been
+    reset, the note printed, and the wrapper must exit 0 at once.  False in every
+    other case, for the full start to judge (see the module's docstring)."""
+    global PENDING
+    try:
+        handed = _handed_over()
+        if handed is None:
+            return False
+        shape, connected = handed
+        folder = cachedir.directory()
+        if folder is None:
+            return False
+        import hashlib  # noqa: PLC0415
+
+        material = _material(argv, shape)
+        name = PREFIX + hashlib.sha256(material.encode("utf-8", "surrogateescape")).hexdigest()
+        PENDING = (folder, name, material)
+        raw = cachedir.read_entry(folder, name, MAX_ENTRY_BYTES)
+        body = None if raw is None else _unseal(raw)
+        if not isinstance(body, dict) or body.get("format") != FORMAT:
+            return False
+        if body.get("material") != material:
+            return False
+        if any(_identity(path) != tuple_or_none(ident) for path, ident in body["consulted"]):
+            return False
+        PENDING = None  # sound: nothing to keep again
+        for fd in connected:
+            text, family, value = _peer(fd)
+            if not passes(body["table"], family, value):
+                for other in connected:
+                    _reset(other)
+                print(
+                    f"alfwrapper: note: connection from {text} denied and reset; "
+                    f"{body['command']} not started",
+                    file=sys.stderr,
+                )
+                return True
+        return False
+    except Exception:  # noqa: BLE001  (the full start judges, and says what is wrong)
+        return False
+
+
+def tuple_or_none(ident: Any) -> tuple[int, ...] | None:
+    return None if ident is None else tuple(ident)
+
+
+def keep(allow: Any, deny: Any, command: str, consulted: list[tuple[str, Any]]) -> None:
+    """Keep the verdict's inputs for the next start (see the module's docstring), if
+    denied_early asked for it.  Never an error: the next start judges in full."""
+    global PENDING
+    if PENDING is None or len(allow) + len(deny) > MAX_RULES:
+        return
+    folder, name, material = PENDING
+    PENDING = None
+    import hashlib  # noqa: PLC0415
+    import marshal  # noqa: PLC0415
+
+    body = marshal.dumps(
+        {
+            "format": FORMAT,
+            "material": material,
+            "consulted": [(path, ident) for path, ident in consulted],
+            "command": command,
+            "table": table_of(allow, deny),
+        }
+    )
+    if len(body) + 32 <= MAX_ENTRY_BYTES:
+        cachedir.write_entry(folder, name, hashlib.sha256(body).digest() + body)
