@@ -52,6 +52,27 @@ if TYPE_CHECKING:
 PENDING: tuple[str, str, str] | None = None
 
 
+def _net() -> Any:
+    """The socket module's C core (socket.py and its enums cost 4 ms of imports)."""
+    try:
+        import _socket  # noqa: PLC0415
+
+        return _socket
+    except ImportError:  # not CPython
+        import socket  # noqa: PLC0415
+
+        return socket
+
+
+def _sha256(data: bytes) -> Any:
+    """SHA-256 from CPython's own module (hashlib loads OpenSSL: 4 ms of imports)."""
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found]  # noqa: PLC0415
+    except ImportError:  # not CPython 3.11
+        from hashlib import sha256  # noqa: PLC0415
+    return sha256(data)
+
+
 def _candidates() -> list[int]:
     """The fds a wrapper would take as handed over: 0 if it is a socket, and LISTEN_FDS'."""
     fds = []
@@ -73,8 +94,7 @@ def _handed_over() -> tuple[str, list[int]] | None:
     fds = _candidates()
     if not fds:
         return None
-    import socket  # noqa: PLC0415
-
+    socket = _net()
     shape, connected = [], []
     seen: dict[tuple[int, int], int] = {}
     for fd in fds:
@@ -121,10 +141,9 @@ def _material(argv: list[str], shape: str) -> str:
 
 
 def _unseal(raw: bytes) -> Any:
-    import hashlib  # noqa: PLC0415
     import marshal  # noqa: PLC0415
 
-    if len(raw) < 32 or hashlib.sha256(raw[32:]).digest() != raw[:32]:
+    if len(raw) < 32 or _sha256(raw[32:]).digest() != raw[:32]:
         return None
     try:
         return marshal.loads(raw[32:])
@@ -143,8 +162,7 @@ def _identity(path: str) -> tuple[int, int, int, int, int] | None:
 def _peer(fd: int) -> tuple[str, int, int]:
     """The peer's address as getpeername gives it, its family (4 or 6; an IPv4-mapped
     one is IPv4, as its packets carry it) and its value."""
-    import socket  # noqa: PLC0415
-
+    socket = _net()
     sock = socket.socket(fileno=fd)
     try:
         text = sock.getpeername()[0]
@@ -187,9 +205,9 @@ def table_of(allow: Any, deny: Any) -> dict[str, dict[int, dict[int, frozenset[i
 
 
 def _reset(fd: int) -> None:
-    import socket  # noqa: PLC0415
     import struct  # noqa: PLC0415
 
+    socket = _net()
     sock = socket.socket(fileno=fd)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -210,10 +228,8 @@ def denied_early(argv: list[str]) -> bool:
         folder = cachedir.directory()
         if folder is None:
             return False
-        import hashlib  # noqa: PLC0415
-
         material = _material(argv, shape)
-        name = PREFIX + hashlib.sha256(material.encode("utf-8", "surrogateescape")).hexdigest()
+        name = PREFIX + _sha256(material.encode("utf-8", "surrogateescape")).hexdigest()
         PENDING = (folder, name, material)
         raw = cachedir.read_entry(folder, name, MAX_ENTRY_BYTES)
         body = None if raw is None else _unseal(raw)
@@ -252,7 +268,6 @@ def keep(allow: Any, deny: Any, command: str, consulted: list[tuple[str, Any]]) 
         return
     folder, name, material = PENDING
     PENDING = None
-    import hashlib  # noqa: PLC0415
     import marshal  # noqa: PLC0415
 
     body = marshal.dumps(
@@ -265,4 +280,4 @@ def keep(allow: Any, deny: Any, command: str, consulted: list[tuple[str, Any]]) 
         }
     )
     if len(body) + 32 <= MAX_ENTRY_BYTES:
-        cachedir.write_entry(folder, name, hashlib.sha256(body).digest() + body)
+        cachedir.write_entry(folder, name, _sha256(body).digest() + body)
