@@ -88,7 +88,7 @@ MUTATIONS = [
     Mutation(
         "kept-verdict-seal-not-checked",
         "alfwrapper/lifecycle/verdicts.py",
-        "if len(raw) < 32 or hashlib.sha256(raw[32:]).digest() != raw[:32]:",
+        "if len(raw) < 32 or _sha256(raw[32:]).digest() != raw[:32]:",
         "if len(raw) < 32:",
         (
             "tests/integration/test_inetd.py::"
