@@ -3,8 +3,8 @@
 Each connection of an Accept=yes socket (systemd's, `systemd-socket-activate
 --inetd`'s, inetd's) starts a wrapper, and the wrapper judges the peer by its
 subnet rules (backlog.judge_connection).  Building the policy for that costs
-Python's start-up and about 80 ms of imports and parsing, for a peer the
-wrapper then resets.  So the first start that judges a connection keeps what the
+Python's start-up and then tens of milliseconds of imports and parsing, for a
+peer the wrapper then resets.  So the first start that judges a connection keeps what the
 verdict depended on, and the next start with the same command line and the same
 files judges from it, here, before anything else is imported (door.py):
 
