@@ -96,6 +96,13 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "kept-denial-note-to-the-peer",
+        "alfwrapper/lifecycle/verdicts.py",
+        "            if _file(2) in streams or _file(2) is None:\n",
+        "            if _file(2) is None:\n",
+        ("tests/integration/test_inetd.py::test_a_kept_denial_writes_nothing_to_the_peer",),
+    ),
+    Mutation(
         "dropin-folder-not-followed",
         "alfwrapper/policy/files.py",
         "        look(os.path.abspath(folder))  # a drop-in added or removed changes its folder\n",

@@ -242,18 +242,37 @@ def denied_early(argv: list[str]) -> bool:
         PENDING = None  # sound: nothing to keep again
         for fd in connected:
             text, family, value = _peer(fd)
-            if not passes(body["table"], family, value):
-                for other in connected:
-                    _reset(other)
+            if passes(body["table"], family, value):
+                continue
+            # The note must not reach the peer: where stderr is the connection (an
+            # inetd unit that leaves StandardError= to inherit it), or is closed, the
+            # full start judges, and puts its note in the journal.
+            streams = {_file(fd) for fd in connected}
+            if _file(2) in streams or _file(2) is None:
+                return False
+            for other in connected:
+                _reset(other)
+            try:
                 print(
                     f"alfwrapper: note: connection from {text} denied and reset; "
                     f"{body['command']} not started",
                     file=sys.stderr,
                 )
-                return True
+            except OSError:
+                pass
+            return True
         return False
     except Exception:  # noqa: BLE001  (the full start judges, and says what is wrong)
         return False
+
+
+def _file(fd: int) -> tuple[int, int] | None:
+    """What the fd is open on (device, inode); None if it is closed."""
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
 
 
 def tuple_or_none(ident: Any) -> tuple[int, ...] | None:

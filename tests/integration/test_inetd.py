@@ -264,6 +264,25 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
     assert not marker.exists()
 
 
+def test_a_kept_denial_writes_nothing_to_the_peer(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """Where stderr is the connection (a unit that leaves StandardError= to inherit
+    StandardOutput=socket), a kept verdict's note would reach the peer: such a start
+    is judged in full, whose note goes to the journal.  The peer gets nothing but the
+    reset, every time."""
+    cache = tmp_path / "cache"
+    b = network.denied
+    svc = activate(
+        network, services, 7104, "/bin/sh", "-c", 'exec "$@" 2>&1', "sh",
+        "env", f"ALFWRAPPER_CACHE={cache}", *WRAPPER, "--allow", "192.0.2.0/24", "--", "true",
+    )  # fmt: skip
+    for n in range(3):
+        got = receive(b.command([]), b.server_v4, 7104)
+        assert got in (repr(""), repr("<ConnectionResetError>")), (n, got)
+        assert list(cache.glob("verdict-*")), svc.errors()  # kept by the first: met after
+
+
 def run_with_stdin(stdin: socket.socket, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*WRAPPER, "--service", f"inetd-{uuid.uuid4().hex[:6]}", *argv],
