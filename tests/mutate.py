@@ -103,9 +103,19 @@ MUTATIONS = [
         ("tests/integration/test_inetd.py::test_a_kept_denial_writes_nothing_to_the_peer",),
     ),
     Mutation(
+        "kept-verdict-trusts-racy-times",
+        "alfwrapper/lifecycle/verdicts.py",
+        "max(ident[3], ident[4]) > recent for",
+        "max(ident[3], ident[4]) > recent + 10**12 for",
+        (
+            "tests/integration/test_inetd.py::"
+            "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
+        ),
+    ),
+    Mutation(
         "dropin-folder-not-followed",
         "alfwrapper/policy/files.py",
-        "        look(os.path.abspath(folder))  # a drop-in added or removed changes its folder\n",
+        "        look(str(folder))  # a drop-in added or removed changes its folder\n",
         "",
         (
             "tests/integration/test_inetd.py::"

@@ -47,6 +47,15 @@ TYPE_CHECKING = False  # typing itself costs a denied peer 3 ms
 if TYPE_CHECKING:
     from typing import Any
 
+# The code a verdict comes from: its version stays 0.1.0 through a patch or a rebuild.
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CODE = [os.path.join(_HERE, *part) for part in (("lifecycle", "verdicts.py"),
+         ("policy", "files.py"), ("policy", "rules.py"), ("policy", "prefix_list.py"),
+         ("policy", "prefixes.py"), ("lifecycle", "backlog.py"))]  # fmt: skip
+# Files consulted less than this before the verdict is kept may change again within
+# the file system's timestamp granularity unseen (git's "racy" files): not kept.
+RACY_NS = 1_000_000_000
+
 # Set by denied_early when it found no sound entry: (folder, name, key material),
 # for keep() to write once the full start has judged the connection.
 PENDING: tuple[str, str, str] | None = None
@@ -135,6 +144,7 @@ def _material(argv: list[str], shape: str) -> str:
         env.get("LISTEN_FDNAMES", "\1"),
         str(env.get("LISTEN_PID") == str(os.getpid())),
         shape,
+        *(str(_identity(path)) for path in _CODE),  # an upgrade or a patch misses
         *argv,
     ]
     return "\0".join(facts)
@@ -258,7 +268,7 @@ def denied_early(argv: list[str]) -> bool:
                     f"{body['command']} not started",
                     file=sys.stderr,
                 )
-            except OSError:
+            except Exception:  # noqa: BLE001, S110  (reset: nothing more is done)
                 pass
             return True
         return False
@@ -287,16 +297,23 @@ def keep(allow: Any, deny: Any, command: str, consulted: list[tuple[str, Any]]) 
         return
     folder, name, material = PENDING
     PENDING = None
-    import marshal  # noqa: PLC0415
+    try:
+        import marshal  # noqa: PLC0415
+        import time  # noqa: PLC0415
 
-    body = marshal.dumps(
-        {
-            "format": FORMAT,
-            "material": material,
-            "consulted": [(path, ident) for path, ident in consulted],
-            "command": command,
-            "table": table_of(allow, deny),
-        }
-    )
-    if len(body) + 32 <= MAX_ENTRY_BYTES:
-        cachedir.write_entry(folder, name, _sha256(body).digest() + body)
+        recent = time.time_ns() - RACY_NS
+        if any(ident is not None and max(ident[3], ident[4]) > recent for _, ident in consulted):
+            return
+        body = marshal.dumps(
+            {
+                "format": FORMAT,
+                "material": material,
+                "consulted": [(path, ident) for path, ident in consulted],
+                "command": command,
+                "table": table_of(allow, deny),
+            }
+        )
+        if len(body) + 32 <= MAX_ENTRY_BYTES:
+            cachedir.write_entry(folder, name, _sha256(body).digest() + body)
+    except Exception:  # noqa: BLE001, S110  (nothing kept: the next start judges in full)
+        pass

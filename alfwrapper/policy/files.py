@@ -463,7 +463,7 @@ def find_policy(name: str, environ: Mapping[str, str]) -> list[Path]:
     if "/" in name or name.endswith(".toml"):
         main = Path(name)
         dropin_dirs = [Path(f"{name}.d")]
-        if look(os.path.abspath(main)) is None:
+        if look(str(main)) is None:
             raise AlfError(f"policy {name}", "no such file", "check the path", EX_NOINPUT)
     else:
         if not _NAME.match(name):
@@ -474,7 +474,7 @@ def find_policy(name: str, environ: Mapping[str, str]) -> list[Path]:
                 EX_USAGE,
             )
         dirs = policy_dirs(environ)
-        found = [d / f"{name}.toml" for d in dirs if look(os.path.abspath(d / f"{name}.toml"))]
+        found = [d / f"{name}.toml" for d in dirs if look(str(d / f"{name}.toml"))]
         if not found:
             raise AlfError(
                 f"policy {name}",
@@ -486,7 +486,7 @@ def find_policy(name: str, environ: Mapping[str, str]) -> list[Path]:
         dropin_dirs = [d / f"{name}.toml.d" for d in dirs]
     dropins: dict[str, Path] = {}
     for folder in dropin_dirs:
-        look(os.path.abspath(folder))  # a drop-in added or removed changes its folder
+        look(str(folder))  # a drop-in added or removed changes its folder
         if folder.is_dir():
             for path in sorted(folder.glob("*.toml")):
                 dropins.setdefault(path.name, path)

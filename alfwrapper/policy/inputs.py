@@ -35,13 +35,19 @@ def identity(info: os.stat_result | None) -> Identity:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
+def _here(path: str) -> str:
+    """The path from the working directory, not normalised (``..`` after a symbolic
+    link is the kernel's to resolve, as it does when the file is opened)."""
+    return os.path.join(os.getcwd(), path)
+
+
 def look(path: str) -> Identity:
     """The path's identity now (None if there is none), noted in CONSULTED."""
     try:
         found = identity(os.stat(path))
     except OSError:
         found = None
-    CONSULTED.append((path, found))
+    CONSULTED.append((_here(path), found))
     return found
 
 
@@ -104,7 +110,7 @@ def read_input(path: str, what: str, limit: int) -> bytes:
                     EX_NOINPUT,
                 )
             chunks.append(chunk)
-        CONSULTED.append((os.path.abspath(path), identity(info)))
+        CONSULTED.append((_here(path), identity(info)))
         return b"".join(chunks)
     finally:
         os.close(fd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import marshal
+import os
 import socket
 import subprocess
 import sys
@@ -193,6 +194,9 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
         f"deny-file = [{str(blocked)!r}]\n"
     )
     blocked.write_text(f"{b.v4}/32\n{b.v6}/128\n")
+    # Its times as a file changed within the file system's granularity would look:
+    # newer than a second ago, so not to be trusted yet (verdicts.RACY_NS).
+    os.utime(blocked, (time.time() + 3600,) * 2)
     svc = activate(
         network, services, 7103,
         "env", f"ALFWRAPPER_CACHE={cache}", sys.executable, "-X", "importtime", "-m",
@@ -216,8 +220,11 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
     def served(host: Host, address: str) -> None:
         assert receive(host.command([]), address, 7103) == repr("served\n")
 
-    first = denied(b.server_v4)
-    assert "alfwrapper.cli" in first  # judged in full, and kept
+    assert "alfwrapper.cli" in denied(b.server_v4)  # judged in full, nothing kept
+    assert not list(cache.glob("verdict-*"))
+    os.utime(blocked, (time.time() - 60,) * 2)
+    time.sleep(1.1)  # and its change time, which that set, is a second old
+    assert "alfwrapper.cli" in denied(b.server_v4)  # judged in full, and kept
     assert [p.name[:8] for p in cache.glob("verdict-*")] == ["verdict-"]
     for address in (b.server_v4, b.server_v6):  # the kept verdict: nothing else imported
         kept = denied(address)
@@ -226,7 +233,7 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
                     "argparse", "alfwrapper.lifecycle.backlog"))], kept  # fmt: skip
     served(a, a.server_v4)
     served(a, a.server_v6)
-    assert svc.errors().count("connection from") == 3  # the same note, each time
+    assert svc.errors().count("connection from") == 4  # the same note, each time
     # A drop-in that lifts the deny file: the next peer is judged in full, and served.
     dropins = tmp_path / "web.toml.d"
     dropins.mkdir()
@@ -234,6 +241,7 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
     served(b, b.server_v4)
     marker.unlink()
     (dropins / "open.toml").unlink()
+    time.sleep(1.1)  # changed a second ago: kept by the next start
     assert "alfwrapper.cli" in denied(b.server_v4)  # the folder changed again: in full
     assert "alfwrapper.cli" not in denied(b.server_v4)
     # The rule file rewritten in place, at the same size: b's address no longer in it.
@@ -248,6 +256,7 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
     # Back to denying it, kept.  Then an entry whose table denies everyone: sealed, it
     # is used (whoever can write the cache folder decides); unsealed, never.
     blocked.write_text(text)
+    time.sleep(1.1)
     denied(b.server_v4)
     assert "alfwrapper.cli" not in denied(b.server_v4)
     entry = next(cache.glob("verdict-*"))
