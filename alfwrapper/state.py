@@ -44,7 +44,6 @@ import shutil
 import socket
 import stat
 import struct
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -248,6 +247,8 @@ def socket_unit_restart() -> str:
     # (systemd.exec(5)).
     manager = ["--user"] if os.environ.get("MANAGERPID") else []
     sockets = [f"{unit}.socket"]
+    import subprocess  # noqa: PLC0415  (3 ms of imports, for this hint alone)
+
     try:
         out = subprocess.run(
             ["systemctl", *manager, "show", "--property=TriggeredBy", "--value",

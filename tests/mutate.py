@@ -88,7 +88,7 @@ MUTATIONS = [
     Mutation(
         "kept-verdict-seal-not-checked",
         "alfwrapper/lifecycle/verdicts.py",
-        "if len(raw) < 32 or _sha256(raw[32:]).digest() != raw[:32]:",
+        "if len(raw) < 32 or cachedir.sha256(raw[32:]).digest() != raw[:32]:",
         "if len(raw) < 32:",
         (
             "tests/integration/test_inetd.py::"
@@ -135,7 +135,7 @@ MUTATIONS = [
     Mutation(
         "cache-seal-not-checked",
         "alfwrapper/bpf/cache.py",
-        'if hashlib.sha256(text.encode()).hexdigest() != sealed["sha256"]:',
+        'if cachedir.sha256(text.encode()).hexdigest() != sealed["sha256"]:',
         "if False:",
         ("tests/integration/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
     ),
@@ -1390,6 +1390,26 @@ MUTATIONS += [
         "    bulk = _table64(rules, allow_root)\n",
         "    bulk = None\n",
         ("tests/unit/test_subnet_table.py::test_ipv6_in_bulk_only_where_it_applies",),
+    ),
+    Mutation(
+        "subnet-roots-only-some-written",
+        "alfwrapper/bpf/parts.py",
+        "slots = [slot for slot, node in enumerate(table.roots) if node]",
+        "slots = [slot for slot, node in enumerate(table.roots) if node and slot % 2]",
+        ("tests/integration/test_filter_kernel.py::test_kernel_agrees_with_rules",),
+    ),
+    Mutation(
+        "warm-start-imports-the-drop-log",
+        "alfwrapper/lifecycle/companions.py",
+        "    if not logging:\n        return 0\n",
+        "",
+        ("tests/integration/test_cache.py::test_a_warm_start_imports_only_what_it_uses",),
+        also=(
+            (
+                "if not droplog.journald_present():",
+                "if not logging or not droplog.journald_present():",
+            ),
+        ),
     ),
 ]
 

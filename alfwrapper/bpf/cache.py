@@ -31,13 +31,12 @@ holds peers' verdicts (lifecycle/verdicts.py, ``verdict-*``), bounded with these
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import struct
 import time
 from dataclasses import asdict, dataclass
-from importlib.util import find_spec
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +101,7 @@ def relocations(insns: bytes, names: dict[int, str]) -> tuple[tuple[int, str], .
 
 def _bcc_version() -> str:
     """BCC's version, read from its package without importing it (that loads LLVM)."""
-    spec = find_spec("bcc")
+    spec = PathFinder.find_spec("bcc")  # importlib.util costs a start 5 ms of imports
     if spec is None or not spec.submodule_search_locations:
         return "none"
     for folder in spec.submodule_search_locations:
@@ -118,12 +117,12 @@ def key(text: str, cflags: list[str], entries: list[str], headers: str) -> str:
     uname = os.uname()
     facts = [str(FORMAT), _bcc_version(), uname.release, uname.version, headers,
              *entries, *cflags, text]  # fmt: skip
-    return hashlib.sha256("\0".join(facts).encode()).hexdigest()
+    return cachedir.sha256("\0".join(facts).encode()).hexdigest()
 
 
 def _seal(body: dict[str, Any]) -> bytes:
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return json.dumps({"sha256": hashlib.sha256(text.encode()).hexdigest(), "body": text}).encode()
+    return json.dumps({"sha256": cachedir.sha256(text.encode()).hexdigest(), "body": text}).encode()
 
 
 def load(key_: str) -> Entry | None:
@@ -135,7 +134,7 @@ def load(key_: str) -> Entry | None:
     try:
         sealed = json.loads(raw)
         text = sealed["body"]
-        if hashlib.sha256(text.encode()).hexdigest() != sealed["sha256"]:
+        if cachedir.sha256(text.encode()).hexdigest() != sealed["sha256"]:
             return None
         body = json.loads(text)
         if body["format"] != FORMAT or body["key"] != key_:

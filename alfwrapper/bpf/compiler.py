@@ -11,7 +11,6 @@ import errno
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,6 +51,8 @@ def _output_to(sink: list[str]) -> Iterator[None]:
     BCC's loader to stdout (std::cout, through C stdio: flushed here, before the fds
     are given back, so that nothing of it comes out later on the real stdout)."""
     sys.stdout.flush()
+    import tempfile  # noqa: PLC0415  (with random: 2 ms a start from the cache need not pay)
+
     with tempfile.TemporaryFile() as tmp:
         saved = [os.dup(1), os.dup(2)]
         os.dup2(tmp.fileno(), 1)

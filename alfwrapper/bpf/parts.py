@@ -20,7 +20,6 @@ Adding a part means adding one class here and one file in filters/.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import mmap
 import re
 import struct
@@ -42,6 +41,7 @@ from alfwrapper.bpf.subnet_table import (
 )
 from alfwrapper.bpf.tables import Table, Tables
 from alfwrapper.errors import EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.host import cachedir
 from alfwrapper.host.interfaces import link_index
 from alfwrapper.host.interfaces import resolve as resolve_interfaces
 from alfwrapper.policy import knocking
@@ -273,10 +273,13 @@ class Subnets(Part):
             fill_mapped(
                 tables[b"subnet_v6"].map_fd, memoryview(table.buckets).cast("B"), "subnet_v6"
             )
-        update_batch(
-            tables[b"subnet_roots"], u32s(range(ROOT_SLOTS)), u32s(table.roots), ROOT_SLOTS,
-            "subnet_roots",
-        )  # fmt: skip
+        # The maps are new (compiler.load_program fills them once) and hold zeros: only
+        # the other roots are written; none, for IPv4 rules with no allow-all root.
+        slots = [slot for slot, node in enumerate(table.roots) if node]
+        if slots:
+            roots = [table.roots[slot] for slot in slots]
+            update_batch(tables[b"subnet_roots"], u32s(slots), u32s(roots), len(slots),
+                         "subnet_roots")  # fmt: skip
         if table.nodes:
             keys, values = encode_nodes(table, SUBNET_KEY)
             update_batch(tables[b"subnet_nodes"], keys, values, len(table.nodes), "subnet_nodes")
@@ -291,7 +294,7 @@ def knock_key(rules: SocketRules) -> str:
     """Names the knock state of sockets with these knock rules: same rules, same state."""
     assert rules.knock is not None
     text = repr(dataclasses.astuple(rules.knock)).encode()
-    return f"knock-{hashlib.sha256(text).hexdigest()[:16]}"
+    return f"knock-{cachedir.sha256(text).hexdigest()[:16]}"
 
 
 class Knocking(Part):

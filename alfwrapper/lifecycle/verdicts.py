@@ -73,15 +73,6 @@ def _net() -> Any:
         return socket
 
 
-def _sha256(data: bytes) -> Any:
-    """SHA-256 from CPython's own module (hashlib loads OpenSSL: 4 ms of imports)."""
-    try:
-        from _sha256 import sha256  # type: ignore[import-not-found]  # noqa: PLC0415
-    except ImportError:  # not CPython 3.11
-        from hashlib import sha256  # noqa: PLC0415
-    return sha256(data)
-
-
 def _candidates() -> list[int]:
     """The fds a wrapper would take as handed over: 0 if it is a socket, and LISTEN_FDS'."""
     fds = []
@@ -153,7 +144,7 @@ def _material(argv: list[str], shape: str) -> str:
 def _unseal(raw: bytes) -> Any:
     import marshal  # noqa: PLC0415
 
-    if len(raw) < 32 or _sha256(raw[32:]).digest() != raw[:32]:
+    if len(raw) < 32 or cachedir.sha256(raw[32:]).digest() != raw[:32]:
         return None
     try:
         return marshal.loads(raw[32:])
@@ -239,7 +230,7 @@ def denied_early(argv: list[str]) -> bool:
         if folder is None:
             return False
         material = _material(argv, shape)
-        name = PREFIX + _sha256(material.encode("utf-8", "surrogateescape")).hexdigest()
+        name = PREFIX + cachedir.sha256(material.encode("utf-8", "surrogateescape")).hexdigest()
         PENDING = (folder, name, material)
         raw = cachedir.read_entry(folder, name, MAX_ENTRY_BYTES)
         body = None if raw is None else _unseal(raw)
@@ -314,6 +305,6 @@ def keep(allow: Any, deny: Any, command: str, consulted: list[tuple[str, Any]]) 
             }
         )
         if len(body) + 32 <= MAX_ENTRY_BYTES:
-            cachedir.write_entry(folder, name, _sha256(body).digest() + body)
+            cachedir.write_entry(folder, name, cachedir.sha256(body).digest() + body)
     except Exception:  # noqa: BLE001, S110  (nothing kept: the next start judges in full)
         pass

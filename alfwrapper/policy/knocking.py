@@ -12,8 +12,6 @@ TAI-to-UTC offset measured at start-up.
 from __future__ import annotations
 
 import errno
-import hashlib
-import hmac
 import select
 import socket
 import time
@@ -53,6 +51,9 @@ def read_secret(path: str) -> bytes:
 
 def secret_ports(secret: bytes, window: int, steps: int) -> tuple[int, ...]:
     """The knock sequence of one time window."""
+    import hashlib  # noqa: PLC0415  (OpenSSL: 5 ms a start without a secret need not pay)
+    import hmac  # noqa: PLC0415
+
     ports: list[int] = []
     counter = 0
     while len(ports) < steps:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -168,3 +169,30 @@ def test_where_the_cache_is(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert cache.directory() == cache.SYSTEM_DIR
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert cache.directory() is None
+
+
+# What a start from the cache does not use, and must not import: BCC and numpy (one
+# rule), OpenSSL's hashlib (cachedir.sha256), and what only a compile, an error hint
+# or a drop log needs.
+NOT_FOR_A_WARM_START = ("bcc", "numpy", "_hashlib", "tempfile", "subprocess",
+                        "alfwrapper.lifecycle.droplog")  # fmt: skip
+
+
+def test_a_warm_start_imports_only_what_it_uses(bpf_root: None, tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    rules.write_text("192.0.2.1\n2001:db8::/64\n")
+    env = {**os.environ, "ALFWRAPPER_CACHE": str(tmp_path / "cache")}
+    imported: list[str] = []
+    for _ in range(2):  # the first fills the cache
+        with socket.socket() as probe_port:
+            probe_port.bind(("127.0.0.1", 0))
+            port = probe_port.getsockname()[1]
+        out = subprocess.run([sys.executable, "-X", "importtime", "-m", "alfwrapper", "--listen",
+                              f"127.0.0.1:{port}", "--allow-file", str(rules), "--", "true"],
+                             capture_output=True, text=True, env=env, cwd=tmp_path,
+                             timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        imported = [line.split("|")[-1].strip() for line in out.stderr.splitlines()
+                    if line.startswith("import time:")]  # fmt: skip
+    assert "alfwrapper.lifecycle.kept" in imported  # a start that filters, seen
+    assert not [name for name in imported if name in NOT_FOR_A_WARM_START], imported
