@@ -78,7 +78,7 @@ MUTATIONS = [
     Mutation(
         "kept-verdict-files-not-followed",
         "alfwrapper/lifecycle/verdicts.py",
-        'if any(_identity(path) != tuple_or_none(ident) for path, ident in body["consulted"]):',
+        "if any(cachedir.identity_at(path) != tuple_or_none(ident) for path, ident in consulted):",
         "if False:",
         (
             "tests/integration/test_inetd.py::"
@@ -105,8 +105,8 @@ MUTATIONS = [
     Mutation(
         "kept-verdict-trusts-racy-times",
         "alfwrapper/lifecycle/verdicts.py",
-        "        if any(ident is not None and max(",
-        "        if False and any(ident is not None and max(",
+        "        if not all(cachedir.settled(ident, now) for _, ident in consulted):",
+        "        if False:",
         (
             "tests/integration/test_inetd.py::"
             "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",

@@ -28,6 +28,34 @@ if TYPE_CHECKING:
 # Paths as text, not pathlib's: it costs a denied peer about 10 ms of imports.
 SYSTEM_DIR = "/var/cache/alfwrapper/programs"
 
+# What tells a file apart from any other, and from itself before a change: device,
+# inode, size, and the modification and change times (the change time cannot be set
+# back).  What an entry kept for a file's contents holds to.
+Identity = tuple[int, int, int, int, int] | None
+# A file changed less than this before its identity is taken may change again within
+# the file system's timestamp granularity unseen (git's "racy" files): nothing is kept
+# for it.
+RACY_NS = 1_000_000_000
+
+
+def identity(info: os.stat_result | None) -> Identity:
+    if info is None:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def identity_at(path: str) -> Identity:
+    """The identity of what ``path`` names now (following links); None if nothing."""
+    try:
+        return identity(os.stat(path))
+    except OSError:
+        return None
+
+
+def settled(ident: Identity, now_ns: int) -> bool:
+    """Is this identity old enough that a later change must show in it?"""
+    return ident is None or max(ident[3], ident[4]) <= now_ns - RACY_NS
+
 
 def sha256(data: bytes) -> _Hash:
     """SHA-256 from CPython's own module: hashlib loads OpenSSL, 5 ms of imports that

@@ -52,9 +52,6 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CODE = [os.path.join(_HERE, *part) for part in (("lifecycle", "verdicts.py"),
          ("policy", "files.py"), ("policy", "rules.py"), ("policy", "prefix_list.py"),
          ("policy", "prefixes.py"), ("lifecycle", "backlog.py"))]  # fmt: skip
-# Files consulted less than this before the verdict is kept may change again within
-# the file system's timestamp granularity unseen (git's "racy" files): not kept.
-RACY_NS = 1_000_000_000
 
 # Set by denied_early when it found no sound entry: (folder, name, key material),
 # for keep() to write once the full start has judged the connection.
@@ -135,7 +132,7 @@ def _material(argv: list[str], shape: str) -> str:
         env.get("LISTEN_FDNAMES", "\1"),
         str(env.get("LISTEN_PID") == str(os.getpid())),
         shape,
-        *(str(_identity(path)) for path in _CODE),  # an upgrade or a patch misses
+        *(str(cachedir.identity_at(path)) for path in _CODE),  # an upgrade or a patch misses
         *argv,
     ]
     return "\0".join(facts)
@@ -150,14 +147,6 @@ def _unseal(raw: bytes) -> Any:
         return marshal.loads(raw[32:])
     except (ValueError, EOFError, TypeError):
         return None
-
-
-def _identity(path: str) -> tuple[int, int, int, int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def _peer(fd: int) -> tuple[str, int, int]:
@@ -238,7 +227,8 @@ def denied_early(argv: list[str]) -> bool:
             return False
         if body.get("material") != material:
             return False
-        if any(_identity(path) != tuple_or_none(ident) for path, ident in body["consulted"]):
+        consulted = body["consulted"]
+        if any(cachedir.identity_at(path) != tuple_or_none(ident) for path, ident in consulted):
             return False
         PENDING = None  # sound: nothing to keep again
         for fd in connected:
@@ -292,8 +282,8 @@ def keep(allow: Any, deny: Any, command: str, consulted: list[tuple[str, Any]]) 
         import marshal  # noqa: PLC0415
         import time  # noqa: PLC0415
 
-        recent = time.time_ns() - RACY_NS
-        if any(ident is not None and max(ident[3], ident[4]) > recent for _, ident in consulted):
+        now = time.time_ns()
+        if not all(cachedir.settled(ident, now) for _, ident in consulted):
             return
         body = marshal.dumps(
             {

@@ -9,6 +9,7 @@ import stat
 import time
 
 from alfwrapper.errors import EX_DATAERR, EX_NOINPUT, AlfError, excerpt
+from alfwrapper.host.cachedir import Identity, identity
 
 # How much of a file the user names is read, at most, and for how long.  A
 # 1,000,000-line rule file of IPv6 addresses written out in full
@@ -20,19 +21,9 @@ READ_SECONDS = 30.0
 _CHUNK = 1 << 20
 
 # Every file read and every path looked at in this process, with what it was then
-# (identity): a verdict kept for later starts (lifecycle/verdicts.py) holds only while
-# each is still the same.
-Identity = tuple[int, int, int, int, int] | None
+# (cachedir.identity): a verdict kept for later starts (lifecycle/verdicts.py) holds
+# only while each is still the same.
 CONSULTED: list[tuple[str, Identity]] = []
-
-
-def identity(info: os.stat_result | None) -> Identity:
-    """What tells a file apart from any other, and from itself before a change: device,
-    inode, size, and the modification and change times (the change time cannot be set
-    back)."""
-    if info is None:
-        return None
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def _here(path: str) -> str:

@@ -195,7 +195,7 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
     )
     blocked.write_text(f"{b.v4}/32\n{b.v6}/128\n")
     # Its times as a file changed within the file system's granularity would look:
-    # newer than a second ago, so not to be trusted yet (verdicts.RACY_NS).
+    # newer than a second ago, so not to be trusted yet (cachedir.RACY_NS).
     os.utime(blocked, (time.time() + 3600,) * 2)
     svc = activate(
         network, services, 7103,
