@@ -156,10 +156,10 @@ MUTATIONS = [
     Mutation(
         "cache-entry-written-in-place",
         "alfwrapper/host/cachedir.py",
-        '        crash_point("cache-written")\n'
-        "        os.replace(temporary, os.path.join(folder, name))\n",
-        "        os.replace(temporary, os.path.join(folder, name))\n"
-        '        crash_point("cache-written")\n',
+        '            crash_point("cache-written")\n'
+        "            os.replace(self.temporary, os.path.join(self.folder, name))\n",
+        "            os.replace(self.temporary, os.path.join(self.folder, name))\n"
+        '            crash_point("cache-written")\n',
         ("tests/integration/test_cache.py::test_a_crash_while_storing_leaves_no_entry",),
     ),
     Mutation(
@@ -1397,6 +1397,62 @@ MUTATIONS += [
         "slots = [slot for slot, node in enumerate(table.roots) if node]",
         "slots = [slot for slot, node in enumerate(table.roots) if node and slot % 2]",
         ("tests/integration/test_filter_kernel.py::test_kernel_agrees_with_rules",),
+    ),
+    Mutation(
+        "table-key-ignores-the-rules",
+        "alfwrapper/bpf/table_cache.py",
+        '    material = "\\0".join([str(FORMAT), __version__, *code, *map(str, recipes)])',
+        '    material = "\\0".join([str(FORMAT), __version__, *code])',
+        ("tests/integration/test_table_cache.py::test_a_changed_rule_file_is_read_again",),
+    ),
+    Mutation(
+        "table-crc-not-checked",
+        "alfwrapper/bpf/table_cache.py",
+        "    if zlib.crc32(view[: len(raw) - 4]) != crc:",
+        "    if False:",
+        ("tests/integration/test_table_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
+    ),
+    Mutation(
+        "table-entry-key-not-checked",
+        "alfwrapper/bpf/table_cache.py",
+        'if header["format"] != FORMAT or header["key"] != name:',
+        'if header["format"] != FORMAT:',
+        ("tests/integration/test_table_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
+    ),
+    Mutation(
+        "rule-note-ignores-the-identity",
+        "alfwrapper/policy/prefix_list.py",
+        """    return f"file {here(path)!r} {ident} {' '.join(_PARSER)}\"""",
+        """    return f"file {here(path)!r} {' '.join(_PARSER)}\"""",
+        ("tests/unit/test_rule_notes.py::test_a_changed_file_is_read_again",),
+    ),
+    Mutation(
+        "deferred-rule-file-not-checked",
+        "alfwrapper/policy/prefix_list.py",
+        "    if expected is not None and ident != expected:",
+        "    if False:",
+        ("tests/unit/test_rule_notes.py::test_a_file_changed_after_it_was_deferred_is_refused",),
+    ),
+    Mutation(
+        "rule-note-trusts-racy-files",
+        "alfwrapper/policy/prefix_list.py",
+        "    if ident is not None and cachedir.settled(ident, time.time_ns()):",
+        "    if ident is not None:",
+        ("tests/unit/test_rule_notes.py::test_a_file_changed_within_the_second_is_not_noted",),
+    ),
+    Mutation(
+        "rule-note-seal-not-checked",
+        "alfwrapper/policy/prefix_list.py",
+        "    if raw is None or len(raw) < 32 or cachedir.sha256(raw[32:]).digest() != raw[:32]:",
+        "    if raw is None or len(raw) < 32:",
+        ("tests/unit/test_rule_notes.py::test_a_damaged_note_is_not_trusted",),
+    ),
+    Mutation(
+        "rule-note-of-no-rules-trusted",
+        "alfwrapper/policy/prefix_list.py",
+        " or int(fields[1]) <= SMALL_RULES:",
+        ":",
+        ("tests/unit/test_rule_notes.py::test_a_note_of_too_few_rules_is_not_trusted",),
     ),
     Mutation(
         "warm-start-imports-the-drop-log",

@@ -47,7 +47,7 @@ from alfwrapper.host.cachedir import read_entry, usable, write_entry
 FORMAT = 1
 MAX_ENTRY_BYTES = 16 << 20
 MAX_ENTRIES = 256
-MAX_BYTES = 128 << 20
+MAX_BYTES = 512 << 20  # with the subnet tables (table_cache.py): tens of MiB each
 GC_UNUSED_SECONDS = 30 * 86400  # `alfwrapper gc` removes entries not used for a month
 SYSTEM_DIR = Path(cachedir.SYSTEM_DIR)
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from alfwrapper.bpf import map_values
+from alfwrapper.bpf import map_values, table_cache
 from alfwrapper.bpf.subnet_table import (
     KEY_FIELDS,
     LINE_WORDS,
@@ -90,6 +90,8 @@ class PartPlan:
     prelude: str = ""  # C generated here, pasted before the part's file
     data: Any = None
     pinned: tuple[tuple[str, str], ...] = ()  # (map, pin path): maps that outlive the program
+    # Keeps what fill writes, for a later start (bpf/table_cache.py); not part of the plan.
+    recorder: Any = field(default=None, compare=False, repr=False)
 
 
 def c_struct(name: str, fields: Sequence[tuple[str, str]]) -> tuple[str, struct.Struct]:
@@ -234,6 +236,10 @@ class Subnets(Part):
         return bool(rules.subnets.allow or rules.subnets.deny)
 
     def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
+        name = table_cache.key(rules.subnets)
+        image = None if name is None else table_cache.load(name)
+        if image is not None:  # the rules as an earlier start built them: not read
+            return PartPlan(self, image.defines, SUBNET_KEY_C, image)
         table = build_subnet_table(rules.subnets)
 
         defines = (
@@ -257,32 +263,58 @@ class Subnets(Part):
                 ),
             ),
         )
-        return PartPlan(self, defines, SUBNET_KEY_C, table)
+        kept = None if name is None else table_cache.Recorder(name)
+        return PartPlan(self, defines, SUBNET_KEY_C, table, recorder=kept)
 
     def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
-        table: SubnetTable = plan.data
-        maps = {"lines": (b"subnet_v4", LINE_WORDS * 8), "leaves": (b"subnet_leaves",
-                                                             table.v4.leaf_bytes)}  # fmt: skip
+        """Build the table into the maps (and keep what was written: table_cache.py),
+        or write what an earlier start built."""
+        if isinstance(plan.data, table_cache.Image):
+            for map_name, offset, data in plan.data.writes:
+                write_mapped_at(tables[map_name].map_fd, offset, data, map_name)
+            for map_name, count, keys, values in plan.data.batches:
+                update_batch(tables[map_name], bytes(keys), bytes(values), count, map_name)
+            return
+        recorder: table_cache.Recorder | None = plan.recorder
+        try:
+            self._build(tables, plan.data, recorder)
+        except BaseException:
+            if recorder is not None:
+                recorder.abandon()
+            raise
+        if recorder is not None:
+            recorder.keep(plan.defines)
+
+    def _build(self, tables: Tables, table: SubnetTable, kept: Any) -> None:
+        maps = {"lines": ("subnet_v4", LINE_WORDS * 8), "leaves": ("subnet_leaves",
+                                                           table.v4.leaf_bytes)}  # fmt: skip
+
+        def write(name: str, offset: int, data: bytes | memoryview) -> None:
+            write_mapped_at(tables[name].map_fd, offset, data, name)
+            if kept is not None:
+                kept.write(name, offset, data)
+
+        def batch(name: str, keys: bytes, values: bytes, count: int) -> None:
+            update_batch(tables[name], keys, values, count, name)
+            if kept is not None:
+                kept.batch(name, count, keys, values)
 
         def write_v4(kind: str, first: int, rows: Any) -> None:
             name, row_bytes = maps[kind]
-            write_mapped_at(tables[name].map_fd, first * row_bytes, rows.tobytes(), name.decode())
+            write(name, first * row_bytes, rows.tobytes())
 
         table.v4.fill(write_v4)  # a window at a time, into the maps' own memory
         if table.bucket_rows:
-            fill_mapped(
-                tables[b"subnet_v6"].map_fd, memoryview(table.buckets).cast("B"), "subnet_v6"
-            )
+            write("subnet_v6", 0, memoryview(table.buckets).cast("B"))
         # The maps are new (compiler.load_program fills them once) and hold zeros: only
         # the other roots are written; none, for IPv4 rules with no allow-all root.
         slots = [slot for slot, node in enumerate(table.roots) if node]
         if slots:
             roots = [table.roots[slot] for slot in slots]
-            update_batch(tables[b"subnet_roots"], u32s(slots), u32s(roots), len(slots),
-                         "subnet_roots")  # fmt: skip
+            batch("subnet_roots", u32s(slots), u32s(roots), len(slots))
         if table.nodes:
             keys, values = encode_nodes(table, SUBNET_KEY)
-            update_batch(tables[b"subnet_nodes"], keys, values, len(table.nodes), "subnet_nodes")
+            batch("subnet_nodes", keys, values, len(table.nodes))
 
     def why(self, rules: SocketRules, packet: Dropped) -> str:
         if packet.deny:
@@ -393,6 +425,8 @@ def write_mapped_at(map_fd: int, offset: int, data: bytes | memoryview, name: st
     5.5): no syscall per entry.  Only the pages written are mapped, and only while
     they are written, so a big table never counts whole in this process's memory.
     The array's elements are 8-byte aligned, and so must ``data`` be."""
+    if not len(data):
+        return
     start = offset - offset % mmap.PAGESIZE
     try:
         with mmap.mmap(map_fd, offset - start + len(data), mmap.MAP_SHARED,
@@ -403,12 +437,6 @@ def write_mapped_at(map_fd: int, offset: int, data: bytes | memoryview, name: st
             f"filling map {name}", str(err),
             "check `alfwrapper doctor` (Linux 5.5 or later)", EX_OSERR,
         ) from None  # fmt: skip
-
-
-def fill_mapped(map_fd: int, data: bytes | memoryview, name: str) -> None:
-    """Fill an mmapable array from its start with ``data``."""
-    if len(data):
-        write_mapped_at(map_fd, 0, data, name)
 
 
 def u32s(values: Sequence[int]) -> bytes:

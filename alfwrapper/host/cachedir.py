@@ -23,6 +23,7 @@ from alfwrapper.host.faults import crash_point
 
 TYPE_CHECKING = False  # typing itself costs a denied peer 3 ms
 if TYPE_CHECKING:
+    import mmap
     from hashlib import _Hash
 
 # Paths as text, not pathlib's: it costs a denied peer about 10 ms of imports.
@@ -50,6 +51,23 @@ def identity_at(path: str) -> Identity:
         return identity(os.stat(path))
     except OSError:
         return None
+
+
+def identity_opened(path: str) -> Identity:
+    """The identity of the regular file ``path`` names, taken from the file opened: on
+    NFS an open revalidates what a stat may take from a cache for a minute.  None if
+    there is no such file (or it is not a regular file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return identity(info) if stat.S_ISREG(info.st_mode) else None
 
 
 def settled(ident: Identity, now_ns: int) -> bool:
@@ -109,6 +127,42 @@ def read_entry(folder: str, name: str, limit: int) -> bytes | None:
     """The entry's bytes, if the folder is usable and the entry ours and at most
     ``limit`` bytes; None otherwise.  Marks it used (its mtime: the least recently
     used go first)."""
+    fd = _open_entry(folder, name, limit)
+    if fd is None:
+        return None
+    try:
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    return raw if len(raw) <= limit else None
+
+
+def map_entry(folder: str, name: str, limit: int) -> mmap.mmap | None:
+    """read_entry, as a read-only map of the file: tens of MiB (a subnet table,
+    bpf/table_cache.py) are not copied, nor their pages faulted in one by one.  An
+    entry is never written in place (Entry renames a new file over it), so what is
+    mapped does not change.  None for an empty entry."""
+    import mmap  # noqa: PLC0415  (not for a denied peer's verdict)
+
+    fd = _open_entry(folder, name, limit)
+    if fd is None:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if not 0 < size <= limit:
+            return None
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return mmap.mmap(fd, size, flags, mmap.PROT_READ)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _open_entry(folder: str, name: str, limit: int) -> int | None:
+    """The entry, opened, if the folder is usable and the entry ours and at most
+    ``limit`` bytes; marked used."""
     if not usable(folder, create=False):
         return None
     path = os.path.join(folder, name)
@@ -118,45 +172,76 @@ def read_entry(folder: str, name: str, limit: int) -> bytes | None:
         return None
     try:
         info = os.fstat(fd)
-        if not ours(info, stat.S_IFREG) or info.st_size > limit:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read(limit + 1)
-    finally:
+    except OSError:
+        info = None
+    if info is None or not ours(info, stat.S_IFREG) or info.st_size > limit:
         os.close(fd)
-    if len(raw) > limit:
         return None
     try:
         os.utime(path)
     except OSError:
         pass
-    return raw
+    return fd
 
 
 def write_entry(folder: str, name: str, data: bytes) -> bool:
     """Keep ``data`` under ``name`` (replacing any), whole or not at all.  A cache
-    that cannot be written is no error: False, and the next start does the work.
-    (Not tempfile: it imports shutil, which a denied peer's start should not pay.)"""
-    if not usable(folder, create=True):
-        return False
-    temporary = os.path.join(folder, f".new-{os.urandom(8).hex()}")
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return False
-    try:
+    that cannot be written is no error: False, and the next start does the work."""
+    entry = Entry(folder)
+    entry.write(data)
+    return entry.commit(name)
+
+
+class Entry:
+    """An entry written a piece at a time (bpf/table_cache.py writes a table as it is
+    built), then put in place whole, or not at all.  Every step after a failure does
+    nothing, and commit() says False.  (Not tempfile: it imports shutil, which a
+    denied peer's start should not pay.)"""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.temporary = os.path.join(folder, f".new-{os.urandom(8).hex()}")
+        self.fd = -1
+        if usable(folder, create=True):
+            try:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                self.fd = os.open(self.temporary, flags, 0o600)
+            except OSError:
+                pass
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self.fd < 0:
+            return
         try:
-            view = memoryview(data)
+            view = memoryview(data).cast("B")
             while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        crash_point("cache-written")
-        os.replace(temporary, os.path.join(folder, name))
-    except BaseException as err:
-        os.unlink(temporary)
-        if isinstance(err, OSError):
+                view = view[os.write(self.fd, view) :]
+        except OSError:
+            self.abandon()
+
+    def abandon(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            try:
+                os.unlink(self.temporary)
+            except OSError:
+                pass
+
+    def commit(self, name: str) -> bool:
+        if self.fd < 0:
             return False
-        raise
-    return True
+        try:
+            try:
+                os.fsync(self.fd)
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+            crash_point("cache-written")
+            os.replace(self.temporary, os.path.join(self.folder, name))
+        except BaseException as err:
+            os.unlink(self.temporary)
+            if isinstance(err, OSError):
+                return False
+            raise
+        return True

@@ -26,7 +26,7 @@ _CHUNK = 1 << 20
 CONSULTED: list[tuple[str, Identity]] = []
 
 
-def _here(path: str) -> str:
+def here(path: str) -> str:
     """The path from the working directory, not normalised (``..`` after a symbolic
     link is the kernel's to resolve, as it does when the file is opened)."""
     return os.path.join(os.getcwd(), path)
@@ -38,8 +38,14 @@ def look(path: str) -> Identity:
         found = identity(os.stat(path))
     except OSError:
         found = None
-    CONSULTED.append((_here(path), found))
+    CONSULTED.append((here(path), found))
     return found
+
+
+def consulted(path: str, ident: Identity) -> None:
+    """Note in CONSULTED a file whose contents were taken as what they were (a rule
+    file the cache remembers: policy/prefix_list.read_rule_file)."""
+    CONSULTED.append((here(path), ident))
 
 
 def read_input(path: str, what: str, limit: int) -> bytes:
@@ -48,6 +54,11 @@ def read_input(path: str, what: str, limit: int) -> bytes:
     Missing, unreadable, not a regular file (a FIFO, a device, a directory),
     too large or too slow is an error, never empty or partial input.
     """
+    return read_identified(path, what, limit)[0]
+
+
+def read_identified(path: str, what: str, limit: int) -> tuple[bytes, Identity]:
+    """read_input, and the identity of the file read (taken from the open file)."""
     where = f"{what} {excerpt(path, 200, quote=False)}"
     try:
         # O_NONBLOCK: opening a FIFO with no writer must not hang; it is refused below.
@@ -101,8 +112,8 @@ def read_input(path: str, what: str, limit: int) -> bytes:
                     EX_NOINPUT,
                 )
             chunks.append(chunk)
-        CONSULTED.append((_here(path), identity(info)))
-        return b"".join(chunks)
+        CONSULTED.append((here(path), identity(info)))
+        return b"".join(chunks), identity(info)
     finally:
         os.close(fd)
 

@@ -17,12 +17,16 @@ imported where used, so that a missing numpy is one clear line (cli).
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
-from alfwrapper.errors import EX_DATAERR, AlfError, excerpt
-from alfwrapper.policy.inputs import RULE_FILE_LIMIT, read_input
+from alfwrapper.errors import EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, AlfError, excerpt
+from alfwrapper.host import cachedir
+from alfwrapper.host.cachedir import Identity
+from alfwrapper.policy.inputs import RULE_FILE_LIMIT, consulted, here, read_identified
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 
 Array = Any  # numpy arrays (typed loosely: Debian's numpy 1.24 and pip's 2.x check alike)
@@ -33,6 +37,7 @@ _LOW = (1 << 64) - 1
 # most this many rules is laid out in plain Python (bpf/subnet_table.py).
 SMALL_RULES = 64
 _PACKED = struct.Struct("<II")  # packed(): the counts of IPv4 and IPv6 rules
+_FEW = 4096  # prefixes given one by one whose text is their recipe()
 
 
 class PrefixList(Sequence[Prefix]):
@@ -44,7 +49,7 @@ class PrefixList(Sequence[Prefix]):
     when first asked: judging a peer by a few rules (an Accept=yes connection,
     SubnetRules.passes) never loads numpy."""
 
-    __slots__ = ("_columns", "_items", "_key")
+    __slots__ = ("_columns", "_count", "_deferred", "_items", "_key", "_origin")
     COLUMNS = ("family", "length", "high", "low")
 
     def __init__(self, family: Array, length: Array, high: Array, low: Array) -> None:
@@ -59,6 +64,9 @@ class PrefixList(Sequence[Prefix]):
         self._columns: tuple[Array, Array, Array, Array] | None = (family, length, high, low)
         self._items: tuple[Prefix, ...] | None = None
         self._key: bytes | None = None
+        self._origin: str | None = None  # recipe()
+        self._deferred: Callable[[], PrefixList] | None = None
+        self._count = 0  # len() while deferred
 
     @classmethod
     def of(cls, prefixes: Iterable[Prefix]) -> PrefixList:
@@ -66,9 +74,44 @@ class PrefixList(Sequence[Prefix]):
             return prefixes
         made = cls.__new__(cls)
         made._columns, made._items, made._key = None, tuple(prefixes), None
+        made._origin, made._deferred, made._count = None, None, 0
         return made
 
+    @classmethod
+    def deferred(cls, load: Callable[[], PrefixList], count: int, origin: str) -> PrefixList:
+        """A list of ``count`` prefixes that ``load`` gives when first looked into:
+        until then, its length and its recipe() are known, and nothing is read,
+        parsed or imported (a start whose subnet table is cached: bpf/table_cache.py)."""
+        made = cls.__new__(cls)
+        made._columns, made._items, made._key = None, None, None
+        made._origin, made._deferred, made._count = origin, load, count
+        return made
+
+    def _settle(self) -> None:
+        """A deferred list loaded, once."""
+        if self._deferred is not None:
+            loaded = self._deferred()
+            if len(loaded) != self._count:  # the note was wrong: never start on it
+                raise AlfError(
+                    excerpt(str(self._origin), 200, quote=False),
+                    f"holds {len(loaded)} rules, not the {self._count} the cache noted",
+                    "run alfwrapper gc, then start again",
+                    EX_SOFTWARE,
+                )
+            self._columns, self._items, self._deferred = loaded._columns, loaded._items, None
+
+    def recipe(self) -> str | None:
+        """Text that names this list's contents without looking into them: a rule file
+        (its path, identity and parser: read_rule_file), a few prefixes given one by
+        one (their text), or a concatenation of such; None for any other list."""
+        if self._origin is not None:
+            return self._origin
+        if self._columns is None and self._items is not None and len(self._items) <= _FEW:
+            return "[" + " ".join(str(p) for p in self._items) + "]"
+        return None
+
     def _made(self) -> tuple[Array, Array, Array, Array]:
+        self._settle()
         if self._columns is None:
             import numpy as np  # noqa: PLC0415
 
@@ -98,6 +141,18 @@ class PrefixList(Sequence[Prefix]):
             return lists[0]
         if not lists:
             return cls.of(())
+        recipes = [p.recipe() for p in lists]
+        origin = None if None in recipes else "(" + " + ".join(map(str, recipes)) + ")"
+        if origin is not None and any(p._deferred is not None for p in lists):
+            return cls.deferred(lambda: cls._joined(lists), sum(map(len, lists)), origin)
+        joined = cls._joined(lists)
+        joined._origin = origin
+        return joined
+
+    @classmethod
+    def _joined(cls, lists: list[PrefixList]) -> PrefixList:
+        for p in lists:
+            p._settle()
         if all(p._items is not None for p in lists):
             return cls.of(item for p in lists for item in p._items or ())
         return cls(*(_joined([getattr(p, c) for p in lists]) for c in cls.COLUMNS))
@@ -109,6 +164,8 @@ class PrefixList(Sequence[Prefix]):
         return PrefixList.concat([other, self])
 
     def __len__(self) -> int:
+        if self._deferred is not None:
+            return self._count
         return len(self._items) if self._items is not None else len(self.family)
 
     @overload
@@ -118,6 +175,7 @@ class PrefixList(Sequence[Prefix]):
     def __getitem__(self, index: int | slice) -> Prefix | PrefixList:
         if isinstance(index, slice):
             return self.take(index)
+        self._settle()
         if self._items is not None:
             return self._items[index]
         return Prefix(
@@ -133,6 +191,7 @@ class PrefixList(Sequence[Prefix]):
         return PrefixList(family, length, high, self.low[index])
 
     def __iter__(self) -> Iterator[Prefix]:
+        self._settle()
         if self._items is not None:
             yield from self._items
             return
@@ -158,6 +217,7 @@ class PrefixList(Sequence[Prefix]):
     def covering(self, family: int, value: int) -> PrefixList:
         """The prefixes that contain the address ``value`` of ``family``."""
         width = 32 if family == 4 else 128
+        self._settle()
         if self._items is not None and self._columns is None:  # a few, as they were given
             return PrefixList.of(
                 p for p in self._items
@@ -179,6 +239,7 @@ class PrefixList(Sequence[Prefix]):
         return self.take(np.flatnonzero(hit))
 
     def of_family(self, family: int) -> PrefixList:
+        self._settle()
         if self._items is not None and self._columns is None:
             return PrefixList.of(p for p in self._items if p.family == family)
         import numpy as np  # noqa: PLC0415
@@ -267,6 +328,14 @@ class PrefixList(Sequence[Prefix]):
         return self._key
 
     def __eq__(self, other: object) -> bool:
+        if (
+            isinstance(other, PrefixList)
+            and self._origin is not None
+            and (
+                self._origin == other._origin  # the same file, unchanged: the same prefixes
+            )
+        ):
+            return True
         if isinstance(other, PrefixList):
             return len(self) == len(other) and self._digest() == other._digest()
         if isinstance(other, Sequence) and not isinstance(other, str):
@@ -333,8 +402,81 @@ def _mask_above(bits: Array) -> Array:
 
 
 def read_rule_file(path: str) -> PrefixList:
-    """Read a rule file: one CIDR per line, UTF-8."""
-    data = read_input(path, "rule file", RULE_FILE_LIMIT)
+    """Read a rule file: one CIDR per line, UTF-8.
+
+    A file of more than SMALL_RULES rules that an earlier start parsed, unchanged
+    since (its identity, host/cachedir.py: device, inode, size, modification and
+    change times) is not read: the list is deferred, of the length that start noted
+    in the cache folder (``rules-KEY``), and read only if something looks into it.
+    A start whose subnet table is cached too (bpf/table_cache.py) never does."""
+    noted = _recall(path)
+    if noted is not None:
+        ident, count, origin = noted
+        consulted(path, ident)
+        return PrefixList.deferred(lambda: _read_rule_file(path, ident)[0], count, origin)
+    prefixes, ident = _read_rule_file(path, None)
+    if ident is not None and cachedir.settled(ident, time.time_ns()):
+        prefixes._origin = _origin(path, ident)
+        if len(prefixes) > SMALL_RULES:
+            _note(prefixes._origin, len(prefixes))
+    return prefixes
+
+
+# A note: "rules-" and the SHA-256 of the file's origin; its SHA-256, then the format,
+# the count and the origin.  Sealed: a wrong count could drop a file's rules unseen.
+_NOTE_PREFIX = "rules-"
+_NOTE_FORMAT = b"1"
+_NOTE_LIMIT = 8192
+_PARSER: list[str] = []  # the parser's code's identities, once (an upgrade misses)
+
+
+def _origin(path: str, ident: Identity) -> str:
+    if not _PARSER:
+        here_ = os.path.dirname(os.path.abspath(__file__))
+        _PARSER.extend(str(cachedir.identity_at(os.path.join(here_, name)))
+                       for name in ("prefix_list.py", "prefixes.py"))  # fmt: skip
+    return f"file {here(path)!r} {ident} {' '.join(_PARSER)}"
+
+
+def _recall(path: str) -> tuple[Identity, int, str] | None:
+    folder = cachedir.directory()
+    ident = cachedir.identity_opened(path)
+    if folder is None or ident is None or not cachedir.settled(ident, time.time_ns()):
+        return None
+    origin = _origin(path, ident)
+    name = _NOTE_PREFIX + cachedir.sha256(origin.encode(errors="surrogateescape")).hexdigest()
+    raw = cachedir.read_entry(folder, name, _NOTE_LIMIT)
+    if raw is None or len(raw) < 32 or cachedir.sha256(raw[32:]).digest() != raw[:32]:
+        return None
+    fields = raw[32:].split(b" ", 2)
+    if len(fields) != 3 or fields[0] != _NOTE_FORMAT or not fields[1].isdigit():
+        return None
+    if fields[2] != origin.encode(errors="surrogateescape") or int(fields[1]) <= SMALL_RULES:
+        return None
+    return ident, int(fields[1]), origin
+
+
+def _note(origin: str, count: int) -> None:
+    folder = cachedir.directory()
+    if folder is None:
+        return
+    text = origin.encode(errors="surrogateescape")
+    body = b"%s %d %s" % (_NOTE_FORMAT, count, text)
+    name = _NOTE_PREFIX + cachedir.sha256(text).hexdigest()
+    cachedir.write_entry(folder, name, cachedir.sha256(body).digest() + body)
+
+
+def _read_rule_file(path: str, expected: Identity) -> tuple[PrefixList, Identity]:
+    """The file read and parsed, and its identity; an error if it is not ``expected``
+    (when given: a deferred list's file, changed since its identity was taken)."""
+    data, ident = read_identified(path, "rule file", RULE_FILE_LIMIT)
+    if expected is not None and ident != expected:
+        raise AlfError(
+            f"rule file {excerpt(path, 200, quote=False)}",
+            "changed while alfwrapper was starting",
+            "start it again",
+            EX_TEMPFAIL,
+        )
     if not data.isascii():
         try:
             data.decode("utf-8")
@@ -345,7 +487,7 @@ def read_rule_file(path: str) -> PrefixList:
                 "write one CIDR per line",
                 EX_DATAERR,
             ) from None
-    return parse_rule_bytes(data, path)
+    return parse_rule_bytes(data, path), ident
 
 
 # Bytes that str.splitlines() also breaks lines at: a file with any of them (or any
