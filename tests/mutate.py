@@ -1455,6 +1455,13 @@ MUTATIONS += [
         ("tests/unit/test_rule_notes.py::test_a_note_of_too_few_rules_is_not_trusted",),
     ),
     Mutation(
+        "deferred-rule-count-not-checked",
+        "alfwrapper/policy/prefix_list.py",
+        "            if len(prefixes) != count:  # a wrong note: never start on it",
+        "            if False:",
+        ("tests/unit/test_rule_notes.py::test_a_note_of_another_count_fails_the_start_when_read",),
+    ),
+    Mutation(
         "warm-start-imports-the-drop-log",
         "alfwrapper/lifecycle/companions.py",
         "    if not logging:\n        return 0\n",

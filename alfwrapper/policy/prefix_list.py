@@ -90,24 +90,18 @@ class PrefixList(Sequence[Prefix]):
     def _settle(self) -> None:
         """A deferred list loaded, once."""
         if self._deferred is not None:
-            loaded = self._deferred()
-            if len(loaded) != self._count:  # the note was wrong: never start on it
-                raise AlfError(
-                    excerpt(str(self._origin), 200, quote=False),
-                    f"holds {len(loaded)} rules, not the {self._count} the cache noted",
-                    "run alfwrapper gc, then start again",
-                    EX_SOFTWARE,
-                )
+            loaded = self._deferred()  # as long as it said (read_rule_file checks)
             self._columns, self._items, self._deferred = loaded._columns, loaded._items, None
 
     def recipe(self) -> str | None:
-        """Text that names this list's contents without looking into them: a rule file
-        (its path, identity and parser: read_rule_file), a few prefixes given one by
-        one (their text), or a concatenation of such; None for any other list."""
+        """A name of this list's contents, found without looking into them: of a rule
+        file (its path, identity and parser: read_rule_file), of a few prefixes given
+        one by one (their text), or of a concatenation of such; None for any other
+        list.  Each is a tag and a SHA-256, so no two kinds or joins can meet."""
         if self._origin is not None:
             return self._origin
         if self._columns is None and self._items is not None and len(self._items) <= _FEW:
-            return "[" + " ".join(str(p) for p in self._items) + "]"
+            return recipe_of("list", " ".join(str(p) for p in self._items))
         return None
 
     def _made(self) -> tuple[Array, Array, Array, Array]:
@@ -142,7 +136,7 @@ class PrefixList(Sequence[Prefix]):
         if not lists:
             return cls.of(())
         recipes = [p.recipe() for p in lists]
-        origin = None if None in recipes else "(" + " + ".join(map(str, recipes)) + ")"
+        origin = None if None in recipes else recipe_of("join", ",".join(map(str, recipes)))
         if origin is not None and any(p._deferred is not None for p in lists):
             return cls.deferred(lambda: cls._joined(lists), sum(map(len, lists)), origin)
         joined = cls._joined(lists)
@@ -413,13 +407,30 @@ def read_rule_file(path: str) -> PrefixList:
     if noted is not None:
         ident, count, origin = noted
         consulted(path, ident)
-        return PrefixList.deferred(lambda: _read_rule_file(path, ident)[0], count, origin)
+
+        def load() -> PrefixList:
+            prefixes = _read_rule_file(path, ident)[0]
+            if len(prefixes) != count:  # a wrong note: never start on it
+                raise AlfError(
+                    f"rule file {excerpt(path, 200, quote=False)}",
+                    f"holds {len(prefixes)} rules, not the {count} the cache noted",
+                    "run alfwrapper gc, then start again",
+                    EX_SOFTWARE,
+                )
+            return prefixes
+
+        return PrefixList.deferred(load, count, recipe_of("file", origin))
     prefixes, ident = _read_rule_file(path, None)
     if ident is not None and cachedir.settled(ident, time.time_ns()):
-        prefixes._origin = _origin(path, ident)
+        origin = _origin(path, ident)
+        prefixes._origin = recipe_of("file", origin)
         if len(prefixes) > SMALL_RULES:
-            _note(prefixes._origin, len(prefixes))
+            _note(origin, len(prefixes))
     return prefixes
+
+
+def recipe_of(kind: str, text: str) -> str:
+    return f"{kind}:{cachedir.sha256(text.encode(errors='surrogateescape')).hexdigest()}"
 
 
 # A note: "rules-" and the SHA-256 of the file's origin; its SHA-256, then the format,

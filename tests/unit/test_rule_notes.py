@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from alfwrapper.errors import EX_TEMPFAIL, AlfError
+from alfwrapper.errors import EX_SOFTWARE, EX_TEMPFAIL, AlfError
 from alfwrapper.host import cachedir
 from alfwrapper.policy import prefix_list
 from alfwrapper.policy.prefix_list import PrefixList, read_rule_file
@@ -102,3 +102,16 @@ def test_a_note_of_too_few_rules_is_not_trusted(rules: Path) -> None:
     note.write_bytes(cachedir.sha256(forged).digest() + forged)
     assert read_rule_file(str(rules))._deferred is None
     assert prefix_list.SMALL_RULES < len(LINES)
+
+
+def test_a_note_of_another_count_fails_the_start_when_read(rules: Path) -> None:
+    read_rule_file(str(rules))
+    (note,) = notes(rules)
+    body = note.read_bytes()[32:].split(b" ", 2)
+    forged = b" ".join([body[0], b"%d" % (len(LINES) - 9), body[2]])
+    note.write_bytes(cachedir.sha256(forged).digest() + forged)
+    lying = read_rule_file(str(rules))
+    assert lying._deferred is not None and len(lying) == len(LINES) - 9
+    with pytest.raises(AlfError) as caught:
+        list(lying)
+    assert caught.value.exit_code == EX_SOFTWARE and "the cache noted" in caught.value.why
