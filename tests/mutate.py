@@ -1401,8 +1401,8 @@ MUTATIONS += [
     Mutation(
         "table-key-ignores-the-rules",
         "alfwrapper/bpf/table_cache.py",
-        '    material = "\\0".join([str(FORMAT), __version__, *code, *map(str, recipes)])',
-        '    material = "\\0".join([str(FORMAT), __version__, *code])',
+        '    material = "\\0".join([str(FORMAT), __version__, _CODE, *map(str, recipes)])',
+        '    material = "\\0".join([str(FORMAT), __version__, _CODE])',
         ("tests/integration/test_table_cache.py::test_a_changed_rule_file_is_read_again",),
     ),
     Mutation(
@@ -1422,8 +1422,8 @@ MUTATIONS += [
     Mutation(
         "rule-note-ignores-the-identity",
         "alfwrapper/policy/prefix_list.py",
-        """    return f"file {here(path)!r} {ident} {' '.join(_PARSER)}\"""",
-        """    return f"file {here(path)!r} {' '.join(_PARSER)}\"""",
+        '    return f"file {here(path)!r} {ident} {_PARSER}"',
+        '    return f"file {here(path)!r} {_PARSER}"',
         ("tests/unit/test_rule_notes.py::test_a_changed_file_is_read_again",),
     ),
     Mutation(
@@ -1457,8 +1457,43 @@ MUTATIONS += [
     Mutation(
         "deferred-rule-count-not-checked",
         "alfwrapper/policy/prefix_list.py",
-        "            if len(prefixes) != count:  # a wrong note: never start on it",
+        "            if len(prefixes) != count:  # a wrong note: never start on it, nor again",
         "            if False:",
+        ("tests/unit/test_rule_notes.py::test_a_note_of_another_count_fails_the_start_when_read",),
+    ),
+    Mutation(
+        "table-entry-unbounded",
+        "alfwrapper/host/cachedir.py",
+        "        if self.failed or self.written > self.limit:",
+        "        if self.failed:",
+        ("tests/unit/test_table_entries.py::test_a_table_over_the_bound_is_not_kept",),
+    ),
+    Mutation(
+        "entry-commit-raises-when-its-file-is-gone",
+        "alfwrapper/host/cachedir.py",
+        "            _unlink(self.temporary)  # gone already if a gc took it for a leftover",
+        "            os.unlink(self.temporary)",
+        ("tests/unit/test_table_entries.py::test_a_store_whose_file_vanished_is_no_error",),
+    ),
+    Mutation(
+        "deferred-rule-file-read-from-the-working-directory",
+        "alfwrapper/policy/prefix_list.py",
+        "        where = here(path)  # read later",
+        "        where = path  # read later",
+        ("tests/unit/test_rule_notes.py::test_a_deferred_file_is_read_from_where_it_was_named",),
+    ),
+    Mutation(
+        "coarse-file-times-trusted",
+        "alfwrapper/host/cachedir.py",
+        "    coarse = ident[3] % 1_000_000_000 == 0 or ident[4] % 1_000_000_000 == 0",
+        "    coarse = False",
+        ("tests/unit/test_rule_notes.py::test_settled_times",),
+    ),
+    Mutation(
+        "wrong-rule-note-kept",
+        "alfwrapper/policy/prefix_list.py",
+        "                _forget(note)\n",
+        "",
         ("tests/unit/test_rule_notes.py::test_a_note_of_another_count_fails_the_start_when_read",),
     ),
     Mutation(

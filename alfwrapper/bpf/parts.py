@@ -40,7 +40,7 @@ from alfwrapper.bpf.subnet_table import (
     encode_nodes,
 )
 from alfwrapper.bpf.tables import Table, Tables
-from alfwrapper.errors import EX_OSERR, EX_USAGE, AlfError, excerpt
+from alfwrapper.errors import EX_OSERR, EX_SOFTWARE, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import cachedir
 from alfwrapper.host.interfaces import link_index
 from alfwrapper.host.interfaces import resolve as resolve_interfaces
@@ -270,10 +270,20 @@ class Subnets(Part):
         """Build the table into the maps (and keep what was written: table_cache.py),
         or write what an earlier start built."""
         if isinstance(plan.data, table_cache.Image):
-            for map_name, offset, data in plan.data.writes:
-                write_mapped_at(tables[map_name].map_fd, offset, data, map_name)
-            for map_name, count, keys, values in plan.data.batches:
-                update_batch(tables[map_name], bytes(keys), bytes(values), count, map_name)
+            image: table_cache.Image = plan.data
+            try:
+                for map_name, offset, data in image.writes:
+                    write_mapped_at(tables[map_name].map_fd, offset, data, map_name)
+                for map_name, count, keys, values in image.batches:
+                    update_batch(tables[map_name], bytes(keys), bytes(values), count, map_name)
+            except (AlfError, ValueError, KeyError, TypeError) as err:
+                table_cache.forget(image.name)
+                raise AlfError(
+                    f"the kept subnet table {image.name}",
+                    f"does not fit the maps ({err})",
+                    "start again: it is removed, and the table is built",
+                    EX_SOFTWARE,
+                ) from None
             return
         recorder: table_cache.Recorder | None = plan.recorder
         try:

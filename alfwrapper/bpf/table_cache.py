@@ -47,12 +47,15 @@ MAX_ENTRY_BYTES = 192 << 20  # a 64 MiB rule file's table, with room
 _TRAILER = struct.Struct("<II")  # the header's length, the CRC-32 of all before it
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE = os.path.dirname(_HERE)
-# The code a table comes from: its layout and encoding, and the C that reads it (in
-# either place bpf/program.filter_dir looks: the one that is not there counts as None).
-_CODE = [os.path.join(_HERE, name) for name in ("table_cache.py", "subnet_table.py", "parts.py")]
-_CODE += [
-    os.path.join(top, "filters", "subnets.c") for top in (_PACKAGE, os.path.dirname(_PACKAGE))
-]
+# The code a table comes from: its layout and encoding (numpy's too), and the C that
+# reads it (in either place bpf/program.filter_dir looks: the one not there is None).
+_CODE = cachedir.code_identity(
+    [os.path.join(_HERE, name) for name in ("table_cache.py", "subnet_table.py", "parts.py")]
+    + [os.path.join(_PACKAGE, "policy", name) for name in ("prefix_list.py", "prefixes.py")]
+    + [os.path.join(top, "filters", name) for top in (_PACKAGE, os.path.dirname(_PACKAGE))
+       for name in ("subnets.c", "common.h")],
+    ("numpy",),
+)  # fmt: skip
 
 Defines = tuple[tuple[str, str], ...]
 
@@ -62,6 +65,7 @@ class Image:
     """A table as its maps hold it: ``writes`` (map, byte offset, bytes) into the
     mmapable arrays, ``batches`` (map, count, keys, values) for the others."""
 
+    name: str
     defines: Defines
     writes: tuple[tuple[str, int, memoryview], ...]
     batches: tuple[tuple[str, int, memoryview, memoryview], ...]
@@ -76,8 +80,7 @@ def key(subnets: SubnetRules) -> str | None:
     recipes = [PrefixList.of(allow).recipe(), PrefixList.of(deny).recipe()]
     if None in recipes:
         return None
-    code = [str(cachedir.identity_at(path)) for path in _CODE]
-    material = "\0".join([str(FORMAT), __version__, *code, *map(str, recipes)])
+    material = "\0".join([str(FORMAT), __version__, _CODE, *map(str, recipes)])
     return PREFIX + cachedir.sha256(material.encode(errors="surrogateescape")).hexdigest()
 
 
@@ -112,9 +115,20 @@ def load(name: str) -> Image | None:
         if at != body_end:
             return None
         defines = tuple((str(n), str(v)) for n, v in header["defines"])
-    except (ValueError, KeyError, TypeError):
+    except Exception:  # noqa: BLE001  (whatever is wrong with it, it is a miss)
         return None
-    return Image(defines, tuple(writes), tuple(batches))
+    return Image(name, defines, tuple(writes), tuple(batches))
+
+
+def forget(name: str) -> None:
+    """Remove an entry the maps would not take (it passed its checks: a bug's, or
+    written by someone who may write the folder), so that the next start builds."""
+    folder = cachedir.directory()
+    if folder is not None:
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
 
 
 def _count(value: object) -> int:
@@ -134,8 +148,8 @@ class Recorder:
     crc: int = 0
 
     def __post_init__(self) -> None:
-        folder = cachedir.directory()
-        self.entry = None if folder is None else cachedir.Entry(folder)
+        folder = cachedir.directory()  # the entry's file is made at the first write
+        self.entry = None if folder is None else cachedir.Entry(folder, MAX_ENTRY_BYTES)
 
     def _put(self, data: bytes | memoryview) -> None:
         assert self.entry is not None
@@ -162,7 +176,7 @@ class Recorder:
         self._put(header)
         self._put(struct.pack("<I", len(header)))
         self.entry.write(struct.pack("<I", self.crc))
-        if self.entry.commit(self.name):
+        if self.entry.commit(self.name, sync=False):  # a torn file fails its CRC-32
             from alfwrapper.bpf import cache  # noqa: PLC0415  (its bounds hold for both)
 
             cache.prune()

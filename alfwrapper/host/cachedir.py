@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 
 from alfwrapper.host.faults import crash_point
 
@@ -35,8 +36,10 @@ SYSTEM_DIR = "/var/cache/alfwrapper/programs"
 Identity = tuple[int, int, int, int, int] | None
 # A file changed less than this before its identity is taken may change again within
 # the file system's timestamp granularity unseen (git's "racy" files): nothing is kept
-# for it.
+# for it.  Times in whole seconds are a coarse file system's (FAT keeps 2 s): those
+# are trusted only COARSE_NS after.
 RACY_NS = 1_000_000_000
+COARSE_NS = 5_000_000_000
 
 
 def identity(info: os.stat_result | None) -> Identity:
@@ -70,9 +73,30 @@ def identity_opened(path: str) -> Identity:
     return identity(info) if stat.S_ISREG(info.st_mode) else None
 
 
+def code_identity(paths: list[str], modules: tuple[str, ...] = ()) -> str:
+    """What a kept result depends on besides its inputs: the identities of these code
+    files, and of these modules' (found, not imported), and Python's version.  Taken
+    when the caller is imported, it names the code that runs: an upgrade under a
+    running start misses the next time, never this one."""
+    found = list(paths)
+    if modules:
+        from importlib.machinery import PathFinder  # noqa: PLC0415
+
+        for module in modules:
+            spec = PathFinder.find_spec(module)
+            found.append(spec.origin if spec is not None and spec.origin else f"({module})")
+    return " ".join([sys.version, *(f"{p}={identity_at(p)}" for p in found)])
+
+
 def settled(ident: Identity, now_ns: int) -> bool:
-    """Is this identity old enough that a later change must show in it?"""
-    return ident is None or max(ident[3], ident[4]) <= now_ns - RACY_NS
+    """Is this identity old enough that a later change must show in it?  (Not where
+    a file server's clock is behind this machine's by more than the margin, or where
+    a file is written through a shared map without its times changing: see the
+    README's Known limits.)"""
+    if ident is None:
+        return True
+    coarse = ident[3] % 1_000_000_000 == 0 or ident[4] % 1_000_000_000 == 0
+    return max(ident[3], ident[4]) <= now_ns - (COARSE_NS if coarse else RACY_NS)
 
 
 def sha256(data: bytes) -> _Hash:
@@ -194,54 +218,68 @@ def write_entry(folder: str, name: str, data: bytes) -> bool:
 
 class Entry:
     """An entry written a piece at a time (bpf/table_cache.py writes a table as it is
-    built), then put in place whole, or not at all.  Every step after a failure does
-    nothing, and commit() says False.  (Not tempfile: it imports shutil, which a
-    denied peer's start should not pay.)"""
+    built), then put in place whole, or not at all.  The file is made at the first
+    write; every step after a failure, or past ``limit`` bytes, does nothing, and
+    commit() says False.  (Not tempfile: it imports shutil, which a denied peer's
+    start should not pay.)"""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, limit: int = 1 << 62) -> None:
         self.folder = folder
         self.temporary = os.path.join(folder, f".new-{os.urandom(8).hex()}")
         self.fd = -1
-        if usable(folder, create=True):
-            try:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-                self.fd = os.open(self.temporary, flags, 0o600)
-            except OSError:
-                pass
+        self.limit = limit
+        self.written = 0
+        self.failed = False
 
     def write(self, data: bytes | memoryview) -> None:
-        if self.fd < 0:
+        view = memoryview(data).cast("B")
+        self.written += len(view)
+        if self.failed or self.written > self.limit:
+            self.abandon()
             return
         try:
-            view = memoryview(data).cast("B")
+            if self.fd < 0:
+                if not usable(self.folder, create=True):
+                    raise OSError("the cache folder is not usable")
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                self.fd = os.open(self.temporary, flags, 0o600)
             while view:
                 view = view[os.write(self.fd, view) :]
         except OSError:
             self.abandon()
 
     def abandon(self) -> None:
+        self.failed = True
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-            try:
-                os.unlink(self.temporary)
-            except OSError:
-                pass
+            _unlink(self.temporary)
 
-    def commit(self, name: str) -> bool:
-        if self.fd < 0:
+    def commit(self, name: str, sync: bool = True) -> bool:
+        """Put the entry in place.  ``sync``: on disk first (an entry whose own check
+        finds a torn file, as a table's CRC-32 does, need not wait for it)."""
+        if self.fd < 0 or self.failed:
+            self.abandon()
             return False
         try:
             try:
-                os.fsync(self.fd)
+                if sync:
+                    os.fsync(self.fd)
             finally:
                 os.close(self.fd)
                 self.fd = -1
             crash_point("cache-written")
             os.replace(self.temporary, os.path.join(self.folder, name))
         except BaseException as err:
-            os.unlink(self.temporary)
+            _unlink(self.temporary)  # gone already if a gc took it for a leftover
             if isinstance(err, OSError):
                 return False
             raise
         return True
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

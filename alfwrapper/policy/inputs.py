@@ -57,9 +57,10 @@ def read_input(path: str, what: str, limit: int) -> bytes:
     return read_identified(path, what, limit)[0]
 
 
-def read_identified(path: str, what: str, limit: int) -> tuple[bytes, Identity]:
-    """read_input, and the identity of the file read (taken from the open file)."""
-    where = f"{what} {excerpt(path, 200, quote=False)}"
+def read_identified(path: str, what: str, limit: int, shown: str = "") -> tuple[bytes, Identity]:
+    """read_input, and the identity of the file read (taken from the open file).
+    ``shown``: the path as the user gave it, for messages (``path`` by default)."""
+    where = f"{what} {excerpt(shown or path, 200, quote=False)}"
     try:
         # O_NONBLOCK: opening a FIFO with no writer must not hang; it is refused below.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)

@@ -100,7 +100,7 @@ class PrefixList(Sequence[Prefix]):
         list.  Each is a tag and a SHA-256, so no two kinds or joins can meet."""
         if self._origin is not None:
             return self._origin
-        if self._columns is None and self._items is not None and len(self._items) <= _FEW:
+        if self._items is not None and len(self._items) <= _FEW:
             return recipe_of("list", " ".join(str(p) for p in self._items))
         return None
 
@@ -337,7 +337,7 @@ class PrefixList(Sequence[Prefix]):
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self._digest())
+        return hash(len(self))  # as __eq__ holds: a deferred list is not read for it
 
     def __repr__(self) -> str:
         shown = ", ".join(str(p) for p in self[:3])
@@ -405,16 +405,18 @@ def read_rule_file(path: str) -> PrefixList:
     A start whose subnet table is cached too (bpf/table_cache.py) never does."""
     noted = _recall(path)
     if noted is not None:
-        ident, count, origin = noted
+        ident, count, origin, note = noted
         consulted(path, ident)
+        where = here(path)  # read later, perhaps from another working directory (reload)
 
         def load() -> PrefixList:
-            prefixes = _read_rule_file(path, ident)[0]
-            if len(prefixes) != count:  # a wrong note: never start on it
+            prefixes = _read_rule_file(where, ident, shown=path)[0]
+            if len(prefixes) != count:  # a wrong note: never start on it, nor again
+                _forget(note)
                 raise AlfError(
                     f"rule file {excerpt(path, 200, quote=False)}",
                     f"holds {len(prefixes)} rules, not the {count} the cache noted",
-                    "run alfwrapper gc, then start again",
+                    "start again (the note is removed)",
                     EX_SOFTWARE,
                 )
             return prefixes
@@ -438,18 +440,28 @@ def recipe_of(kind: str, text: str) -> str:
 _NOTE_PREFIX = "rules-"
 _NOTE_FORMAT = b"1"
 _NOTE_LIMIT = 8192
-_PARSER: list[str] = []  # the parser's code's identities, once (an upgrade misses)
+# The parser's code (and numpy's, which parses in bulk): an upgrade misses.
+_PARSER = cachedir.code_identity(
+    [os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+     for name in ("prefix_list.py", "prefixes.py")],
+    ("numpy",),
+)  # fmt: skip
 
 
 def _origin(path: str, ident: Identity) -> str:
-    if not _PARSER:
-        here_ = os.path.dirname(os.path.abspath(__file__))
-        _PARSER.extend(str(cachedir.identity_at(os.path.join(here_, name)))
-                       for name in ("prefix_list.py", "prefixes.py"))  # fmt: skip
-    return f"file {here(path)!r} {ident} {' '.join(_PARSER)}"
+    return f"file {here(path)!r} {ident} {_PARSER}"
 
 
-def _recall(path: str) -> tuple[Identity, int, str] | None:
+def _forget(note: str) -> None:
+    try:
+        os.unlink(note)
+    except OSError:
+        pass
+
+
+def _recall(path: str) -> tuple[Identity, int, str, str] | None:
+    """The identity, count and origin of the file as a note has them, and the note's
+    path; None if there is no sound note for the file as it is now."""
     folder = cachedir.directory()
     ident = cachedir.identity_opened(path)
     if folder is None or ident is None or not cachedir.settled(ident, time.time_ns()):
@@ -464,7 +476,7 @@ def _recall(path: str) -> tuple[Identity, int, str] | None:
         return None
     if fields[2] != origin.encode(errors="surrogateescape") or int(fields[1]) <= SMALL_RULES:
         return None
-    return ident, int(fields[1]), origin
+    return ident, int(fields[1]), origin, os.path.join(folder, name)
 
 
 def _note(origin: str, count: int) -> None:
@@ -477,13 +489,15 @@ def _note(origin: str, count: int) -> None:
     cachedir.write_entry(folder, name, cachedir.sha256(body).digest() + body)
 
 
-def _read_rule_file(path: str, expected: Identity) -> tuple[PrefixList, Identity]:
+def _read_rule_file(path: str, expected: Identity, shown: str = "") -> tuple[PrefixList, Identity]:
     """The file read and parsed, and its identity; an error if it is not ``expected``
-    (when given: a deferred list's file, changed since its identity was taken)."""
-    data, ident = read_identified(path, "rule file", RULE_FILE_LIMIT)
+    (when given: a deferred list's file, changed since its identity was taken).
+    ``shown``: the path as the user gave it, for messages."""
+    shown = shown or path
+    data, ident = read_identified(path, "rule file", RULE_FILE_LIMIT, shown)
     if expected is not None and ident != expected:
         raise AlfError(
-            f"rule file {excerpt(path, 200, quote=False)}",
+            f"rule file {excerpt(shown, 200, quote=False)}",
             "changed while alfwrapper was starting",
             "start it again",
             EX_TEMPFAIL,
@@ -493,12 +507,12 @@ def _read_rule_file(path: str, expected: Identity) -> tuple[PrefixList, Identity
             data.decode("utf-8")
         except UnicodeDecodeError as err:
             raise AlfError(
-                f"rule file {excerpt(path, 200, quote=False)}",
+                f"rule file {excerpt(shown, 200, quote=False)}",
                 f"not UTF-8 text ({err.reason} at byte {err.start})",
                 "write one CIDR per line",
                 EX_DATAERR,
             ) from None
-    return parse_rule_bytes(data, path), ident
+    return parse_rule_bytes(data, shown), ident
 
 
 # Bytes that str.splitlines() also breaks lines at: a file with any of them (or any

@@ -24,15 +24,16 @@ PROBE = Path(__file__).with_name("table_probe.py")
 ALLOW = [f"192.0.2.{i}" for i in range(200)] + [f"2001:db8:{i:x}::/64" for i in range(1, 201)]
 DENY = ["192.0.2.7", "2001:db8:5::/64"]
 ADDED = "198.51.100.1"
+SAME_SIZE = ("192.0.2.100\n", "203.0.113.9\n")  # a change only the file's times show
 PROBES = [
     (4, int(ipaddress.IPv4Address(a)))
-    for a in ("192.0.2.1", "192.0.2.7", "192.0.2.250", ADDED, "198.51.100.2")
+    for a in ("192.0.2.1", "192.0.2.7", "192.0.2.250", ADDED, "198.51.100.2", "203.0.113.9")
 ] + [
     (6, int(ipaddress.IPv6Address(a)))
     for a in ("2001:db8:1::1", "2001:db8:5::1", "2001:db8:c8::9", "2001:db8:fff::1")
 ]
 # What the rules above say of PROBES (an allowed address passes unless denied).
-EXPECTED = [True, False, False, False, False, True, False, True, False]
+EXPECTED = [True, False, False, False, False, False, True, False, True, False]
 
 
 def settled() -> None:
@@ -93,15 +94,32 @@ def test_a_changed_rule_file_is_read_again(bpf_root: None, files: tuple[Path, Pa
     assert changed["kernel"][3], f"{ADDED}, added to the file, does not pass"
     again = start(*files)
     assert again["cached"] and again["kernel"] == changed["kernel"]
+    # Changed without a change of size: only the times tell.
+    size = allow.stat().st_size
+    allow.write_text(allow.read_text().replace(*SAME_SIZE))
+    assert allow.stat().st_size == size
+    settled()
+    same_size = start(*files)
+    assert not same_size["cached"] and same_size["kernel"][5], "203.0.113.9 does not pass"
     # Changed again, and started within the same second: nothing is trusted.
     with allow.open("a") as f:
         f.write("198.51.100.2\n")
     kept = tables(folder)
-    racy = start(*files)
+    racy = start(*files)  # not cached (its size changed), and not kept (the racy rule)
     assert not racy["cached"] and racy["kernel"][3:5] == [True, True]
     assert tables(folder) == kept, "a table was kept for a file changed within the second"
     settled()
     assert start(*files)["kernel"][3:5] == [True, True]
+
+
+def test_allow_and_deny_files_swapped_are_other_rules(
+    bpf_root: None, files: tuple[Path, Path, Path]
+) -> None:
+    allow, deny, folder = files
+    start(*files)
+    swapped = start(deny, allow, folder)  # the probe holds the kernel to these rules
+    assert not swapped["cached"] and swapped["kernel"] != EXPECTED
+    assert start(deny, allow, folder)["cached"] and start(*files)["cached"]
 
 
 def _flip(entry: Path, _: Path) -> None:

@@ -13,7 +13,6 @@ import pytest
 
 from alfwrapper.errors import EX_SOFTWARE, EX_TEMPFAIL, AlfError
 from alfwrapper.host import cachedir
-from alfwrapper.policy import prefix_list
 from alfwrapper.policy.prefix_list import PrefixList, read_rule_file
 from alfwrapper.policy.prefixes import parse_prefix
 
@@ -101,7 +100,6 @@ def test_a_note_of_too_few_rules_is_not_trusted(rules: Path) -> None:
     forged = b" ".join([body[0], b"0", body[2]])
     note.write_bytes(cachedir.sha256(forged).digest() + forged)
     assert read_rule_file(str(rules))._deferred is None
-    assert prefix_list.SMALL_RULES < len(LINES)
 
 
 def test_a_note_of_another_count_fails_the_start_when_read(rules: Path) -> None:
@@ -115,3 +113,38 @@ def test_a_note_of_another_count_fails_the_start_when_read(rules: Path) -> None:
     with pytest.raises(AlfError) as caught:
         list(lying)
     assert caught.value.exit_code == EX_SOFTWARE and "the cache noted" in caught.value.why
+    assert not notes(rules), "the wrong note is still there: every start would fail on it"
+    assert read_rule_file(str(rules))._deferred is None
+
+
+def test_a_change_of_the_same_size_is_seen(rules: Path) -> None:
+    """Only the times tell this change: the size, device and inode stay."""
+    read_rule_file(str(rules))
+    text = rules.read_text()
+    rules.write_text(text.replace("198.51.100.99\n", "203.0.113.199\n"))
+    assert rules.stat().st_size == len(text)
+    again = read_rule_file(str(rules))
+    assert again._deferred is None and parse_prefix("203.0.113.199") in again
+
+
+def test_a_deferred_file_is_read_from_where_it_was_named(
+    rules: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reload builds the policy in the service's working directory and plans outside it."""
+    monkeypatch.chdir(rules.parent)
+    read_rule_file(rules.name)
+    deferred = read_rule_file(rules.name)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert deferred._deferred is not None and len(list(deferred)) == len(LINES)
+
+
+def test_settled_times() -> None:
+    now = 1_800_000_000 * 10**9
+    fine, whole = now - 2 * 10**9 + 12345, now - 2 * 10**9
+    assert cachedir.settled((1, 2, 3, fine, fine), now)
+    assert not cachedir.settled((1, 2, 3, fine, now - 10**8), now)  # changed 0.1 s ago
+    # Whole seconds: a coarse file system (FAT: 2 s) may change within them unseen.
+    assert not cachedir.settled((1, 2, 3, whole, fine), now)
+    assert cachedir.settled((1, 2, 3, now - 6 * 10**9, now - 6 * 10**9 + 12345), now)
