@@ -732,6 +732,9 @@ def generator_main(argv: Sequence[str]) -> int:
     from alfwrapper.lifecycle import socket_units  # noqa: PLC0415
 
     args = generator_parser().parse_args(argv)
+    # A generator writes nowhere but its output folders (systemd.generator(7)), and
+    # runs early in boot, perhaps before /var: no cache is read, marked or written.
+    os.environ["ALFWRAPPER_CACHE"] = "off"
     return socket_units.generate(Path(args.normal), os.environ)
 
 

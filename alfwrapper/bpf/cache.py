@@ -36,7 +36,6 @@ import os
 import struct
 import time
 from dataclasses import asdict, dataclass
-from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +100,9 @@ def relocations(insns: bytes, names: dict[int, str]) -> tuple[tuple[int, str], .
 
 def _bcc_version() -> str:
     """BCC's version, read from its package without importing it (that loads LLVM)."""
-    spec = PathFinder.find_spec("bcc")  # importlib.util costs a start 5 ms of imports
+    from importlib.util import find_spec  # noqa: PLC0415  (every finder: sys.meta_path too)
+
+    spec = find_spec("bcc")
     if spec is None or not spec.submodule_search_locations:
         return "none"
     for folder in spec.submodule_search_locations:

@@ -1,5 +1,6 @@
 """The cache folder: where a start keeps what it may reuse (compiled programs,
-bpf/cache.py; peers' verdicts, lifecycle/verdicts.py), and the only safe ways to read
+bpf/cache.py; subnet tables, bpf/table_cache.py; rule-file notes,
+policy/prefix_list.py; peers' verdicts, lifecycle/verdicts.py), and the only safe ways to read
 and write an entry there.  Standard library only: a denied Accept=yes peer reads its
 verdict through this before anything else is imported.
 
@@ -10,8 +11,9 @@ verdict through this before anything else is imported.
 - **Whose**: the folder must be this user's and closed to others (mode 0700, not
   a link), and an entry a regular file of this user that others cannot write, or
   it is not used: whoever may write an entry chooses what the next start does.
-- **Whole**: an entry is written to a temporary file, synced and renamed into
-  place, so a crash or a concurrent start never leaves half an entry under a name.
+- **Whole**: an entry is written to a temporary file, synced (unless its own
+  check finds a torn file: a table's CRC-32) and renamed into place, so a crash or
+  a concurrent start never leaves half an entry under a name.
 """
 
 from __future__ import annotations
@@ -247,6 +249,9 @@ class Entry:
                 view = view[os.write(self.fd, view) :]
         except OSError:
             self.abandon()
+        except BaseException:
+            self.abandon()
+            raise
 
     def abandon(self) -> None:
         self.failed = True

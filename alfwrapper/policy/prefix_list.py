@@ -38,6 +38,7 @@ _LOW = (1 << 64) - 1
 SMALL_RULES = 64
 _PACKED = struct.Struct("<II")  # packed(): the counts of IPv4 and IPv6 rules
 _FEW = 4096  # prefixes given one by one whose text is their recipe()
+Pieces = tuple["str | tuple[Prefix, ...]", ...]  # a join's recipe, before it is worked out
 
 
 class PrefixList(Sequence[Prefix]):
@@ -49,7 +50,7 @@ class PrefixList(Sequence[Prefix]):
     when first asked: judging a peer by a few rules (an Accept=yes connection,
     SubnetRules.passes) never loads numpy."""
 
-    __slots__ = ("_columns", "_count", "_deferred", "_items", "_key", "_origin")
+    __slots__ = ("_columns", "_count", "_deferred", "_items", "_key", "_origin", "_pieces")
     COLUMNS = ("family", "length", "high", "low")
 
     def __init__(self, family: Array, length: Array, high: Array, low: Array) -> None:
@@ -67,6 +68,7 @@ class PrefixList(Sequence[Prefix]):
         self._origin: str | None = None  # recipe()
         self._deferred: Callable[[], PrefixList] | None = None
         self._count = 0  # len() while deferred
+        self._pieces: Pieces | None = None  # a join's parts, for recipe()
 
     @classmethod
     def of(cls, prefixes: Iterable[Prefix]) -> PrefixList:
@@ -74,7 +76,7 @@ class PrefixList(Sequence[Prefix]):
             return prefixes
         made = cls.__new__(cls)
         made._columns, made._items, made._key = None, tuple(prefixes), None
-        made._origin, made._deferred, made._count = None, None, 0
+        made._origin, made._deferred, made._count, made._pieces = None, None, 0, None
         return made
 
     @classmethod
@@ -84,7 +86,7 @@ class PrefixList(Sequence[Prefix]):
         parsed or imported (a start whose subnet table is cached: bpf/table_cache.py)."""
         made = cls.__new__(cls)
         made._columns, made._items, made._key = None, None, None
-        made._origin, made._deferred, made._count = origin, load, count
+        made._origin, made._deferred, made._count, made._pieces = origin, load, count, None
         return made
 
     def _settle(self) -> None:
@@ -98,10 +100,24 @@ class PrefixList(Sequence[Prefix]):
         file (its path, identity and parser: read_rule_file), of a few prefixes given
         one by one (their text), or of a concatenation of such; None for any other
         list.  Each is a tag and a SHA-256, so no two kinds or joins can meet."""
+        if self._pieces is not None and self._origin is None:  # worked out when asked
+            self._origin = _joined_recipe(self._pieces)
         if self._origin is not None:
             return self._origin
         if self._items is not None and len(self._items) <= _FEW:
             return recipe_of("list", " ".join(str(p) for p in self._items))
+        return None
+
+    def _as_pieces(self) -> Pieces | None:
+        """This list as parts of a join's recipe: a join's own parts (so that a join of
+        joins names what a flat join of the same parts names), a recipe, or a few
+        prefixes; None if it has no recipe."""
+        if self._pieces is not None:
+            return self._pieces
+        if self._origin is not None:
+            return (self._origin,)
+        if self._items is not None and len(self._items) <= _FEW:
+            return (self._items,)
         return None
 
     def _made(self) -> tuple[Array, Array, Array, Array]:
@@ -135,12 +151,21 @@ class PrefixList(Sequence[Prefix]):
             return lists[0]
         if not lists:
             return cls.of(())
-        recipes = [p.recipe() for p in lists]
-        origin = None if None in recipes else recipe_of("join", ",".join(map(str, recipes)))
-        if origin is not None and any(p._deferred is not None for p in lists):
-            return cls.deferred(lambda: cls._joined(lists), sum(map(len, lists)), origin)
+        gathered: list[str | tuple[Prefix, ...]] | None = []
+        for p in lists:
+            more = p._as_pieces()
+            if more is None or gathered is None:
+                gathered = None
+                break
+            gathered.extend(more)
+        pieces = None if gathered is None else tuple(gathered)
+        if pieces is not None and any(p._deferred is not None for p in lists):
+            count = sum(map(len, lists))
+            made = cls.deferred(lambda: cls._joined(lists), count, _joined_recipe(pieces))
+            made._pieces = pieces
+            return made
         joined = cls._joined(lists)
-        joined._origin = origin
+        joined._pieces = pieces
         return joined
 
     @classmethod
@@ -429,6 +454,11 @@ def read_rule_file(path: str) -> PrefixList:
         if len(prefixes) > SMALL_RULES:
             _note(origin, len(prefixes))
     return prefixes
+
+
+def _joined_recipe(pieces: Pieces) -> str:
+    text = (p if isinstance(p, str) else "list " + " ".join(map(str, p)) for p in pieces)
+    return recipe_of("join", "\n".join(text))  # recipes and prefixes hold no newline
 
 
 def recipe_of(kind: str, text: str) -> str:

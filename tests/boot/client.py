@@ -28,6 +28,7 @@ guest's link.  Prints one line and exits 0:
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import socket
 import sys
@@ -147,7 +148,9 @@ def flood(src: str, dst: str, port: int, rate: float, seconds: float) -> str:
             sent += 1
         while pending and now - pending[0][0] > 1.0:  # oldest first: in order of sending
             _, s = pending.popleft()
-            connected += s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and _connected(s)
+            error = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            # Connected, or connected and then reset (a SYN refused is ECONNREFUSED).
+            connected += (error == 0 and _connected(s)) or error == errno.ECONNRESET
             s.close()
         if sent >= total and not pending:
             return f"connected {connected} of {sent}"

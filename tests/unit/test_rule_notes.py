@@ -148,3 +148,21 @@ def test_settled_times() -> None:
     # Whole seconds: a coarse file system (FAT: 2 s) may change within them unseen.
     assert not cachedir.settled((1, 2, 3, whole, fine), now)
     assert cachedir.settled((1, 2, 3, now - 6 * 10**9, now - 6 * 10**9 + 12345), now)
+
+
+def test_a_join_is_named_by_its_parts_whenever_it_is_asked(rules: Path) -> None:
+    """The recipe of a join does not depend on how the joins nest, nor on whether its
+    parts were asked for theirs first (a cache hit must not depend on what ran before)."""
+    inline = [PrefixList.of([parse_prefix(f"192.0.2.{i}")]) for i in range(3)]
+    first = read_rule_file(str(rules))
+    flat = PrefixList.concat([*inline, first])
+    nested = PrefixList.concat(
+        [PrefixList.concat(inline[:2]), PrefixList.concat([inline[2], first])]
+    )
+    asked = PrefixList.concat(inline[:2])
+    asked.recipe()
+    later = PrefixList.concat([asked, PrefixList.concat([inline[2], first])])
+    assert flat.recipe() == nested.recipe() == later.recipe() is not None
+    assert flat.recipe() != PrefixList.concat([first, *inline]).recipe()  # order matters
+    deferred = PrefixList.concat([*inline, read_rule_file(str(rules))])
+    assert deferred._deferred is not None and deferred.recipe() == flat.recipe()
