@@ -222,9 +222,9 @@ MUTATIONS = [
     ),
     Mutation(
         "accept-yes-compiles-again",
-        "alfwrapper/lifecycle/programs.py",
-        "    kept = [r for r in records if not r.connected]\n",
-        "    kept = list(records)\n",
+        "alfwrapper/lifecycle/launch.py",
+        "    if any(not r.connected for r in records):\n",
+        "    if True:\n",
         ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
