@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from alfwrapper import __version__
-from alfwrapper.errors import EX_CONFIG, EX_SOFTWARE, EX_USAGE, AlfError, excerpt, missing_library
+from alfwrapper.errors import (
+    EX_CONFIG,
+    EX_USAGE,
+    AlfError,
+    excerpt,
+    internal,
+    missing_library,
+    report,
+)
 from alfwrapper.host import activation, capabilities
 from alfwrapper.lifecycle import wrapper
 from alfwrapper.policy.files import (
@@ -788,13 +796,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command.run(argv[1:])
         return wrapper_main(argv)
     except AlfError as err:
-        print(err.line(), file=sys.stderr)
-        if verbose and err.details:
-            print(err.details.rstrip(), file=sys.stderr)
-        if err.exit_now:
-            sys.stderr.flush()
-            os._exit(err.exit_code)
-        return err.exit_code
+        return report(err, verbose)
     except KeyboardInterrupt:
         return 130
     except ImportError as err:
@@ -804,13 +806,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(missing.line(), file=sys.stderr)
         return missing.exit_code
     except Exception as err:  # never a traceback unless asked for
-        print(
-            f"alfwrapper: internal error: {type(err).__name__}: {err} "
-            "(please report it with the output of -v)",
-            file=sys.stderr,
-        )
+        code = internal(err)
         if verbose:
             import traceback  # noqa: PLC0415  (not for a start)
 
             traceback.print_exc()
-        return EX_SOFTWARE
+        return code

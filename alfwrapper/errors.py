@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 # sysexits.h
 EX_USAGE = 64
 EX_DATAERR = 65
@@ -84,3 +87,25 @@ def missing_library(err: ImportError) -> AlfError | None:
         "(or a venv made from it with --system-site-packages); `alfwrapper doctor` checks",
         EX_UNAVAILABLE,
     )
+
+
+def report(err: AlfError, verbose: bool) -> int:
+    """Print an AlfError as its one line (and its details, if verbose), and give its
+    exit code; after the point of no return (exit_now), exit at once."""
+    print(err.line(), file=sys.stderr)
+    if verbose and err.details:
+        print(err.details.rstrip(), file=sys.stderr)
+    if err.exit_now:
+        sys.stderr.flush()
+        os._exit(err.exit_code)
+    return err.exit_code
+
+
+def internal(err: Exception) -> int:
+    """An error alfwrapper did not foresee: one line, never a traceback unless asked."""
+    print(
+        f"alfwrapper: internal error: {type(err).__name__}: {err} "
+        "(please report it with the output of -v)",
+        file=sys.stderr,
+    )
+    return EX_SOFTWARE

@@ -1115,10 +1115,11 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
             "One wrapper per connection, as systemd's `Accept=yes` and "
             "`systemd-socket-activate --inetd` start them (`benchmarks/inetd_peer.py`): "
             "its own CPU time (user and system) and peak RSS, median of the rounds. The "
-            "peer of a connection is judged by its rules, with no compile; a denied peer "
-            "whose verdict an earlier start kept is reset before the command line is "
-            "parsed (`lifecycle/verdicts.py`), and the second row is the same peer with "
-            "no cache, judged in full; the last row is "
+            "peer of a connection is judged by its rules, with no compile; a peer "
+            "whose verdict an earlier start kept is judged before the command line is "
+            "parsed (`lifecycle/verdicts.py`): a denied one reset, an allowed one's "
+            "COMMAND (here `true`) confined and exec'd from there; each is beside the "
+            "same peer with no cache, judged in full; the last row is "
             "the same wrapper given a listening socket, for which it compiles a program, "
             "as it did for every connection before.",
             "",
@@ -1127,7 +1128,8 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
         ]
         names = {"denied": "a connection from a denied peer (its verdict kept)",
                  "denied, judged in full": "a connection from a denied peer, no cache",
-                 "allowed": "a connection from an allowed peer",
+                 "allowed": "a connection from an allowed peer (its verdict kept)",
+                 "allowed, judged in full": "a connection from an allowed peer, no cache",
                  "compiling": "a listening socket (compiles)"}  # fmt: skip
         lines += [f"| {names[k]} | {ms:.0f} | {mib:.0f} |" for k, (ms, mib) in r["inetd"].items()]
     if "gallery" in r:

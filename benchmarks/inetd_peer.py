@@ -5,12 +5,12 @@
 A connection from a denied source (127.0.0.2) and one from an allowed source
 (127.0.0.1) are accepted here and handed to `alfwrapper --allow 127.0.0.1/32 --
 true` on fd 0, as systemd (Accept=yes) and `systemd-socket-activate --inetd`
-hand them: the denied one with its verdict kept by an earlier start (one
-untimed start keeps it: lifecycle/verdicts.py), and again with no cache
-(judged in full, as every denied peer was before verdicts were kept); beside
-them, the same wrapper given a listening socket on fd 0, which it must compile a
-program for (what every connection cost before the peer was judged from the
-rules).  The four take turns in each round.  The
+hand them: each with its verdict kept by an earlier start (one untimed start
+keeps it: lifecycle/verdicts.py; the allowed peer's COMMAND is then exec'd from
+it), and again with no cache (judged in full, as every peer was before
+verdicts were kept); beside them, the same wrapper given a listening socket on
+fd 0, which it must compile a program for (what every connection cost before
+the peer was judged from the rules).  The five take turns in each round.  The
 figures are the wrapper process's own (wait4's rusage): user plus system CPU,
 and its peak RSS; the median over the rounds.  Needs root (the compile).
 """
@@ -40,7 +40,7 @@ def one(kind: str, cache: str) -> tuple[float, float]:
             handed, keep = listener, []
         else:
             client = socket.socket()
-            client.bind(("127.0.0.1" if kind == "allowed" else "127.0.0.2", 0))
+            client.bind(("127.0.0.1" if kind.startswith("allowed") else "127.0.0.2", 0))
             client.connect(listener.getsockname())
             handed, _ = listener.accept()
             keep = [client, handed]
@@ -63,11 +63,13 @@ def one(kind: str, cache: str) -> tuple[float, float]:
 def run(rounds: int) -> dict[str, tuple[float, float]]:
     """For each kind: median CPU (ms) and median peak RSS (MiB) over ``rounds``."""
     seen: dict[str, list[tuple[float, float]]] = {
-        "denied": [], "denied, judged in full": [], "allowed": [], "compiling": []
+        "denied": [], "denied, judged in full": [], "allowed": [],
+        "allowed, judged in full": [], "compiling": [],
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         kept = str(Path(tmp) / "cache")
-        caches = {"denied": kept, "denied, judged in full": "off", "allowed": kept}
+        caches = {"denied": kept, "denied, judged in full": "off", "allowed": kept,
+                  "allowed, judged in full": "off"}  # fmt: skip
         one("denied", kept)  # keeps the verdict
         for _ in range(rounds):
             for kind, rows in seen.items():

@@ -98,8 +98,8 @@ MUTATIONS = [
     Mutation(
         "kept-denial-note-to-the-peer",
         "alfwrapper/lifecycle/verdicts.py",
-        "            if _file(2) in streams or _file(2) is None:\n",
-        "            if _file(2) is None:\n",
+        "    if _file(2) in streams or _file(2) is None:\n",
+        "    if _file(2) is None:\n",
         ("tests/integration/test_inetd.py::test_a_kept_denial_writes_nothing_to_the_peer",),
     ),
     Mutation(
@@ -110,6 +110,46 @@ MUTATIONS = [
         (
             "tests/integration/test_inetd.py::"
             "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
+        ),
+    ),
+    Mutation(
+        "kept-allow-not-confined",
+        "alfwrapper/lifecycle/verdicts.py",
+        "    handover.confine_and_exec(command, keep_capabilities, (), (), None)\n",
+        "    os.execvp(command[0], command)\n",
+        (
+            "tests/integration/test_inetd.py::"
+            "test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does",
+        ),
+    ),
+    Mutation(
+        "kept-allow-keeps-every-capability",
+        "alfwrapper/lifecycle/verdicts.py",
+        'return [str(word) for word in run["command"]], bool(run["capabilities"])',
+        'return [str(word) for word in run["command"]], True',
+        (
+            "tests/integration/test_inetd.py::"
+            "test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does",
+        ),
+    ),
+    Mutation(
+        "kept-allow-for-an-unruled-socket",
+        "alfwrapper/lifecycle/wrapper.py",
+        "run if on_fd_0 and not record.rules.empty else None,",
+        "run if on_fd_0 else None,",
+        (
+            "tests/integration/test_inetd.py::"
+            "test_an_unruled_socket_is_started_by_the_full_start_every_time",
+        ),
+    ),
+    Mutation(
+        "kept-allow-fd-0-asked-after-the-reset",
+        "alfwrapper/lifecycle/wrapper.py",
+        "run if on_fd_0 and not record.rules.empty else None,",
+        "run if record.stdin and not record.rules.empty else None,",
+        (
+            "tests/integration/test_inetd.py::"
+            "test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does",
         ),
     ),
     Mutation(

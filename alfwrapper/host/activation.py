@@ -14,8 +14,6 @@ import resource
 import signal
 import socket
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
-from typing import NoReturn
 
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_OSERR, AlfError, excerpt
 
@@ -25,13 +23,19 @@ LISTEN_VARS = ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
 DEFAULT_NAME = "unknown"  # what sd_listen_fds_with_names(3) reports for unnamed fds
 INETD_NAME = "stdin"  # the name of a socket handed over on fd 0 (inetd_socket)
 
+TYPE_CHECKING = False  # typing, and dataclasses' inspect, cost an Accept=yes connection 13 ms
+if TYPE_CHECKING:
+    from typing import NoReturn
 
-@dataclass(frozen=True)
+
 class ListenEnv:
     """What the parent passed: ``count`` fds from 3 on, with these names."""
 
-    count: int
-    names: tuple[str, ...]
+    __slots__ = ("count", "names")
+
+    def __init__(self, count: int, names: tuple[str, ...]) -> None:
+        self.count = count
+        self.names = names
 
 
 def parse_listen_env(environ: Mapping[str, str], pid: int) -> ListenEnv:

@@ -1,29 +1,36 @@
-"""Kept verdicts: a denied Accept=yes peer reset before the wrapper's own start-up.
+"""Kept verdicts: an Accept=yes peer judged before the wrapper's own start-up.
 
 Each connection of an Accept=yes socket (systemd's, `systemd-socket-activate
 --inetd`'s, inetd's) starts a wrapper, and the wrapper judges the peer by its
 subnet rules (backlog.judge_connection).  Building the policy for that costs
 Python's start-up and then tens of milliseconds of imports and parsing, for a
-peer the wrapper then resets.  So the first start that judges a connection keeps what the
-verdict depended on, and the next start with the same command line and the same
-files judges from it, here, before anything else is imported (door.py):
+peer the wrapper then resets or hands to COMMAND.  So the first start that judges
+a connection keeps what the verdict depended on, and the next start with the same
+command line and the same files judges from it, here, before anything else is
+imported (door.py):
 
 - **Kept**: the subnet rules of the connection's socket (every prefix, by
-  length, for a lookup per length), the COMMAND named in the note, and every
-  file the policy read or looked for (policy/inputs.CONSULTED: the policy, its
-  drop-in folders, rule files), each with its identity (device, inode, size,
-  modification and change times), in the cache folder (host/cachedir.py: this
-  user's alone) as ``verdict-KEY``, sealed with its SHA-256.  Not kept for more
-  than ``MAX_RULES`` prefixes: reading them would cost what it saves.
-- **Key**: a SHA-256 of this format, alfwrapper's version, the working
-  directory, the arguments, ``ALFWRAPPER_POLICY_PATH``, ``LISTEN_FDS``,
-  ``LISTEN_FDNAMES``, whether ``LISTEN_PID`` is this process, and the handed-over
-  sockets (fd, family, type, connected or not, which fds are one socket).
+  length, for a lookup per length), COMMAND, whether the application keeps the
+  capabilities its unit gave (--no-capabilities), and every file the policy read
+  or looked for (policy/inputs.CONSULTED: the policy, its drop-in folders, rule
+  files), each with its identity (device, inode, size, modification and change
+  times), in the cache folder (host/cachedir.py: this user's alone) as
+  ``verdict-KEY``, sealed with its SHA-256.  Not kept for more than
+  ``MAX_RULES`` prefixes: reading them would cost what it saves.
+- **Key**: a SHA-256 of this format, alfwrapper's version, the code a verdict
+  comes from, the working directory, the arguments, ``ALFWRAPPER_POLICY_PATH``,
+  ``LISTEN_FDS``, ``LISTEN_FDNAMES``, whether ``LISTEN_PID`` is this process,
+  and the handed-over sockets (fd, family, type, connected or not, which fds are
+  one socket).
 - **Used** only when the entry is sound and every consulted file is still what it
-  was, and only to deny: a peer the kept rules deny is reset (SO_LINGER 0) with
-  the note the full start prints, and the wrapper exits 0.  Anything else
-  (allowed, no entry, a changed file, a peer already gone, any error) goes on
-  to the full start, which judges again and keeps its verdict for the next.
+  was.  A peer the kept rules deny is reset (SO_LINGER 0) with the note the full
+  start prints, and the wrapper exits 0.  A peer they allow, on the one socket an
+  inetd-style start hands over on fd 0 with rules that are not empty, gets
+  COMMAND as the full start would run it: confined, then exec'd (handover.py;
+  a COMMAND gone since fails at exec, with EX_NOINPUT).  Anything else (no
+  entry, a changed file, a peer already gone, stderr on the connection, any
+  error before confinement) goes on to the full start, which judges again and
+  keeps its verdict for the next.
 
 Standard library only, imported lazily: an ordinary start pays two fstat calls.
 """
@@ -37,7 +44,7 @@ import sys
 from alfwrapper import __version__
 from alfwrapper.host import cachedir
 
-FORMAT = 1
+FORMAT = 2
 MAX_RULES = 100_000
 MAX_ENTRY_BYTES = 8 << 20
 PREFIX = "verdict-"
@@ -205,56 +212,78 @@ def _reset(fd: int) -> None:
         sock.close()
 
 
-def denied_early(argv: list[str]) -> bool:
+def decided_early(argv: list[str]) -> bool:
     """True when a kept verdict denies the handed-over connection's peer: it has been
-    reset, the note printed, and the wrapper must exit 0 at once.  False in every
-    other case, for the full start to judge (see the module's docstring)."""
-    global PENDING
+    reset, the note printed, and the wrapper must exit 0 at once.  A peer it allows
+    on fd 0 gets COMMAND here (never returns; an AlfError once confinement began).
+    False in every other case, for the full start to judge (the module's docstring)."""
     try:
-        handed = _handed_over()
-        if handed is None:
-            return False
-        shape, connected = handed
-        folder = cachedir.directory()
-        if folder is None:
-            return False
-        material = _material(argv, shape)
-        name = PREFIX + cachedir.sha256(material.encode("utf-8", "surrogateescape")).hexdigest()
-        PENDING = (folder, name, material)
-        raw = cachedir.read_entry(folder, name, MAX_ENTRY_BYTES)
-        body = None if raw is None else _unseal(raw)
-        if not isinstance(body, dict) or body.get("format") != FORMAT:
-            return False
-        if body.get("material") != material:
-            return False
-        consulted = body["consulted"]
-        if any(cachedir.identity_at(path) != tuple_or_none(ident) for path, ident in consulted):
-            return False
-        PENDING = None  # sound: nothing to keep again
-        for fd in connected:
-            text, family, value = _peer(fd)
-            if passes(body["table"], family, value):
-                continue
-            # The note must not reach the peer: where stderr is the connection (an
-            # inetd unit that leaves StandardError= to inherit it), or is closed, the
-            # full start judges, and puts its note in the journal.
-            streams = {_file(fd) for fd in connected}
-            if _file(2) in streams or _file(2) is None:
-                return False
-            for other in connected:
-                _reset(other)
-            try:
-                print(
-                    f"alfwrapper: note: connection from {text} denied and reset; "
-                    f"{body['command']} not started",
-                    file=sys.stderr,
-                )
-            except Exception:  # noqa: BLE001, S110  (reset: nothing more is done)
-                pass
-            return True
-        return False
+        allowed = _judge_early(argv)
     except Exception:  # noqa: BLE001  (the full start judges, and says what is wrong)
         return False
+    if allowed is None:
+        return False
+    if not allowed:
+        return True
+    command, keep_capabilities = allowed
+    from alfwrapper.lifecycle import handover  # noqa: PLC0415  (only for this)
+
+    try:
+        handover.load_seccomp()
+    except ImportError:
+        return False  # the full start says what is missing
+    handover.confine_and_exec(command, keep_capabilities, (), (), None)
+
+
+def _judge_early(argv: list[str]) -> Any:
+    """False: denied (reset, noted); (COMMAND, keep capabilities): allowed, to be
+    exec'd here; None: for the full start."""
+    global PENDING
+    handed = _handed_over()
+    if handed is None:
+        return None
+    shape, connected = handed
+    folder = cachedir.directory()
+    if folder is None:
+        return None
+    material = _material(argv, shape)
+    name = PREFIX + cachedir.sha256(material.encode("utf-8", "surrogateescape")).hexdigest()
+    PENDING = (folder, name, material)
+    raw = cachedir.read_entry(folder, name, MAX_ENTRY_BYTES)
+    body = None if raw is None else _unseal(raw)
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        return None
+    if body.get("material") != material:
+        return None
+    consulted = body["consulted"]
+    if any(cachedir.identity_at(path) != tuple_or_none(ident) for path, ident in consulted):
+        return None
+    PENDING = None  # sound: nothing to keep again
+    # The note, or anything said before exec, must not reach the peer: where stderr
+    # is the connection (an inetd unit that leaves StandardError= to inherit it), or
+    # is closed, the full start judges, and puts its notes in the journal.
+    streams = {_file(fd) for fd in connected}
+    if _file(2) in streams or _file(2) is None:
+        return None
+    for fd in connected:
+        text, family, value = _peer(fd)
+        if passes(body["table"], family, value):
+            continue
+        for other in connected:
+            _reset(other)
+        try:
+            print(
+                f"alfwrapper: note: connection from {text} denied and reset; "
+                f"{body['command']} not started",
+                file=sys.stderr,
+            )
+        except Exception:  # noqa: BLE001, S110  (reset: nothing more is done)
+            pass
+        return False
+    run = body["exec"]
+    if run is None or connected != [0] or ";" in shape:  # one socket in all, on fd 0
+        return None
+    return [str(word) for word in run["command"]], bool(run["capabilities"])
 
 
 def _file(fd: int) -> tuple[int, int] | None:
@@ -270,9 +299,17 @@ def tuple_or_none(ident: Any) -> tuple[int, ...] | None:
     return None if ident is None else tuple(ident)
 
 
-def keep(allow: Any, deny: Any, command: str, consulted: list[tuple[str, Any]]) -> None:
+def keep(
+    allow: Any,
+    deny: Any,
+    command: list[str],
+    consulted: list[tuple[str, Any]],
+    run: dict[str, Any] | None,
+) -> None:
     """Keep the verdict's inputs for the next start (see the module's docstring), if
-    denied_early asked for it.  Never an error: the next start judges in full."""
+    decided_early asked for it.  ``run``: how an allowed peer's COMMAND starts
+    ({"command": [...], "capabilities": bool}), or None where only the full start
+    may start it.  Never an error: the next start judges in full."""
     global PENDING
     if PENDING is None or len(allow) + len(deny) > MAX_RULES:
         return
@@ -290,7 +327,8 @@ def keep(allow: Any, deny: Any, command: str, consulted: list[tuple[str, Any]]) 
                 "format": FORMAT,
                 "material": material,
                 "consulted": [(path, ident) for path, ident in consulted],
-                "command": command,
+                "command": command[0],
+                "exec": run,
                 "table": table_of(allow, deny),
             }
         )

@@ -56,10 +56,17 @@ def run(
     records = gather_sockets(policy)
     for record in records:
         if record.connected:
+            on_fd_0 = record.stdin  # before the judge: a reset closes the socket
             allowed = backlog.judge_connection(record, policy.command[0])
             if len(records) == 1 and verdicts.PENDING is not None:
                 subnets = record.rules.subnets  # judged by these alone: kept for the next
-                verdicts.keep(subnets.allow, subnets.deny, policy.command[0], CONSULTED)
+                # An allowed peer's COMMAND may start from the kept verdict where all
+                # launch.py does for it is confine and exec: one socket, on fd 0, ruled.
+                run = {"command": list(policy.command), "capabilities": keep_capabilities}
+                verdicts.keep(
+                    subnets.allow, subnets.deny, list(policy.command), CONSULTED,
+                    run if on_fd_0 and not record.rules.empty else None,
+                )  # fmt: skip
             if not allowed:
                 return 0  # nothing more is looked at, not even whether COMMAND exists
     from alfwrapper.lifecycle import launch  # noqa: PLC0415  (not for a denied peer)

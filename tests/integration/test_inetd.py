@@ -142,7 +142,7 @@ def test_a_connection_is_judged_without_bcc(
     marker = tmp_path / "started"
     rules = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48", "--deny", "192.0.2.7"]
     svc = activate(
-        network, services, 7102,
+        network, services, 7102, "env", "ALFWRAPPER_CACHE=off",  # judged in full, every time
         sys.executable, "-X", "importtime", "-m", "alfwrapper", *rules, "--", sys.executable,
         "-c", f"import sys; open({str(marker)!r}, 'a').write('started\\n'); print('served')",
     )  # fmt: skip
@@ -271,6 +271,93 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
     assert receive(a.command([]), a.server_v4, 7103) in (repr(""), repr("<ConnectionResetError>"))
     wait_until(lambda: "denied and reset" in svc.errors()[before:], svc.errors)
     assert not marker.exists()
+
+
+# What the application is, as it reports it: its capabilities, no_new_privs, whether
+# bpf(2) fails with EPERM (privileges.deny_bpf_syscall), and its LISTEN_* variables.
+REPORT = (
+    "import ctypes, os\n"
+    "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall(321, 0, 0, 0)\n"  # bpf(BPF_MAP_CREATE, NULL, 0) on x86-64
+    "print(status['CapEff'].strip(), status['CapBnd'].strip(), status['NoNewPrivs'].strip(),\n"
+    "      os.strerror(ctypes.get_errno()), sorted(k for k in os.environ if k.startswith"
+    "('LISTEN')), flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("capabilities", [[], ["--no-capabilities"]], ids=["kept", "none"])
+def test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does(
+    network: Network, services: list[Service], tmp_path: Path, capabilities: list[str]
+) -> None:
+    """An allowed peer whose verdict an earlier start kept gets COMMAND from
+    lifecycle/verdicts.py, before the command line is parsed: confined exactly as the
+    full start confines it (capabilities, no_new_privs, bpf(2) denied), with the same
+    environment.  A socket with no rules is never started that way (its note would be
+    lost), and a COMMAND gone since fails at exec: nothing reaches the peer."""
+    cache = tmp_path / "cache"
+    program = tmp_path / "app"
+    program.write_text(f"#!{sys.executable}\n{REPORT}")
+    program.chmod(0o755)
+    a, b = network.allowed, network.denied
+    svc = activate(
+        network, services, 7105,
+        "env", f"ALFWRAPPER_CACHE={cache}", sys.executable, "-X", "importtime", "-m",
+        "alfwrapper", *capabilities, "--allow", "192.0.2.0/24", "--allow", "2001:db8::/32",
+        "--", str(program),
+    )  # fmt: skip
+
+    def served(address: str) -> tuple[str, list[str]]:
+        before = len(svc.errors())
+        got = receive(a.command([]), address, 7105)
+        return got, imports(svc.errors()[before:])
+
+    def from_kept(address: str) -> str:
+        got, imported = served(address)
+        assert "alfwrapper.lifecycle.handover" in imported, imported
+        assert not [m for m in imported if m.startswith(("alfwrapper.cli", "alfwrapper.policy",
+                    "argparse", "alfwrapper.lifecycle.launch"))], imported  # fmt: skip
+        return got
+
+    # A denied peer's full start keeps the verdict; the next allowed peer is started
+    # from it.  A denied peer is reset from the same entry.
+    for n in (1, 2):
+        got = receive(b.command([]), b.server_v4, 7105)
+        assert got in (repr(""), repr("<ConnectionResetError>")), got
+        wait_until(lambda n=n: svc.errors().count("denied and reset") == n, svc.errors)
+        assert [p.name[:8] for p in cache.glob("verdict-*")] == ["verdict-"]
+    kept = from_kept(a.server_v4)
+    # The full start's, for the same peer (the entry gone: judged in full, kept again).
+    for entry in cache.glob("verdict-*"):
+        entry.unlink()
+    full, imported = served(a.server_v4)
+    assert "alfwrapper.cli" in imported, svc.errors()[-2000:]
+    assert "Operation not permitted" in full and " 1 " in full, full  # bpf(2), no_new_privs
+    assert ("'0000000000000000 " in full) == bool(capabilities), full
+    assert kept == full, (kept, full)
+    assert from_kept(a.server_v6) == full
+    # COMMAND gone: exec fails, the peer gets nothing, the error says what to do.
+    program.unlink()
+    got, imported = served(a.server_v4)
+    assert got in (repr(""), repr("<ConnectionResetError>")), got
+    wait_until(lambda: "check COMMAND" in svc.errors(), svc.errors)
+    assert "alfwrapper.cli" not in imported
+
+
+def test_an_unruled_socket_is_started_by_the_full_start_every_time(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """With no rules the full start says so on every connection; a kept verdict never
+    starts COMMAND in its place (it would say nothing)."""
+    cache = tmp_path / "cache"
+    a = network.allowed
+    svc = activate(
+        network, services, 7106, "env", f"ALFWRAPPER_CACHE={cache}", *WRAPPER, "--",
+        sys.executable, "-c", "print('served')",
+    )  # fmt: skip
+    for n in range(3):
+        assert receive(a.command([]), a.server_v4, 7106) == repr("served\n")
+        wait_until(lambda n=n: svc.errors().count("has no rules") == n + 1, svc.errors)
 
 
 def test_a_kept_denial_writes_nothing_to_the_peer(
