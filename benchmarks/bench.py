@@ -1142,8 +1142,10 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
             "kernel), the package installed and `alfwrapper-sshd.socket` started as "
             "shipped: systemd drops a denied peer's SYN (the policy as the socket's "
             "`IPAddressAllow=`), and for each accepted connection alfwrapper judges the "
-            "peer before `sshd -i` (`benchmarks/gallery.py`). Beside it, a plain socket "
-            "unit with the same settings runs `sshd -i` alone.",
+            "peer before `sshd -i` (`benchmarks/gallery.py`): once a start has kept the "
+            "verdict (as on any host after its first connections), from that, and "
+            "`sshd -i` is exec'd from there (`lifecycle/verdicts.py`). Beside it, a plain "
+            "socket unit with the same settings runs `sshd -i` alone.",
             "",
             f"- An allowed `ssh-keyscan` (a key exchange), the two taking turns, median of "
             f"{k['rounds']}: {k['wrapped'] * 1000:.0f} ms through alfwrapper, "
