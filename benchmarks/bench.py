@@ -57,6 +57,16 @@ def cost(fd: int, frame: bytes, repeat: int, rounds: int = 5) -> float:
     return statistics.median(prog_test_run(fd, frame, repeat).duration_ns for _ in range(rounds))
 
 
+def side_by_side(runs: list[tuple[int, bytes]], repeat: int, rounds: int = 5) -> list[float]:
+    """cost() of each (program, frame), measured in turns within every round, so that
+    a drift of the machine's speed during the run moves them all alike."""
+    seen: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for times, (fd, frame) in zip(seen, runs, strict=True):
+            times.append(prog_test_run(fd, frame, repeat).duration_ns)
+    return [statistics.median(times) for times in seen]
+
+
 def varied_cost(fd: int, frames: list[bytes]) -> float:
     """Mean ns per run over many different packets, one run each, so caches go cold."""
     return statistics.fmean(prog_test_run(fd, f, 1).duration_ns for f in frames)
@@ -266,6 +276,17 @@ def main() -> int:
             cost(loaded.fd, udp_frame(family, miss), repeat, rounds),
         )
 
+    def hot(
+        loaded: compiler.LoadedFilter, hit: int, miss: int, family: int
+    ) -> tuple[float, float, float]:
+        """Matching, missing, and the no-op floor on a frame of the same family, in
+        turns (side_by_side): the hot cost's ratio is to its own floor."""
+        hit_ns, miss_ns, floor_ns = side_by_side(
+            [(loaded.fd, udp_frame(family, hit)), (loaded.fd, udp_frame(family, miss)),
+             (floor.fd, udp_frame(family, miss))], repeat, rounds,
+        )  # fmt: skip
+        return hit_ns, miss_ns, floor_ns
+
     biggest: list[Prefix] = []
     for n in sizes:
         prefixes, hit, miss = rule_set(n, rng)
@@ -277,6 +298,8 @@ def main() -> int:
         frames = [udp_frame(4, p.value | rng.getrandbits(32 - p.length)) for p in sample]
         frames = (frames * (one_call_each // max(1, len(frames)) + 1))[:one_call_each]
         rng.shuffle(frames)
+        if n == sizes[-1]:
+            results["hot_largest"] = hot(ours, hit, miss, 4)
         lpm = lpm_program(prefixes)
         assert prog_test_run(lpm.fd, udp_frame(4, hit)).retval != 0
         results["subnets"].append(
@@ -315,7 +338,7 @@ def main() -> int:
         for family, good, bad in probes:
             assert prog_test_run(loaded.fd, udp_frame(family, good)).retval != 0
             assert prog_test_run(loaded.fd, udp_frame(family, bad)).retval == 0
-            results["hot_mixes"].append((label, family, n, *measure(loaded, good, bad, family)))
+            results["hot_mixes"].append((label, family, n, *hot(loaded, good, bad, family)))
         del loaded
     for n in [1, 10] if args.smoke else [1, 10, 23]:
         linear = linear_program(n)
@@ -790,24 +813,26 @@ def targets(r: dict[str, Any]) -> list[str]:
                 "varied",
             )
         )
-    floor = r["floor"]
-    hot = max(largest[1], largest[2])
+    hit_ns, miss_ns, floor = r["hot_largest"]
+    worst_hot = max(hit_ns, miss_ns)
     rows.append(
         (
             f"Hot cost (one source again and again) at {largest[0]:,} rules",
             "≤ 2.5× the no-op floor",
-            f"{hot:.0f} ns, {hot / floor:.2f}× the floor ({floor:.0f} ns)",
-            hot <= 2.5 * floor,
+            f"matching {hit_ns:.0f} ns, missing {miss_ns:.0f} ns: "
+            f"{worst_hot / floor:.2f}× the floor ({floor:.0f} ns, in turns with them)",
+            worst_hot <= 2.5 * floor,
             "hot",
         )
     )
-    for label, family, n, hit_ns, miss_ns in r.get("hot_mixes", []):
+    for label, family, n, hit_ns, miss_ns, floor in r.get("hot_mixes", []):
         rows.append(
             (
                 f"Hot cost, {n:,} rules ({label}), an IPv{family} source",
                 "≤ 2.5× the no-op floor",
                 f"matching {hit_ns:.0f} ns, missing {miss_ns:.0f} ns: "
-                f"{max(hit_ns, miss_ns) / floor:.2f}× the floor ({floor:.0f} ns)",
+                f"{max(hit_ns, miss_ns) / floor:.2f}× the floor ({floor:.0f} ns on an "
+                f"IPv{family} frame, in turns with them)",
                 max(hit_ns, miss_ns) <= 2.5 * floor,
                 "hot",
             )

@@ -188,6 +188,15 @@ static __always_inline int alf_parse_packet(struct __sk_buff *skb, struct alf_pa
         return 0;
     }
     pkt->has_ports = 0;
+#ifndef ALF_PORTS
+    /* No part reads the transport header (alfwrapper defines ALF_PORTS where the
+     * drop log, knocking or a developer's filter does): the kernel checked it before
+     * the socket's filter runs, and a test run's frames are judged by address. */
+    pkt->tcp_flags = 0;
+    pkt->sport = 0;
+    pkt->dport = 0;
+    return pkt->family;
+#endif
     /* Each protocol on its own path: a test of a value the verifier already knows
      * (the protocol, again) makes a verifier without CAP_PERFMON explore the other
      * way too, as speculative execution, and that multiplies its work. */

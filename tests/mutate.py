@@ -153,6 +153,27 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "knocking-without-ports",
+        "alfwrapper/bpf/parts.py",
+        '    condition = "knock_pass(skb, &pkt)"\n    ports = True\n',
+        '    condition = "knock_pass(skb, &pkt)"\n',
+        ("tests/integration/test_parts.py::test_knock_opens_for_the_knocker_only",),
+    ),
+    Mutation(
+        "drop-log-without-ports",
+        "alfwrapper/bpf/program.py",
+        "    if rules.log_rate or any(p.part.ports for p in plans):\n",
+        "    if any(p.part.ports for p in plans):\n",
+        ("tests/integration/test_observe.py::test_drop_log_under_a_flood",),
+    ),
+    Mutation(
+        "ports-read-for-every-program",
+        "filters/common.h",
+        "#ifndef ALF_PORTS\n",
+        "#ifdef ALF_NEVER\n",
+        ("tests/unit/test_composition.py",),
+    ),
+    Mutation(
         "dropin-folder-not-followed",
         "alfwrapper/policy/files.py",
         "        look(str(folder))  # a drop-in added or removed changes its folder\n",

@@ -131,6 +131,7 @@ class Part:
     reason = ""  # the counter a drop by this part goes to: one of REASONS
     source = ""
     condition = ""
+    ports = False  # reads the transport header (alf_parse_packet's, with ALF_PORTS)
 
     def used(self, rules: SocketRules, pins: Pins | None) -> bool:
         raise NotImplementedError
@@ -343,6 +344,7 @@ class Knocking(Part):
     name = reason = "knocking"
     source = "knocking.c"
     condition = "knock_pass(skb, &pkt)"
+    ports = True
 
     def used(self, rules: SocketRules, pins: Pins | None) -> bool:
         return rules.knock is not None
@@ -393,6 +395,7 @@ class Filter(Part):
     name = reason = "filter"
     source = "developer.h"
     condition = ""  # composed specially: its return value is the program's
+    ports = True  # a developer's filter may read them, and the transport offset
 
     def used(self, rules: SocketRules, pins: Pins | None) -> bool:
         return rules.custom is not None

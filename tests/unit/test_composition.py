@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from alfwrapper.bpf.program import plan_program
@@ -140,6 +142,32 @@ def test_drop_log_is_in_the_program_only_when_asked_for() -> None:
     # Without the setting, common.h's logging is compiled out (#ifdef ALF_LOG_RATE).
     assert "#ifdef ALF_LOG_RATE" in off.text and "struct alf_event {" not in off.text
     assert "struct alf_event {" in on.text
+
+
+@pytest.mark.parametrize(
+    ("argv", "ports"),
+    [
+        (["--allow", "192.0.2.0/24"], False),
+        (["--allow", "192.0.2.0/24", "--interface", "lo"], False),
+        (["--allow", "192.0.2.0/24", "--log-drops", "7"], True),  # events carry the ports
+        (["--allow", "192.0.2.0/24", "--knock", "1,2"], True),  # knocks are ports and SYNs
+    ],
+)
+def test_the_transport_header_is_read_only_where_a_part_reads_it(
+    argv: list[str], ports: bool
+) -> None:
+    """common.h reads ports and TCP flags only with ALF_PORTS: a third of a subnet
+    filter's cost, for headers the kernel checked before any socket filter runs."""
+    plan = plan_program(rules_for(argv, "x"))
+    assert ("ALF_PORTS" in dict(plan.defines)) == ports
+    assert "#ifndef ALF_PORTS" in plan.text
+
+
+def test_a_developers_filter_gets_the_transport_header(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.c"
+    mine.write_text("int filter(struct __sk_buff *skb) { return -1; }\n")
+    plan = plan_program(rules_for(["--filter", str(mine)], "x"))
+    assert dict(plan.defines)["ALF_PORTS"] == "1"
 
 
 @pytest.mark.parametrize(
