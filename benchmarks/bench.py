@@ -165,23 +165,25 @@ def open_knock(loaded: compiler.LoadedFilter, source: int) -> None:
     table[key] = leaf
 
 
-# Runs argv and prints its peak RSS (KiB) and exit code.  The child is forked from
+# Runs argv and prints its peak RSS (KiB), exit code and wall time (s, from the fork to
+# its end: this helper's own start is not the wrapper's).  The child is forked from
 # this small interpreter: a process's ru_maxrss starts from the memory of the one it
 # was forked from, and the benchmark's own is hundreds of MiB.
-PEAK = """import os, sys
+PEAK = """import os, sys, time
+begin = time.monotonic()
 pid = os.fork()
 if pid == 0:
     os.execvp(sys.argv[1], sys.argv[1:])
 _, status, usage = os.wait4(pid, 0)
-print(usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+print(usage.ru_maxrss, os.waitstatus_to_exitcode(status), time.monotonic() - begin)
 """
 
 
 def startup_seconds(
     files: list[Path | None], rounds: int, cache: str = "off"
 ) -> list[tuple[float, float]]:
-    """For each rules file (None: no rules): wall time from starting the wrapper to the
-    end of `true` (median), and the peak RSS of the wrapper (MiB; the process is the
+    """For each rules file (None: no rules): wall time from starting the wrapper (its
+    fork) to the end of `true` (median), and the peak RSS of the wrapper (MiB; the process is the
     wrapper until it execs `true`).  The files take turns in each round, so that the
     machine's drift falls on all of them alike.  ``cache``: the program cache
     (ALFWRAPPER_CACHE): "off" compiles every start; a directory is warmed by one
@@ -196,11 +198,10 @@ def startup_seconds(
                 port = probe.getsockname()[1]
             argv = [sys.executable, "-m", "alfwrapper", "--listen", f"127.0.0.1:{port}"]
             argv += ["--allow-file", str(rules_file)] if rules_file else []
-            begin = time.monotonic()
             out = subprocess.run([sys.executable, "-c", PEAK, *argv, "--", "true"], cwd=ROOT,
                                  capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
-            elapsed = time.monotonic() - begin
-            kib, code = (int(x) for x in out.stdout.split())
+            words = out.stdout.split()
+            kib, code, elapsed = int(words[0]), int(words[1]), float(words[2])
             if code:
                 raise RuntimeError(f"start-up with {rules_file} failed ({code}): {out.stderr}")
             if cache != "off" and round_ == 0:
@@ -393,7 +394,8 @@ def main() -> int:
         results["startup"] = [(n, *t) for n, t in zip([0, *sizes], timed[:-1], strict=True)]
         results["startup_mixed"] = (sizes[-1], *timed[-1])
         # The same starts with a warm program cache (alfwrapper/bpf/cache.py): no compile.
-        warm = startup_seconds([*files, mixed], rounds, str(Path(tmp) / "cache"))
+        # A warm start is short and so noisier: three times the rounds.
+        warm = startup_seconds([*files, mixed], 3 * rounds, str(Path(tmp) / "cache"))
         results["startup_warm"] = [(n, *t) for n, t in zip([0, *sizes], warm[:-1], strict=True)]
         results["startup_warm_mixed"] = (sizes[-1], *warm[-1])
     results["startup_parts"] = {}

@@ -521,9 +521,8 @@ MUTATIONS = [
     Mutation(
         "denied-peer-imports-the-state",
         "alfwrapper/lifecycle/wrapper.py",
-        "from alfwrapper.lifecycle import backlog, verdicts\n",
-        "from alfwrapper import state  # noqa: F401\n"
-        "from alfwrapper.lifecycle import backlog, verdicts\n",
+        "from alfwrapper.lifecycle import verdicts\n",
+        "from alfwrapper import state  # noqa: F401\nfrom alfwrapper.lifecycle import verdicts\n",
         ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
@@ -1455,8 +1454,8 @@ MUTATIONS += [
     Mutation(
         "subnet-roots-only-some-written",
         "alfwrapper/bpf/parts.py",
-        "slots = [slot for slot, node in enumerate(table.roots) if node]",
-        "slots = [slot for slot, node in enumerate(table.roots) if node and slot % 2]",
+        "slots = list(compress(range(len(table.roots)), table.roots))",
+        "slots = list(compress(range(1, len(table.roots), 2), table.roots[1::2]))",
         ("tests/integration/test_filter_kernel.py::test_kernel_agrees_with_rules",),
     ),
     Mutation(

@@ -26,7 +26,8 @@ import struct
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import compress
+from typing import TYPE_CHECKING, Any
 
 from alfwrapper.bpf import map_values, table_cache
 from alfwrapper.bpf.subnet_table import (
@@ -42,10 +43,10 @@ from alfwrapper.bpf.subnet_table import (
 from alfwrapper.bpf.tables import Table, Tables
 from alfwrapper.errors import EX_OSERR, EX_SOFTWARE, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import cachedir
-from alfwrapper.host.interfaces import link_index
-from alfwrapper.host.interfaces import resolve as resolve_interfaces
-from alfwrapper.policy import knocking
 from alfwrapper.policy.rules import SocketRules
+
+if TYPE_CHECKING:
+    from alfwrapper.policy import knocking
 
 # Why a packet was passed or dropped: the counters' indexes, in C as ALF_REASON_*.
 REASONS = ("passed", "malformed", "interfaces", "subnets", "knocking", "filter")
@@ -65,9 +66,11 @@ class FillEnv:
     def of_host(cls, rules: Iterable[SocketRules]) -> FillEnv:
         """This network namespace's indexes of the interfaces these rules name (an
         unknown name is an error), and its way to look up more (--set values)."""
+        from alfwrapper.host import interfaces  # noqa: PLC0415  (not for most starts)
+
         wanted = sorted({name for r in rules for name in r.interfaces})
-        indexes = resolve_interfaces(wanted) if wanted else {}
-        return cls({index: name for name, index in indexes.items()}, link_index)
+        indexes = interfaces.resolve(wanted) if wanted else {}
+        return cls({index: name for name, index in indexes.items()}, interfaces.link_index)
 
 
 @dataclass(frozen=True)
@@ -319,7 +322,7 @@ class Subnets(Part):
             write("subnet_v6", 0, memoryview(table.buckets).cast("B"))
         # The maps are new (compiler.load_program fills them once) and hold zeros: only
         # the other roots are written; none, for IPv4 rules with no allow-all root.
-        slots = [slot for slot, node in enumerate(table.roots) if node]
+        slots = list(compress(range(len(table.roots)), table.roots))
         if slots:
             roots = [table.roots[slot] for slot in slots]
             batch("subnet_roots", u32s(slots), u32s(roots), len(slots))
@@ -351,6 +354,8 @@ class Knocking(Part):
 
     def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
         assert rules.knock is not None
+        from alfwrapper.policy import knocking  # noqa: PLC0415  (a knocking start's alone)
+
         knock = knocking.plan_knock(rules.knock)
         defines: tuple[tuple[str, str], ...] = (
             ("KNOCK_ROWS", str(knock.rows)),
@@ -366,6 +371,8 @@ class Knocking(Part):
 
     def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         assert rules.knock is not None
+        from alfwrapper.policy import knocking  # noqa: PLC0415
+
         knock: knocking.KnockPlan = plan.data
         config = tables[b"knock_config"]
         leaf = config.Leaf()

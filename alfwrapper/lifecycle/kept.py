@@ -16,7 +16,7 @@ from alfwrapper.bpf.parts import knock_key
 from alfwrapper.errors import EX_USAGE, AlfError
 from alfwrapper.host import companion
 from alfwrapper.host.faults import crash_point
-from alfwrapper.lifecycle import backlog, companions, programs
+from alfwrapper.lifecycle import companions, programs
 from alfwrapper.lifecycle.sockets import SocketRecord, bind_socket, note_unruled
 
 
@@ -96,6 +96,8 @@ def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> N
         loaded = programs.filter_sockets(records, service, pinned)
         for record in records:
             if record.inherited and not record.judged and record.loaded is not None:
+                from alfwrapper.lifecycle import backlog  # noqa: PLC0415  (inherited only)
+
                 backlog.judge_backlog(record)  # a connected one has no program: judged
         crash_point("judged")
         for record in records:

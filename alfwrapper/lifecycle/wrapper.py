@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from alfwrapper.errors import EX_USAGE, AlfError
-from alfwrapper.lifecycle import backlog, verdicts
+from alfwrapper.lifecycle import verdicts
 from alfwrapper.lifecycle.sockets import gather_sockets
 from alfwrapper.policy.files import Policy
 from alfwrapper.policy.inputs import CONSULTED
@@ -56,6 +56,8 @@ def run(
     records = gather_sockets(policy)
     for record in records:
         if record.connected:
+            from alfwrapper.lifecycle import backlog  # noqa: PLC0415  (a connection's alone)
+
             on_fd_0 = record.stdin  # before the judge: a reset closes the socket
             allowed = backlog.judge_connection(record, policy.command[0])
             if len(records) == 1 and verdicts.PENDING is not None:
