@@ -112,8 +112,8 @@ static __always_inline void alf_key20(u64 words[3], u8 a, u8 b, u64 hi, u64 lo)
     words[2] = lo >> 32;
 }
 
-/* Read the network header, and the transport header's ports and flags.
- * Returns the family, 4 or 6, or 0 for a packet the filter must drop:
+/* Read the network header, and (with ALF_PORTS) the transport header's ports and
+ * flags.  Returns the family, 4 or 6, or 0 for a packet the filter must drop:
  * not IP, a header that cannot be read, an IPv6 source that is an
  * IPv4-mapped address (::ffff:0:0/96; no host sends those on the wire, and
  * the application would see them as the IPv4 address they name), or an

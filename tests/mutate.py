@@ -78,8 +78,8 @@ MUTATIONS = [
     Mutation(
         "kept-verdict-files-not-followed",
         "alfwrapper/lifecycle/verdicts.py",
-        "if any(cachedir.identity_at(path) != tuple_or_none(ident) for path, ident in consulted):",
-        "if False:",
+        "    if any(_identity(path) != tuple_or_none(ident) for path, ident in consulted):",
+        "    if False:",
         (
             "tests/integration/test_inetd.py::"
             "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
@@ -125,8 +125,20 @@ MUTATIONS = [
     Mutation(
         "kept-allow-keeps-every-capability",
         "alfwrapper/lifecycle/verdicts.py",
-        'return [str(word) for word in run["command"]], bool(run["capabilities"])',
-        'return [str(word) for word in run["command"]], True',
+        '    keep_capabilities = not any(word.startswith("--no-c") for word in argv[:split])\n',
+        "    keep_capabilities = True\n",
+        (
+            "tests/integration/test_inetd.py::"
+            "test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does",
+        ),
+    ),
+    Mutation(
+        "kept-allow-trusts-the-entrys-command",
+        "alfwrapper/lifecycle/verdicts.py",
+        '    if not command or run != {"command": command, "capabilities": keep_capabilities}:\n'
+        "        return None\n"
+        "    return command, keep_capabilities\n",
+        '    return run["command"], run["capabilities"]\n',
         (
             "tests/integration/test_inetd.py::"
             "test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does",

@@ -122,15 +122,17 @@ def prepare_to_compile() -> None:
     """Load now what compiling loads lazily (BCC, libbpf, which ctypes finds by running
     ld), and the modules a start imports only when it needs them (importlib.util for
     BCC's version, hashlib and hmac for a knock secret, tempfile, subprocess, the
-    SHA-256 module): for a process about to lose the right to read them (the loader's
-    confine, where Python's own library is out of reach)."""
+    SHA-256 module, knocking and interfaces for parts.py): for a process about to
+    lose the right to read them (the loader's confine, where Python's own library is
+    out of reach)."""
     import hashlib  # noqa: F401, PLC0415
     import hmac  # noqa: F401, PLC0415
     import importlib.util  # noqa: F401, PLC0415
     import subprocess  # noqa: F401, PLC0415
     import tempfile  # noqa: F401, PLC0415
 
-    from alfwrapper.host import cachedir  # noqa: PLC0415
+    from alfwrapper.host import cachedir, interfaces  # noqa: F401, PLC0415
+    from alfwrapper.policy import knocking  # noqa: F401, PLC0415  (parts.py's, lazily)
 
     cachedir.sha256(b"")
     _import_bcc()

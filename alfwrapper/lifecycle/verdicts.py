@@ -27,7 +27,10 @@ imported (door.py):
   start prints, and the wrapper exits 0.  A peer they allow, on the one socket an
   inetd-style start hands over on fd 0 with rules that are not empty, gets
   COMMAND as the full start would run it: confined, then exec'd (handover.py;
-  a COMMAND gone since fails at exec, with EX_NOINPUT).  Anything else (no
+  a COMMAND gone since fails at exec, with EX_NOINPUT).  COMMAND and whether
+  capabilities are kept come from this command line, and the entry must agree:
+  an entry decides whether a peer is let in, never what runs or with what.
+  Consulted files are opened for their identity (on NFS a stat may be stale).  Anything else (no
   entry, a changed file, a peer already gone, stderr on the connection, any
   error before confinement) goes on to the full start, which judges again and
   keeps its verdict for the next.
@@ -58,7 +61,9 @@ if TYPE_CHECKING:
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CODE = [os.path.join(_HERE, *part) for part in (("lifecycle", "verdicts.py"),
          ("policy", "files.py"), ("policy", "rules.py"), ("policy", "prefix_list.py"),
-         ("policy", "prefixes.py"), ("lifecycle", "backlog.py"))]  # fmt: skip
+         ("policy", "prefixes.py"), ("lifecycle", "backlog.py"), ("cli.py",), ("door.py",),
+         ("lifecycle", "wrapper.py"), ("lifecycle", "sockets.py"),
+         ("lifecycle", "handover.py"), ("host", "activation.py"))]  # fmt: skip
 
 # Set by denied_early when it found no sound entry: (folder, name, key material),
 # for keep() to write once the full start has judged the connection.
@@ -226,9 +231,9 @@ def decided_early(argv: list[str]) -> bool:
     if not allowed:
         return True
     command, keep_capabilities = allowed
-    from alfwrapper.lifecycle import handover  # noqa: PLC0415  (only for this)
-
     try:
+        from alfwrapper.lifecycle import handover  # noqa: PLC0415  (only for this)
+
         handover.load_seccomp()
     except ImportError:
         return False  # the full start says what is missing
@@ -256,7 +261,7 @@ def _judge_early(argv: list[str]) -> Any:
     if body.get("material") != material:
         return None
     consulted = body["consulted"]
-    if any(cachedir.identity_at(path) != tuple_or_none(ident) for path, ident in consulted):
+    if any(_identity(path) != tuple_or_none(ident) for path, ident in consulted):
         return None
     PENDING = None  # sound: nothing to keep again
     # The note, or anything said before exec, must not reach the peer: where stderr
@@ -281,9 +286,24 @@ def _judge_early(argv: list[str]) -> Any:
             pass
         return False
     run = body["exec"]
-    if run is None or connected != [0] or ";" in shape:  # one socket in all, on fd 0
+    if run is None or connected != [0] or ";" in shape or "--" not in argv:
+        return None  # one socket in all, on fd 0, and a COMMAND
+    # COMMAND and --no-capabilities come from this command line (which the key holds),
+    # never from the entry alone: the entry must agree with them, else the full start.
+    # (Whoever could write the folder could otherwise pick what runs, and with what.)
+    split = argv.index("--")
+    command = argv[split + 1 :]
+    keep_capabilities = not any(word.startswith("--no-c") for word in argv[:split])
+    if not command or run != {"command": command, "capabilities": keep_capabilities}:
         return None
-    return [str(word) for word in run["command"]], bool(run["capabilities"])
+    return command, keep_capabilities
+
+
+def _identity(path: str) -> cachedir.Identity:
+    """A consulted path's identity now: a regular file's from the file opened (on NFS an
+    open revalidates what a stat may take from a cache for a minute), as the full start
+    reads it; a folder's, or a missing path's, from stat."""
+    return cachedir.identity_opened(path) or cachedir.identity_at(path)
 
 
 def _file(fd: int) -> tuple[int, int] | None:

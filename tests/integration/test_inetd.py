@@ -336,6 +336,23 @@ def test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does(
     assert ("'0000000000000000 " in full) == bool(capabilities), full
     assert kept == full, (kept, full)
     assert from_kept(a.server_v6) == full
+    # An entry (sealed) naming another COMMAND, or the capabilities --no-capabilities
+    # took away: what runs, and with what, comes from the command line, never from
+    # the entry; the peer is judged in full and gets the same as before.
+    entry = next(cache.glob("verdict-*"))
+    sound = entry.read_bytes()
+    for forged in ({"command": ["/bin/sh", "-c", "echo forged"], "capabilities": True},
+                   {"command": [str(program)], "capabilities": True}):  # fmt: skip
+        body = marshal.loads(sound[32:])
+        if body["exec"] == forged:
+            continue  # the capabilities the unit gave are kept anyway: nothing forged
+        body["exec"] = forged
+        raw = marshal.dumps(body)
+        entry.write_bytes(hashlib.sha256(raw).digest() + raw)
+        got, imported = served(a.server_v4)
+        assert got == full, (forged, got, full)
+        assert "alfwrapper.cli" in imported, imported
+        entry.write_bytes(sound)
     # COMMAND gone: exec fails, the peer gets nothing, the error says what to do.
     program.unlink()
     got, imported = served(a.server_v4)
