@@ -274,8 +274,8 @@ def plan_program(rules: SocketRules, pins: Pins | None = None, label_: str = "")
         ("ALF_RUNTIME_DENY", str(RUNTIME_DENY)),
     ]
     pinned = [("alf_counters", pins.path("counters"))] if pins is not None else []
-    # The transport header is read only where something reads it (common.h): 25 ns of
-    # a 70 ns filter, which the kernel has checked already on a TCP or UDP socket.
+    # The transport header is read only where something reads it (common.h): a helper
+    # call a subnet filter need not make, for a header the kernel checked already.
     if rules.log_rate or any(p.part.ports for p in plans):
         defines.append(("ALF_PORTS", "1"))
     structs = ""
