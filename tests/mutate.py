@@ -133,6 +133,16 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "loader-silence-called-a-bad-request",
+        "alfwrapper/loader/client.py",
+        "            except Late:\n",
+        "            except Late if False else ():\n",
+        (
+            "tests/unit/test_loader_protocol.py::"
+            "test_a_loader_that_does_not_answer_in_time_is_named_as_such",
+        ),
+    ),
+    Mutation(
         "kept-allow-trusts-the-entrys-command",
         "alfwrapper/lifecycle/verdicts.py",
         '    if not command or run != {"command": command, "capabilities": keep_capabilities}:\n'

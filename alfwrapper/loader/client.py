@@ -24,6 +24,7 @@ from alfwrapper.loader.protocol import (
     READ_SECONDS,
     REQUEST_LIMIT,
     WORK_SECONDS,
+    Late,
     connect,
     from_wire,
     receive,
@@ -69,6 +70,13 @@ class Broker(state.Store):
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # refused before it was all read: the answer says why
                 answer, got = receive(conn, REQUEST_LIMIT, seconds, 8)
+            except Late:
+                raise AlfError(
+                    f"the loader ({self.path})",
+                    f"gave no complete answer within {seconds:.0f} s",
+                    "check `systemctl status alfwrapper-loader.service`",
+                    EX_UNAVAILABLE,
+                ) from None
             except (FileNotFoundError, ConnectionRefusedError):
                 raise unavailable(self.path) from None
             except OSError as err:

@@ -101,7 +101,8 @@ def receive(
         while len(body) < length:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise bad_request(f"not all of it arrived within {seconds:.0f} s")
+                raise Late("loader request", f"not all of it arrived within {seconds:.0f} s",
+                           "", EX_DATAERR)  # fmt: skip
             conn.settimeout(left)
             chunk = conn.recv(min(1 << 20, length - len(body)))
             if not chunk:
@@ -119,7 +120,8 @@ def receive(
     except TimeoutError:
         for fd in fds:
             os.close(fd)
-        raise bad_request(f"nothing complete arrived within {seconds:.0f} s") from None
+        raise Late("loader request", f"nothing complete arrived within {seconds:.0f} s", "",
+                   EX_DATAERR) from None  # fmt: skip
     except (ValueError, UnicodeDecodeError) as err:
         for fd in fds:
             os.close(fd)
@@ -132,6 +134,11 @@ def receive(
 
 def bad_request(why: str) -> AlfError:
     return AlfError("loader request", why, "", EX_DATAERR)
+
+
+class Late(AlfError):
+    """A message that did not arrive whole in time: the loader says so to a slow
+    client; a client says the loader did not answer (client.Broker)."""
 
 
 def encode_rules(rules: SocketRules) -> dict[str, Any]:

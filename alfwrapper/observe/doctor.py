@@ -129,7 +129,9 @@ def check_loader(unpriv: str | None, held_text: str) -> Check:
             "Linux 6.5), so the loader makes those too"
         )
     try:
-        limits, _ = client.Broker().request({"op": "limits"}, seconds=10)
+        # As long as any request: a loader that socket activation starts now may take
+        # seconds to import (an emulated or loaded machine), and that is not a fault.
+        limits, _ = client.Broker().request({"op": "limits"})
     except AlfError as err:
         return Check(False, f"{why}, so filters come from the loader: {err.why} ({err.hint})")
     return Check(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -103,3 +104,38 @@ def test_framing_refuses_oversized_and_truncated() -> None:
         protocol.send(a, {"op": "services", "x": "y" * 200_000})
         message, fds = protocol.receive(b, protocol.REQUEST_LIMIT, 2, 1)
         assert message["op"] == "services" and len(message["x"]) == 200_000 and fds == []
+
+
+@pytest.mark.parametrize("sent", [b"", protocol.LENGTH.pack(100) + b"{"])
+def test_a_loader_that_does_not_answer_in_time_is_named_as_such(tmp_path: Any, sent: bytes) -> None:
+    """A client waits as long as it was told, then says the loader did not answer and
+    where to look: not that its own request was bad (the words the loader says to a
+    slow client).  The loader's end here answers nothing, or half an answer."""
+    from alfwrapper.errors import EX_UNAVAILABLE  # noqa: PLC0415
+    from alfwrapper.loader import client  # noqa: PLC0415
+
+    path = str(tmp_path / "loader.sock")
+    held: list[socket.socket] = []
+
+    def loader(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        conn.sendall(sent)
+        held.append(conn)
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen()
+        thread = threading.Thread(target=loader, args=(listener,))
+        thread.start()
+        try:
+            with pytest.raises(AlfError) as err:
+                client.Broker(path).request({"op": "limits"}, seconds=1)
+        finally:
+            thread.join(5)
+            for conn in held:
+                conn.close()
+    assert err.value.exit_code == EX_UNAVAILABLE, err.value.line()
+    assert err.value.line() == (
+        f"alfwrapper: the loader ({path}): gave no complete answer within 1 s "
+        "(check `systemctl status alfwrapper-loader.service`)"
+    )
