@@ -12,7 +12,6 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -47,6 +46,7 @@ from alfwrapper.policy.rules import (
     service_name,
     valid_socket_name,
 )
+from alfwrapper.record import Record
 
 USAGE = """\
 alfwrapper [--policy NAME|PATH] [RULE OPTIONS] [--listen ADDR:PORT [--name NAME]] -- COMMAND...
@@ -746,8 +746,7 @@ def generator_main(argv: Sequence[str]) -> int:
     return socket_units.generate(Path(args.normal), os.environ)
 
 
-@dataclass(frozen=True)
-class Subcommand:
+class Subcommand(Record):
     parser: Callable[[], Parser]
     run: Callable[[Sequence[str]], int]
 

@@ -47,7 +47,6 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,6 +63,7 @@ from alfwrapper.errors import (
 from alfwrapper.host import activation, attach, bpf_calls, libc, netns, sockdiag
 from alfwrapper.host.faults import crash_point
 from alfwrapper.policy.rules import check_service, valid_service
+from alfwrapper.record import Record
 
 if TYPE_CHECKING:
     from alfwrapper.bpf.compiler import LoadedFilter
@@ -263,8 +263,7 @@ def socket_unit_restart() -> str:
     return f"run systemctl {' '.join([*manager, 'restart', *sockets])}"
 
 
-@dataclass(frozen=True)
-class SocketState:
+class SocketState(Record):
     """Where one socket's pinned state is."""
 
     service: str
@@ -886,8 +885,7 @@ def gc_everywhere() -> list[SocketState]:
     return removed
 
 
-@dataclass(frozen=True)
-class Taken:
+class Taken(Record):
     """A socket of a service's, as Store.take left it: filtered by the dispatcher pinned
     in ``state``, and ``judged`` if what was queued on it has been judged since."""
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 LAYERS = (
+    "record",  # value classes, without dataclasses' exec (its text says why)
     "errors",
     "host",  # what Python lacks: bpf(2), libc, namespaces, capabilities, Landlock
     "policy",  # the pure model

@@ -133,6 +133,20 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "record-compares-one-field",
+        "alfwrapper/record.py",
+        "        return self._compared() == other._compared()\n",
+        "        return self._compared()[:1] == other._compared()[:1]\n",
+        ("tests/unit/test_record.py",),
+    ),
+    Mutation(
+        "record-not-frozen",
+        "alfwrapper/record.py",
+        '("__setattr__", Record.__setattr__ if frozen else object.__setattr__),',
+        '("__setattr__", object.__setattr__),',
+        ("tests/unit/test_record.py",),
+    ),
+    Mutation(
         "loader-silence-called-a-bad-request",
         "alfwrapper/loader/client.py",
         "            except Late:\n",

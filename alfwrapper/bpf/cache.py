@@ -35,13 +35,13 @@ import json
 import os
 import struct
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from alfwrapper.bpf.tables import MapSpec
 from alfwrapper.host import cachedir
 from alfwrapper.host.cachedir import read_entry, usable, write_entry
+from alfwrapper.record import Record, as_dict
 
 FORMAT = 1
 MAX_ENTRY_BYTES = 16 << 20
@@ -62,8 +62,7 @@ _PSEUDO_MAP_FD = 1
 _INSN = struct.Struct("<BBhi")
 
 
-@dataclass(frozen=True)
-class CachedProgram:
+class CachedProgram(Record):
     """One program: its instructions, and (instruction index, map name) of each map fd."""
 
     name: str
@@ -79,8 +78,7 @@ class CachedProgram:
         return bytes(code)
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(Record):
     maps: tuple[MapSpec, ...]
     programs: tuple[CachedProgram, ...]
 
@@ -165,7 +163,7 @@ def store(key_: str, entry: Entry) -> None:
     body = {
         "format": FORMAT,
         "key": key_,
-        "maps": [asdict(spec) for spec in entry.maps],
+        "maps": [as_dict(spec) for spec in entry.maps],
         "programs": [
             {"name": p.name, "insns": base64.b64encode(p.insns).decode(),
              "relocations": [list(r) for r in p.relocations]}

@@ -13,7 +13,6 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from alfwrapper.bpf import cache
@@ -31,10 +30,10 @@ from alfwrapper.errors import (
 )
 from alfwrapper.host import bpf_calls, kernel_headers, libc, process
 from alfwrapper.policy.rules import SocketRules
+from alfwrapper.record import Record, field
 
 
-@dataclass
-class LoadedFilter:
+class LoadedFilter(Record, frozen=False):
     """A loaded program; keep it referenced until its fd is attached.  ``tables``: its
     maps (None when the loader loaded it); ``programs``: each loaded function's
     instructions, as loaded."""

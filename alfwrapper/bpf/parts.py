@@ -19,13 +19,11 @@ Adding a part means adding one class here and one file in filters/.
 
 from __future__ import annotations
 
-import dataclasses
 import mmap
 import re
 import struct
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from itertools import compress
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +42,7 @@ from alfwrapper.bpf.tables import Table, Tables
 from alfwrapper.errors import EX_OSERR, EX_SOFTWARE, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import cachedir
 from alfwrapper.policy.rules import SocketRules
+from alfwrapper.record import Record, as_tuple, field
 
 if TYPE_CHECKING:
     from alfwrapper.policy import knocking
@@ -55,8 +54,7 @@ RESERVED_PREFIXES = ("subnet_", "iface_", "knock_", "alf_")
 L4_CB = 4  # skb->cb[] word that carries the transport offset to a developer's filter
 
 
-@dataclass(frozen=True)
-class FillEnv:
+class FillEnv(Record):
     """What filling needs from the host: interface indexes, and how to name one."""
 
     interfaces: dict[int, str] = field(default_factory=dict)  # index -> name, allowed now
@@ -73,8 +71,7 @@ class FillEnv:
         return cls({index: name for name, index in indexes.items()}, interfaces.link_index)
 
 
-@dataclass(frozen=True)
-class Pins:
+class Pins(Record):
     """Where a socket's maps that outlive its programs are pinned (state.py), if anywhere."""
 
     socket_dir: str
@@ -84,8 +81,7 @@ class Pins:
         return f"{self.socket_dir}/{name}"
 
 
-@dataclass(frozen=True)
-class PartPlan:
+class PartPlan(Record):
     """One part, planned for one socket's rules."""
 
     part: Part
@@ -118,8 +114,7 @@ def c_struct(name: str, fields: Sequence[tuple[str, str]]) -> tuple[str, struct.
 SUBNET_KEY_C, SUBNET_KEY = c_struct("subnet_key", KEY_FIELDS)
 
 
-@dataclass(frozen=True)
-class Dropped:
+class Dropped(Record):
     """A packet `explain` saw dropped: its source address as written, the interface it
     arrived on ("" if not given), and the longest deny rule covering it, with where
     that rule is written ("" if none)."""
@@ -339,7 +334,7 @@ class Subnets(Part):
 def knock_key(rules: SocketRules) -> str:
     """Names the knock state of sockets with these knock rules: same rules, same state."""
     assert rules.knock is not None
-    text = repr(dataclasses.astuple(rules.knock)).encode()
+    text = repr(as_tuple(rules.knock)).encode()
     return f"knock-{cachedir.sha256(text).hexdigest()[:16]}"
 
 

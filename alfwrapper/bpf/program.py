@@ -12,7 +12,6 @@ Every verdict is counted by its reason (common.h).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from alfwrapper.bpf.parts import (
 from alfwrapper.errors import EX_DATAERR, AlfError, excerpt
 from alfwrapper.policy.inputs import FILTER_LIMIT, read_text_input
 from alfwrapper.policy.rules import SocketRules
+from alfwrapper.record import Record
 
 ENTRY = "filter"  # the entry point's name when the program has no label
 LOG_PAGES = 64  # the drop log's ring buffer: 64 pages, about 6,000 events
@@ -101,8 +101,7 @@ def filter_dir() -> Path:
     )
 
 
-@dataclass(frozen=True)
-class ProgramPlan:
+class ProgramPlan(Record):
     """What to compile, with which settings, and what to put in the maps."""
 
     rules: SocketRules

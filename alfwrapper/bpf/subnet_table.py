@@ -37,7 +37,6 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence, Sized
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -45,6 +44,7 @@ from alfwrapper.errors import EX_DATAERR, AlfError
 from alfwrapper.policy.prefix_list import SMALL_RULES, PrefixList
 from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
 from alfwrapper.policy.rules import SubnetRules
+from alfwrapper.record import Record
 
 # numpy arrays.  numpy is imported where used, so that a missing numpy is one clear
 # line (cli); and typed loosely, so that Debian's numpy 1.24 and pip's 2.x check alike.
@@ -80,8 +80,7 @@ VALUE = struct.Struct("=I")
 _BUCKET = struct.Struct(f"={BUCKET_WORDS}Q")  # a bucket as the map holds it
 
 
-@dataclass(frozen=True, eq=False)
-class V4Shape:
+class V4Shape(Record, eq=False):
     """The size of an IPv4 table (V4Table, SmallV4): a first level of ``root_bits``,
     room for ``capacity`` leaves."""
 
@@ -112,8 +111,7 @@ def cheapest_first_level(leaves: Callable[[int], int]) -> tuple[int, int]:
     return best[1], best[2]
 
 
-@dataclass(frozen=True, eq=False)
-class V4Table(V4Shape):
+class V4Table(V4Shape, eq=False):
     """IPv4: the first ``root_bits`` bits of an address pick an entry, 64 entries to a
     line of ``lines`` (LINE_WORDS u64: DESCEND bits, PASS bits, the line's first leaf,
     padding).  An entry's PASS bit is its block's verdict, unless its DESCEND bit is
@@ -160,8 +158,7 @@ class V4Table(V4Shape):
         _fill_v4(self, write)
 
 
-@dataclass(frozen=True)
-class BucketLevel:
+class BucketLevel(Record):
     """One IPv6 level of at most 8 bytes in the bucket array: its entries are keyed by
     the address's first ``nbytes`` bytes (a big-endian integer), in buckets
     ``offset`` to ``offset + 2**bits - 1``.  A key is in the bucket its first
@@ -174,8 +171,7 @@ class BucketLevel:
     multipliers: tuple[int, int]
 
 
-@dataclass(frozen=True)
-class SubnetTable:
+class SubnetTable(Record):
     """The filled-in maps and the level layout the filter is compiled for.
 
     ``v4`` is the IPv4 table.  For IPv6, ``roots`` are the first level;
@@ -453,8 +449,7 @@ def _of_family(prefixes: Sequence[Prefix], family: int) -> PrefixList:
     return PrefixList.of(prefixes).of_family(family)
 
 
-@dataclass(frozen=True, eq=False)
-class Ranges:
+class Ranges(Record, eq=False):
     """The union of a list of IPv4 prefixes as prefixes that are sorted and disjoint
     (possibly adjacent): a union of prefixes is one of disjoint prefixes, so only the
     ones inside others are dropped.  5 bytes a range."""
@@ -838,8 +833,7 @@ _LOW64 = (1 << 64) - 1
 Range = tuple[int, int]  # an IPv4 range as Ranges holds it: (start, length)
 
 
-@dataclass(frozen=True, eq=False)
-class SmallV4(V4Shape):
+class SmallV4(V4Shape, eq=False):
     """V4Table's layout of a few rules, made in plain Python (_small_table): the lines
     and the leaves that are used, as bytes."""
 

@@ -34,12 +34,12 @@ import json
 import os
 import struct
 import zlib
-from dataclasses import dataclass, field
 
 from alfwrapper import __version__
 from alfwrapper.host import cachedir
 from alfwrapper.policy.prefix_list import SMALL_RULES, PrefixList
 from alfwrapper.policy.rules import SubnetRules
+from alfwrapper.record import Record, field
 
 FORMAT = 1
 PREFIX = "table-"
@@ -60,8 +60,7 @@ _CODE = cachedir.code_identity(
 Defines = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
-class Image:
+class Image(Record):
     """A table as its maps hold it: ``writes`` (map, byte offset, bytes) into the
     mmapable arrays, ``batches`` (map, count, keys, values) for the others."""
 
@@ -137,8 +136,7 @@ def _count(value: object) -> int:
     return value
 
 
-@dataclass
-class Recorder:
+class Recorder(Record, frozen=False):
     """Keeps what a build writes into the maps, as it writes it, under ``name``."""
 
     name: str

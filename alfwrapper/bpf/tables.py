@@ -13,17 +13,16 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from alfwrapper.bpf import map_values
 from alfwrapper.host import bpf_calls
+from alfwrapper.record import Record
 
 _PER_CPU = (5, 6, 10)  # BPF_MAP_TYPE_PERCPU_HASH, _PERCPU_ARRAY, _LRU_PERCPU_HASH
 
 
-@dataclass(frozen=True)
-class MapSpec:
+class MapSpec(Record):
     """What it takes to make a map again: its kernel shape and its C types."""
 
     name: str

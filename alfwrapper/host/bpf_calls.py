@@ -18,14 +18,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import inspect
 import os
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from alfwrapper.host.libc import LIBC
+from alfwrapper.record import Record
 
 _libbpf: ctypes.CDLL | None = None
 
@@ -99,8 +98,6 @@ def _fd_call(*fd_params: str) -> Callable[[_F], _F]:
     """A call that needs nothing but the fds named: made here, else by the proxy."""
 
     def wrap(fn: _F) -> _F:
-        signature = inspect.signature(fn)
-
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -108,7 +105,9 @@ def _fd_call(*fd_params: str) -> Callable[[_F], _F]:
             except PermissionError:
                 if _fd_proxy is None:
                     raise
-            bound = signature.bind(*args, **kwargs)
+            import inspect  # noqa: PLC0415  (only for the proxy: 10 ms a start otherwise)
+
+            bound = inspect.signature(fn).bind(*args, **kwargs)
             bound.apply_defaults()
             fds = [bound.arguments[p] for p in fd_params]
             rest = {k: v for k, v in bound.arguments.items() if k not in fd_params}
@@ -157,8 +156,7 @@ _SKB_INGRESS_IFINDEX = 9
 _SKB_CTX_WORDS = 10
 
 
-@dataclass(frozen=True)
-class TestRun:
+class TestRun(Record):
     retval: int  # what the program returned (0 = drop for a socket filter)
     duration_ns: int  # the kernel's mean time per run
 
@@ -197,8 +195,7 @@ def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1, ingress_ifindex: 
     return TestRun(retval=opts.retval, duration_ns=opts.duration)
 
 
-@dataclass(frozen=True)
-class ProgInfo:
+class ProgInfo(Record):
     id: int
     instructions: int  # as verified (xlated), 8 bytes each
     jited_bytes: int

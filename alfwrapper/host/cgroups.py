@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+from alfwrapper.record import Record
 
 MOUNT = Path("/sys/fs/cgroup")
 SERVE = "serve"  # the loader's own leaf
@@ -36,8 +37,7 @@ def own_cgroup(proc: Path = Path("/proc/self/cgroup")) -> Path | None:
     return None
 
 
-@dataclass(frozen=True)
-class UserMemory:
+class UserMemory(Record):
     """The loader's delegated cgroup, with a child per user."""
 
     base: Path

@@ -20,10 +20,10 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
 from alfwrapper.host import bpf_calls, companion
+from alfwrapper.record import Record
 
 # interfaces.c's iface_lease: the watcher renews it every second for LEASE_NS ahead;
 # a start gives it START_LEASE_NS, to cover the time until its watcher runs.
@@ -76,8 +76,7 @@ def resolve(names: Sequence[str]) -> dict[str, int]:
     return {n: links[n] for n in names}
 
 
-@dataclass(frozen=True)
-class WatchedMap:
+class WatchedMap(Record):
     """One program's iface_allowed map, the names it allows, its iface_alive array and
     its iface_lease (interfaces.c)."""
 

@@ -18,8 +18,9 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+
+from alfwrapper.record import Record
 
 SOURCE_VARIABLE = "BCC_KERNEL_SOURCE"
 KCONFIG = "include/linux/kconfig.h"  # what BCC checks for (loader.cc)
@@ -28,8 +29,7 @@ _MODULES = "lib/modules"
 _MAKEFILE_INCLUDE = re.compile(r"^include\s+/(usr/src/linux-headers-[^/\s]+)/Makefile\s*$", re.M)
 
 
-@dataclass(frozen=True)
-class HeaderTree:
+class HeaderTree(Record):
     """Kernel headers BCC can compile against.
 
     ``source`` is what BCC_KERNEL_SOURCE must name (None: BCC finds them by

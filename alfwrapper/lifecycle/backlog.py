@@ -56,12 +56,12 @@ import socket
 import struct
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, AlfError
 from alfwrapper.host.attach import describe, has_filter
 from alfwrapper.policy.rules import SubnetRules
+from alfwrapper.record import Record
 
 if TYPE_CHECKING:
     from alfwrapper.lifecycle.sockets import SocketRecord
@@ -73,8 +73,7 @@ LISTED_STATES = (1 << TCP_ESTABLISHED) | (1 << TCP_CLOSE_WAIT)
 _TCPI_UNACKED = struct.Struct("=B7xIIIII")  # struct tcp_info up to tcpi_unacked
 
 
-@dataclass(frozen=True)
-class Endpoint:
+class Endpoint(Record):
     family: int  # 4 or 6, as the packet on the wire
     address: int
     port: int
@@ -85,8 +84,7 @@ class Endpoint:
 Judge = Callable[[Endpoint, Endpoint, bytes | None], bool | None]
 
 
-@dataclass
-class Report:
+class Report(Record, frozen=False):
     """What was waiting on one socket, and what became of it."""
 
     what: str  # "connections" or "datagrams"

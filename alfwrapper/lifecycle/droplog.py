@@ -20,18 +20,17 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from alfwrapper.bpf import parts
 from alfwrapper.host import bpf_calls, ringbuf
 from alfwrapper.policy.prefixes import address_text
+from alfwrapper.record import Record
 
 PROTOCOLS = {6: "tcp", 17: "udp"}
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(Record):
     service: str
     socket: str
     ts_ns: int

@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from alfwrapper import state
@@ -29,14 +28,14 @@ from alfwrapper.lifecycle import companions
 from alfwrapper.policy.files import Policy
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import SocketRules, check_service
+from alfwrapper.record import Record
 from alfwrapper.state import alive
 
 if TYPE_CHECKING:
     from alfwrapper.bpf.compiler import LoadedFilter
 
 
-@dataclass
-class Member:
+class Member(Record, frozen=False):
     """One socket of a running service, as its pinned state describes it."""
 
     pins: state.SocketState  # where its pinned state is

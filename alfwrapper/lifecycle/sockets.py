@@ -12,21 +12,20 @@ import errno
 import os
 import socket
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from alfwrapper.errors import EX_NOPERM, EX_OSERR, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import activation, attach
 from alfwrapper.policy.files import Policy
 from alfwrapper.policy.rules import ListenSpec, SocketRules
+from alfwrapper.record import Record
 
 if TYPE_CHECKING:
     from alfwrapper import state
     from alfwrapper.bpf.compiler import LoadedFilter
 
 
-@dataclass
-class SocketRecord:
+class SocketRecord(Record, frozen=False):
     """One socket on its way to the application."""
 
     sock: socket.socket

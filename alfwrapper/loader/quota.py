@@ -9,7 +9,6 @@ import json
 import os
 import socket
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from alfwrapper.errors import (
     AlfError,
 )
 from alfwrapper.host import cgroups
+from alfwrapper.record import Record
 
 DEFAULT_PROGRAMS = 64
 
@@ -27,8 +27,7 @@ DEFAULT_PROGRAMS = 64
 DEFAULT_MAP_MEMORY = 1024 << 20  # a million rules: ~500 MiB while compiling
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(Record):
     programs: int = DEFAULT_PROGRAMS
     map_memory: int = DEFAULT_MAP_MEMORY
     ledger: str = "/run/alfwrapper-loader"
@@ -36,8 +35,7 @@ class Limits:
     memory: cgroups.UserMemory | None = None  # the kernel counts map_memory, if set
 
 
-@dataclass(frozen=True)
-class Caller:
+class Caller(Record):
     pid: int
     uid: int
     gid: int

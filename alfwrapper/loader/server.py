@@ -5,7 +5,6 @@ time, per user and in memory; the operations; the confinement of every compile; 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import errno
 import inspect
 import json
@@ -62,6 +61,7 @@ from alfwrapper.loader.quota import (
     services_of,
 )
 from alfwrapper.policy.rules import check_service
+from alfwrapper.record import replace
 
 WORKERS = 8  # connections served at once
 
@@ -740,7 +740,7 @@ def main(args: argparse.Namespace) -> int:
             err.exit_code,
         ) from None
     memory = cgroups.delegated()
-    limits = dataclasses.replace(limits, memory=memory)
+    limits = replace(limits, memory=memory)
     counted = (
         f"counted by the kernel in {memory.base}/u<UID>: all a user's requests made and "
         "the one being served"

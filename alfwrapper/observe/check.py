@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from alfwrapper.bpf import compiler, program
@@ -18,10 +17,10 @@ from alfwrapper.host import bpf_calls, interfaces
 from alfwrapper.policy.files import Policy
 from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
 from alfwrapper.policy.rules import ListenSpec, SocketRules
+from alfwrapper.record import Record
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(Record):
     """A socket the policy gives rules to: created, named by --names, or any other."""
 
     name: str | None  # None: a socket with no rules of its own name

@@ -17,10 +17,10 @@ import re
 import shutil
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from alfwrapper.errors import EX_NOINPUT, AlfError
 from alfwrapper.host import capabilities
+from alfwrapper.record import Record
 
 INETD, LISTEN_FDS, OWN = "inetd", "listen-fds", "own"
 HOW = {
@@ -40,8 +40,7 @@ _CAP_NAMES = (
 ).split()
 
 
-@dataclass(frozen=True)
-class Daemon:
+class Daemon(Record):
     """What one daemon does with a given option: how it takes sockets, what it needs."""
 
     program: str  # the executable's file name
@@ -71,8 +70,7 @@ KNOWN = (
 )
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(Record):
     ok: bool
     text: str
 

@@ -12,7 +12,6 @@ import os
 import platform
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from alfwrapper.errors import EX_UNAVAILABLE, LIBRARIES, AlfError
@@ -20,12 +19,12 @@ from alfwrapper.host import bpf_calls, frames, kernel_headers
 from alfwrapper.host.capabilities import CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN
 from alfwrapper.policy.prefixes import parse_prefix
 from alfwrapper.policy.rules import SocketRules, SubnetRules
+from alfwrapper.record import Record
 
 MIN_KERNEL = (5, 6)  # BPF_MAP_UPDATE_BATCH; bpf_skb_load_bytes_relative is 4.18
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(Record):
     ok: bool
     text: str
 

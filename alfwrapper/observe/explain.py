@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
-from dataclasses import dataclass
 
 from alfwrapper.bpf import compiler, program
 from alfwrapper.bpf.parts import BY_REASON, Dropped, FillEnv
@@ -20,12 +19,12 @@ from alfwrapper.policy.files import Policy, RuleSource
 from alfwrapper.policy.prefix_list import PrefixList
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import ListenSpec, SocketRules
+from alfwrapper.record import Record
 
 _SERVER = {4: 0xC0000201, 6: (0x20010DB8 << 96) | 1}  # where the packet goes, if not known
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(Record):
     passed: bool
     part: str | None  # the part that dropped it, or None
     rule: str  # what decided, in words

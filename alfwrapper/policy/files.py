@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from alfwrapper.policy.rules import (
     parse_ports,
     valid_socket_name,
 )
+from alfwrapper.record import Record, replace
 
 # Where `--policy NAME` looks, first match wins (the administrator's, then a
 # local install's, then a package's); ALFWRAPPER_POLICY_PATH replaces the list.
@@ -51,8 +51,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.@-]+$")
 SCOPE = "@scope"  # an entry that only names a socket: a [socket.NAME] table
 
 
-@dataclass(frozen=True)
-class Key:
+class Key(Record):
     """One rule key: how it combines across layers, and its range if it is a setting."""
 
     kind: str  # "list", "single" (one per scope and layer), or "setting"
@@ -127,8 +126,7 @@ _SETTING_FIELDS = {
 }
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(Record):
     """One rule as written: ``--allow web=192.0.2.0/24``, or ``allow = [...]`` in a file."""
 
     key: str
@@ -150,8 +148,7 @@ class Entry:
         return text if os.path.isabs(text) or not self.base else os.path.join(self.base, text)
 
 
-@dataclass(frozen=True)
-class RuleSource:
+class RuleSource(Record):
     """Where a group of subnet rules came from, for `explain`."""
 
     kind: str  # "allow" or "deny"
@@ -160,8 +157,7 @@ class RuleSource:
     path: str = ""  # a rule file: its own lines say where each CIDR is
 
 
-@dataclass(frozen=True)
-class ScopeRules:
+class ScopeRules(Record):
     """The rules written for one scope (every socket, or one name), before resolution."""
 
     allow: Sequence[Prefix] = ()
@@ -176,8 +172,7 @@ class ScopeRules:
     origins: tuple[tuple[str, str], ...] = ()  # (key, origin) of what was given
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(Record):
     """Everything the wrapper needs, parsed and checked."""
 
     listens: tuple[ListenSpec, ...] = ()
@@ -245,7 +240,7 @@ class Policy:
                 KNOCK_DEFAULTS,
                 ports=ports,
                 secret=secret,
-                **{_SETTING_FIELDS[k]: v for k, v in settings.items()},  # type: ignore[arg-type]
+                **{_SETTING_FIELDS[k]: v for k, v in settings.items()},
             )
         return SocketRules(
             subnets=SubnetRules(allow=PrefixList.concat(allow), deny=PrefixList.concat(deny)),

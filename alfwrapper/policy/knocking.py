@@ -15,11 +15,11 @@ import errno
 import select
 import socket
 import time
-from dataclasses import dataclass
 
 from alfwrapper.errors import EX_DATAERR, EX_OSERR, EX_USAGE, AlfError
 from alfwrapper.policy.inputs import SECRET_LIMIT, read_input
 from alfwrapper.policy.rules import KnockRules
+from alfwrapper.record import Record
 
 MAX_STEPS = 8  # KNOCK_MAX_STEPS in knocking.c
 HORIZON_SECONDS = 7 * 86400
@@ -27,8 +27,7 @@ FIRST_PORT = 1024
 _LABEL = b"alfwrapper-knock"
 
 
-@dataclass(frozen=True)
-class KnockPlan:
+class KnockPlan(Record):
     """The rows of knock_ports and the knock_config values."""
 
     rows: int

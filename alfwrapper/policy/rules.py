@@ -12,16 +12,15 @@ import ipaddress
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from alfwrapper.errors import EX_USAGE, AlfError, excerpt
 from alfwrapper.policy.prefix_list import PrefixList
 from alfwrapper.policy.prefixes import Prefix
+from alfwrapper.record import Record, field
 
 
-@dataclass(frozen=True)
-class SubnetRules:
+class SubnetRules(Record):
     """Source-subnet rules: deny wins; with no allow rules everything not denied passes.
 
     Given any sequence of prefixes, each list is kept as a PrefixList (numpy columns).
@@ -45,8 +44,7 @@ class SubnetRules:
         return not allow or bool(len(allow.covering(family, address)))
 
 
-@dataclass(frozen=True)
-class ListenSpec:
+class ListenSpec(Record):
     """A socket the wrapper creates: ``kind`` is "stream" (TCP) or "datagram" (UDP)."""
 
     kind: str
@@ -64,8 +62,7 @@ class ListenSpec:
         return f"{proto} {host}:{self.port}"
 
 
-@dataclass(frozen=True)
-class KnockRules:
+class KnockRules(Record):
     """Port knocking: a static sequence of source ports, or one derived from a secret."""
 
     ports: tuple[int, ...] = ()
@@ -77,8 +74,7 @@ class KnockRules:
     sources: int = 131072  # knock states kept, least recently used evicted
 
 
-@dataclass(frozen=True)
-class MapSetting:
+class MapSetting(Record):
     """``--set MAP KEY VALUE``: one entry to put in a custom filter's map."""
 
     map: str
@@ -86,8 +82,7 @@ class MapSetting:
     value: str
 
 
-@dataclass(frozen=True)
-class CustomFilter:
+class CustomFilter(Record):
     """``--filter FILE.c``: a developer's filter, with its map settings."""
 
     path: str
@@ -97,8 +92,7 @@ class CustomFilter:
     source: str = ""
 
 
-@dataclass(frozen=True)
-class SocketRules:
+class SocketRules(Record):
     """Everything that applies to one socket; a packet must pass every part.
 
     ``sources`` says where the subnet rules were written (policy.files.RuleSource),

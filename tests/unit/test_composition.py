@@ -122,7 +122,7 @@ def test_every_part_and_reason_is_counted_in_order() -> None:
     argv = ["--interface", "lo", "--allow", "192.0.2.0/24", "--knock", "1,2", "--filter", "f.c"]
     rules = rules_for(argv, "x")
     # The filter file need not exist to plan the rest; plan without it.
-    from dataclasses import replace
+    from alfwrapper.record import replace  # noqa: PLC0415
 
     plan = plan_program(replace(rules, custom=None))
     body = plan.text.split("alfwrapper-composed.c")[-1]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from alfwrapper.bpf.subnet_table import (
 )
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import SubnetRules
+from alfwrapper.record import replace
 
 
 def rules_of(allow: list[str] = (), deny: list[str] = ()) -> SubnetRules:  # type: ignore[assignment]
@@ -265,7 +265,7 @@ def bucket_entries(table: subnet_table.SubnetTable) -> list[dict[int, int]]:
                 found[words[slot]] = tail[slot]
         for key, value in found.items():
             probe = key << (128 - 8 * level.nbytes)
-            alone = dataclasses.replace(table, bucket_levels=(level,))
+            alone = replace(table, bucket_levels=(level,))
             assert subnet_table.lookup_buckets(alone, probe, -1) == value, hex(key)
         out.append(found)
     return out
