@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import compileall
-import dataclasses
 import datetime
 import json
 import os
@@ -47,6 +46,7 @@ from alfwrapper.host.frames import tcp_syn_frame, udp_frame  # noqa: E402
 from alfwrapper.host.interfaces import START_LEASE_NS, renew_lease  # noqa: E402
 from alfwrapper.policy.prefixes import Prefix  # noqa: E402
 from alfwrapper.policy.rules import KnockRules, SocketRules, SubnetRules  # noqa: E402
+from alfwrapper.record import replace  # noqa: E402
 
 NOOP = '#include "common.h"\nint filter(struct __sk_buff *skb)\n{\n    return ALF_PASS;\n}\n'
 SERVER4 = 0xC0000201
@@ -129,7 +129,7 @@ def subnet_program(prefixes: list[Prefix]) -> compiler.LoadedFilter:
 def interfaces_program(count: int) -> compiler.LoadedFilter:
     plan = program.plan_program(SocketRules(interfaces=("lo",)))
     defines = tuple((n, str(max(count, 2)) if n == "IFACE_SLOTS" else v) for n, v in plan.defines)
-    plan = dataclasses.replace(plan, defines=defines)
+    plan = replace(plan, defines=defines)
     loaded = compiler.compile_and_load(plan)
     table = loaded.tables[b"iface_allowed"]
     # BPF_PROG_TEST_RUN's packets arrive on the loopback device: allow 0 and 1,
@@ -508,13 +508,9 @@ def observing(repeat: int, rounds: int) -> dict[str, Any]:
     plan = program.plan_program(rules)
     assert COUNTING in plan.text, "common.h's alf_count() changed: update COUNTING"
     counted = compiler.load_program(plan)
-    uncounted = compiler.load_program(
-        dataclasses.replace(plan, text=plan.text.replace(COUNTING, ""))
-    )
-    logged = compiler.load_program(
-        program.plan_program(dataclasses.replace(rules, log_rate=100_000))
-    )
-    throttled = compiler.load_program(program.plan_program(dataclasses.replace(rules, log_rate=1)))
+    uncounted = compiler.load_program(replace(plan, text=plan.text.replace(COUNTING, "")))
+    logged = compiler.load_program(program.plan_program(replace(rules, log_rate=100_000)))
+    throttled = compiler.load_program(program.plan_program(replace(rules, log_rate=1)))
     passed, dropped = udp_frame(4, 0xC0000202), udp_frame(4, 0xC6336402)
     assert prog_test_run(counted.fd, passed).retval != 0
     assert prog_test_run(counted.fd, dropped).retval == 0

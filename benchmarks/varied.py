@@ -33,6 +33,7 @@ from alfwrapper.host.bpf_calls import prog_test_run  # noqa: E402
 from alfwrapper.host.frames import udp_frame  # noqa: E402
 from alfwrapper.policy.prefixes import Prefix  # noqa: E402
 from alfwrapper.policy.rules import SocketRules, SubnetRules  # noqa: E402
+from alfwrapper.record import replace  # noqa: E402
 
 # The source walk, shared by every program measured here.
 WALK = r"""
@@ -210,9 +211,7 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
     walk_define = (("BENCH_SOURCES", str(walk_size)),)
 
     plan = program.plan_program(SocketRules(SubnetRules(allow=tuple(prefixes))))
-    plan = dataclasses.replace(
-        plan, text=plan.text + WALK + OURS, defines=plan.defines + walk_define
-    )
+    plan = replace(plan, text=plan.text + WALK + OURS, defines=plan.defines + walk_define)
     ours = compiler.load_program(plan)
     fill_sources(ours.tables, walk)
     from bcc import BPF  # noqa: PLC0415
