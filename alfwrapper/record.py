@@ -9,8 +9,8 @@
 
 Why not the dataclasses module: it writes each class's __init__, __repr__, __eq__,
 __hash__ and __setattr__ as source text and compiles it with exec(), about 1.3 ms a
-frozen class on this machine.  A warm start defines over thirty, a quarter of its
-time, every start.  attrs does the same, and msgspec (C) is not in Debian 12.  Here
+frozen class on this machine.  A warm start defines over thirty, about a quarter of
+its time, every start.  attrs does the same, and msgspec (C) is not in Debian 12.  Here
 one generic method per role serves every class: a class costs what its own
 statement costs.  Only what alfwrapper uses is offered: fields with defaults or
 default factories, compare=False and repr=False fields, __post_init__, inheritance
