@@ -143,6 +143,8 @@ _METAVARS = {
     "deny": "CIDR",
     "allow-file": "FILE",
     "deny-file": "FILE",
+    "allow-set": "SET",
+    "deny-set": "SET",
     "interface": "IFNAME",
     "knock": "PORT,PORT,...",
     "knock-secret": "FILE",
@@ -699,6 +701,95 @@ def knock_main(argv: Sequence[str]) -> int:
     return 0
 
 
+_SET_VERBS = {
+    "create": "make the set NAME, empty, or holding FILE's CIDRs (one a line, # comments; "
+    "by default /etc/alfwrapper/sets/NAME.list if there is one); nothing if it exists",
+    "add": "put CIDRs in it, for every service that names it, from the next packet on",
+    "del": "take CIDRs out of it",
+    "list": "print its entries (without NAME: the sets)",
+    "flush": "empty it",
+    "destroy": "remove it (services that hold it keep it until their next start or reload)",
+}
+
+
+def set_parser() -> Parser:
+    p = Parser(
+        prog="alfwrapper set",
+        usage="alfwrapper set {create,add,del,list,flush,destroy} [NAME] [CIDR...] "
+        "[--timeout SECONDS]",
+        description="Named sets: the host's lists of prefixes that services name in "
+        "allow-set and deny-set, changed while they run.  "
+        + "; ".join(f"{verb}: {text}" for verb, text in _SET_VERBS.items())
+        + ".",
+        epilog=examples(
+            "alfwrapper set create blocklist",
+            "alfwrapper set add blocklist 198.51.100.7 2001:db8:bad::/48 --timeout 3600",
+            "alfwrapper set del blocklist 198.51.100.7",
+            "alfwrapper set list blocklist",
+        ),
+    )
+    p.add_argument("verb", choices=list(_SET_VERBS), help="what to do")
+    p.add_argument("name", nargs="?", default="", metavar="NAME", help="the set's name")
+    p.add_argument("cidrs", nargs="*", metavar="CIDR", help="addresses or subnets (create: FILE)")
+    p.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="add: the entries lapse after this long (default: never)")  # fmt: skip
+    p.add_argument("--size", type=int, default=0, metavar="N",
+                   help="create: the entries each of its maps holds (default 65536)")  # fmt: skip
+    return p
+
+
+def set_main(argv: Sequence[str]) -> int:
+    from alfwrapper import sets  # noqa: PLC0415
+    from alfwrapper.policy.prefixes import parse_cidrs  # noqa: PLC0415
+
+    args = set_parser().parse_args(argv)
+    verb, name = args.verb, args.name
+    if not name:
+        if verb != "list":
+            raise AlfError(f"set {verb}", "no set named", f"alfwrapper set {verb} NAME", EX_USAGE)
+        print("\n".join(sets.names()) or "alfwrapper: note: no sets", file=sys.stdout)
+        return 0
+    sets.check_name(name)
+    wants_cidrs = verb in ("add", "del")
+    if wants_cidrs and not args.cidrs:
+        raise AlfError(f"set {verb} {name}", "no CIDR given", "give one or more", EX_USAGE)
+    if not wants_cidrs and args.cidrs and verb != "create":
+        raise AlfError(f"set {verb} {name}", "takes no CIDR", f"alfwrapper set {verb} NAME",
+                       EX_USAGE)  # fmt: skip
+    if args.timeout and verb != "add" or not 0 <= args.timeout <= 1e8:
+        raise AlfError("--timeout", "is for set add, 0 to 100000000 seconds",
+                       "give it to set add", EX_USAGE)  # fmt: skip
+    if verb == "create":
+        if len(args.cidrs) > 1:
+            raise AlfError(f"set create {name}", "takes one FILE", "give one list file", EX_USAGE)
+        default = sets.list_file(name)
+        path = args.cidrs[0] if args.cidrs else str(default) if default.exists() else ""
+        made = sets.create(name, sets.read_list(path) if path else (),
+                           args.size or sets.DEFAULT_SIZE)  # fmt: skip
+        print(f"set {name}: {'created' if made else 'exists already'}"
+              + (f" from {path}" if made and path else ""))  # fmt: skip
+    elif verb == "add":
+        prefixes = parse_cidrs(args.cidrs)
+        sets.add(name, prefixes, args.timeout)
+        lapse = f", lapsing in {args.timeout:g} s" if args.timeout else ""
+        print(f"set {name}: {len(prefixes)} added{lapse}")
+    elif verb == "del":
+        gone = sets.delete(name, parse_cidrs(args.cidrs))
+        print(f"set {name}: {gone} removed")
+    elif verb == "list":
+        now = sets.now_ns()
+        for prefix, expiry in sets.entries(name):
+            left = f"\tlapses in {max(0, expiry - now) / 1e9:.1f} s" if expiry else ""
+            print(f"{prefix}{left}")
+    elif verb == "flush":
+        print(f"set {name}: {sets.flush(name)} removed")
+    elif not sets.destroy(name):
+        raise AlfError(f"set {name}", "does not exist", "alfwrapper set list", EX_USAGE)
+    else:
+        print(f"set {name}: destroyed")
+    return 0
+
+
 def loader_parser() -> Parser:
     from alfwrapper.loader import server  # noqa: PLC0415
 
@@ -762,6 +853,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "gc": Subcommand(gc_parser, gc_main),
     "doctor": Subcommand(doctor_parser, doctor_main),
     "knock": Subcommand(knock_parser, knock_main),
+    "set": Subcommand(set_parser, set_main),
     "loader": Subcommand(loader_parser, loader_main),
     "generator": Subcommand(generator_parser, generator_main),
 }

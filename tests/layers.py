@@ -21,6 +21,7 @@ LAYERS = (
     "policy",  # the pure model
     "bpf",  # the filter: parts, plan, tables, compiler
     "state",  # the pinned tree and the Store seam
+    "sets",  # named sets: the host's shared lists, pinned beside the services
     "loader",  # the loader's protocol, client, quota and server
     "lifecycle",  # start-up, the running service, the processes beside it
     "observe",  # read-only questions

@@ -923,6 +923,38 @@ MUTATIONS = [
     ),
 ]
 
+SETS_TEST = "tests/integration/test_sets.py::"
+MUTATIONS += [
+    Mutation(
+        "set-lookup-skips-hosts",
+        "filters/sets.c",
+        "    if (set_standing(bpf_map_lookup_elem(hosts, host)))\n        return 1;\n",
+        "",
+        (SETS_TEST + "test_two_services_share_one_deny_set",),
+    ),
+    Mutation(
+        "set-expiry-ignored",
+        "filters/sets.c",
+        "return until == 0 || until > bpf_ktime_get_coarse_ns();",
+        "return 1;",
+        (SETS_TEST + "test_an_entry_with_a_timeout_lapses",),
+    ),
+    Mutation(
+        "set-allow-member-left-to-the-rules",
+        "filters/sets.c",
+        "            return ALF_SET_MEMBER;",
+        "            return 0;",
+        (SETS_TEST + "test_allow_sets",),
+    ),
+    Mutation(
+        "set-hosts-pinned-first",
+        "alfwrapper/sets.py",
+        "zip(reversed(made), reversed(SET_ROLES), strict=True)",
+        "zip(made, SET_ROLES, strict=True)",
+        (SETS_TEST + "test_a_crash_while_a_set_is_made_leaves_no_half_set",),
+    ),
+]
+
 
 MUTATIONS += [
     Mutation(

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from alfwrapper.bpf import cache
-from alfwrapper.bpf.parts import REASONS, RESERVED_PREFIXES, FillEnv
+from alfwrapper.bpf.parts import INNER_MAPS, REASONS, RESERVED_PREFIXES, FillEnv
 from alfwrapper.bpf.program import ProgramPlan, object_name, plan_program
 from alfwrapper.bpf.tables import MapSpec, OwnFds, Table, Tables
 from alfwrapper.errors import (
@@ -408,10 +408,12 @@ def name_maps(tables: Tables, label: str, pinned: set[str]) -> None:
     BTF description: bpffs shows a map with one as text to whoever may open its
     pin, and a pin without one cannot be opened but through bpf(2), which the
     application may not call (privileges.py)."""
-    for name, fd in tables.fds().items():
+    fds = tables.fds()
+    for name, fd in fds.items():
         try:
+            inner = fds[INNER_MAPS[name]] if name in INNER_MAPS else 0
             renamed = bpf_calls.map_renamed(
-                fd, object_name(label, name), keep_btf=name not in pinned
+                fd, object_name(label, name), keep_btf=name not in pinned, inner_fd=inner
             )
         except OSError as err:
             raise AlfError(

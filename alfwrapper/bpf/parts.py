@@ -20,10 +20,11 @@ Adding a part means adding one class here and one file in filters/.
 from __future__ import annotations
 
 import mmap
+import os
 import re
 import struct
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import compress
 from typing import TYPE_CHECKING, Any
 
@@ -54,11 +55,19 @@ RESERVED_PREFIXES = ("subnet_", "iface_", "knock_", "alf_")
 L4_CB = 4  # skb->cb[] word that carries the transport offset to a developer's filter
 
 
+def _no_sets(name: str, role: str) -> int:
+    raise AlfError(
+        f"named set {name}", "sets are not reachable here", "run the service as root's", EX_USAGE
+    )
+
+
 class FillEnv(Record):
-    """What filling needs from the host: interface indexes, and how to name one."""
+    """What filling needs from the host: interface indexes, how to name one, and how
+    to open a named set's map (an fd, closed after use; sets.open_role)."""
 
     interfaces: dict[int, str] = field(default_factory=dict)  # index -> name, allowed now
     ifindex_of: map_values.IfindexOf = lambda _name: None
+    open_set: Callable[[str, str], int] = _no_sets
 
     @classmethod
     def of_host(cls, rules: Iterable[SocketRules]) -> FillEnv:
@@ -172,10 +181,8 @@ class Interfaces(Part):
 RUNTIME_ALLOW, RUNTIME_DENY = 1, 2
 RUNTIME_RULES = 65536
 # runtime.c's LPM trie key: prefixlen counts the 32 bits of family and padding too.
-RUNTIME_KEY_C, RUNTIME_KEY = c_struct(
-    "alf_runtime_key",
-    (("prefixlen", "u32"), ("family", "u8"), ("pad", "u8[3]"), ("addr", "u8[16]")),
-)
+RUNTIME_KEY_FIELDS = (("prefixlen", "u32"), ("family", "u8"), ("pad", "u8[3]"), ("addr", "u8[16]"))
+RUNTIME_KEY_C, RUNTIME_KEY = c_struct("alf_runtime_key", RUNTIME_KEY_FIELDS)
 
 # The drop log's ring buffer record and its per-socket rate bucket (common.h's
 # alf_log_drop; lifecycle/droplog.py reads them).
@@ -226,10 +233,82 @@ class Runtime(Part):
         return PartPlan(self, defines, RUNTIME_KEY_C, pinned=pinned)
 
 
+# A named set's two maps (sets.c): whole addresses in a hash, shorter prefixes in an
+# LPM trie (the runtime rules' key), each entry's value its expiry (u64 ns, 0: never).
+SET_HOST_FIELDS = (("length", "u8"), ("family", "u8"), ("pad", "u8[2]"), ("addr", "u8[16]"))
+SET_HOST_C, SET_HOST = c_struct("alf_set_host", SET_HOST_FIELDS)
+SET_RANGE_C, SET_RANGE = c_struct("alf_set_range", RUNTIME_KEY_FIELDS)
+SET_EXPIRY = struct.Struct("=Q")
+SET_ALLOW, SET_DENY = 1, 2
+SET_ROLES = ("hosts", "ranges")  # a set's pins, in its folder (alfwrapper/sets.py)
+# sets.c's arrays of maps, and the map each takes the shape of its maps from.
+INNER_MAPS = {f"alf_set_{role}": f"alf_set_{role[:-1]}_shape" for role in SET_ROLES}
+
+
+class Sets(Part):
+    """Named sets: the host's shared, live lists of prefixes (sets.c).
+
+    Deny sets drop whatever else allows.  Allow sets add to the subnet rules' allow
+    list: a source in one passes the subnet rules (unless they deny it), and where
+    there are no allow rules, only the allow sets' entries pass.  A socket with allow
+    sets, allow rules and deny rules at once is refused (SocketRules.sets_conflict).
+    """
+
+    name = "sets"
+    reason = "subnets"
+    source = "sets.c"
+    condition = "(alf_set = sets_verdict(&pkt, alf_rt)) != ALF_SET_DENY"
+
+    def used(self, rules: SocketRules, pins: Pins | None) -> bool:
+        return bool(rules.allow_sets or rules.deny_sets)
+
+    def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
+        if rules.sets_conflict:  # refused where the policy is built (policy/files.py)
+            raise AlfError("named sets", "allow sets beside allow and deny rules",
+                           "report this", EX_SOFTWARE)  # fmt: skip
+        allow_rules = bool(len(rules.subnets.allow))
+        defines = (
+            ("ALF_SETS", str(len(rules.deny_sets) + len(rules.allow_sets))),
+            ("ALF_DENY_SETS", str(len(rules.deny_sets))),
+            # With allow rules, an allow set's entry passes them; without, the sets
+            # are the allow list, and the subnet rules (deny only) still judge.
+            ("ALF_SET_MEMBER", "ALF_SET_ALLOW" if allow_rules else "0"),
+            ("ALF_SET_OTHERS", "0" if allow_rules else "ALF_SET_DENY"),
+        )
+        return PartPlan(self, defines, SET_HOST_C + SET_RANGE_C)
+
+    def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
+        """Each set's maps into the program's arrays of maps: deny sets, then allow sets."""
+        for index, name in enumerate((*rules.deny_sets, *rules.allow_sets)):
+            for role in SET_ROLES:
+                fd = env.open_set(name, role)
+                try:
+                    bpf_map_put_fd(tables[f"alf_set_{role}"].map_fd, index, fd)
+                except OSError as err:
+                    raise AlfError(
+                        f"named set {name}",
+                        f"its {role} map does not fit this alfwrapper's filter "
+                        f"({err.strerror or err})",
+                        f"make it again: alfwrapper set destroy {name}, then set create",
+                        EX_SOFTWARE,
+                    ) from None
+                finally:
+                    os.close(fd)
+
+    def why(self, rules: SocketRules, packet: Dropped) -> str:
+        rules_too = " and matches no allow rule" if len(rules.subnets.allow) else ""
+        return (
+            f"{packet.addr} is in none of the allow sets ({', '.join(rules.allow_sets)}){rules_too}"
+        )
+
+
 class Subnets(Part):
     name = reason = "subnets"
     source = "subnets.c"
-    condition = "alf_rt == ALF_RUNTIME_ALLOW || subnets_pass(pkt.family, pkt.addr)"
+    condition = (
+        "alf_rt == ALF_RUNTIME_ALLOW || alf_set == ALF_SET_ALLOW || "
+        "subnets_pass(pkt.family, pkt.addr)"
+    )
 
     def used(self, rules: SocketRules, pins: Pins | None) -> bool:
         return bool(rules.subnets.allow or rules.subnets.deny)
@@ -412,9 +491,10 @@ class Filter(Part):
         return f"{rules.custom.path} returned 0" if rules.custom else "the filter returned 0"
 
 
-PARTS: tuple[Part, ...] = (Interfaces(), Runtime(), Subnets(), Knocking(), Filter())
+PARTS: tuple[Part, ...] = (Interfaces(), Runtime(), Sets(), Subnets(), Knocking(), Filter())
 # The part each drop counter stands for (Runtime's drops count as the subnets part's).
 BY_REASON: dict[str, Part] = {p.reason: p for p in PARTS if p.name == p.reason}
+SETS = next(p for p in PARTS if isinstance(p, Sets))
 
 
 # -- filling maps ------------------------------------------------------------------
@@ -452,6 +532,13 @@ def write_mapped_at(map_fd: int, offset: int, data: bytes | memoryview, name: st
             f"filling map {name}", str(err),
             "check `alfwrapper doctor` (Linux 5.5 or later)", EX_OSERR,
         ) from None  # fmt: skip
+
+
+def bpf_map_put_fd(outer_fd: int, index: int, inner_fd: int) -> None:
+    """Put a map in slot ``index`` of an array of maps (OSError if it does not fit)."""
+    from alfwrapper.host import bpf_calls  # noqa: PLC0415
+
+    bpf_calls.map_update(outer_fd, u32s([index]), u32s([inner_fd]))
 
 
 def u32s(values: Sequence[int]) -> bytes:

@@ -22,6 +22,8 @@ from alfwrapper.bpf.parts import (
     RESERVED_PREFIXES,
     RUNTIME_ALLOW,
     RUNTIME_DENY,
+    SET_ALLOW,
+    SET_DENY,
     PartPlan,
     Pins,
     declared_maps,
@@ -271,6 +273,8 @@ def plan_program(rules: SocketRules, pins: Pins | None = None, label_: str = "")
         ("ALF_REASONS", str(len(REASONS))),
         ("ALF_RUNTIME_ALLOW", str(RUNTIME_ALLOW)),
         ("ALF_RUNTIME_DENY", str(RUNTIME_DENY)),
+        ("ALF_SET_ALLOW", str(SET_ALLOW)),
+        ("ALF_SET_DENY", str(SET_DENY)),
     ]
     pinned = [("alf_counters", pins.path("counters"))] if pins is not None else []
     # The transport header is read only where something reads it (common.h): a helper
@@ -343,6 +347,7 @@ def plan_program(rules: SocketRules, pins: Pins | None = None, label_: str = "")
         + '#line 1 "alfwrapper-composed.c"\n'
         + f"int {body_name if watched else entry_name}(struct __sk_buff *skb)\n"
         + "{\n    struct alf_packet pkt = {};\n    u32 alf_rt = 0; /* a runtime rule's verdict */\n"
+        + "    u32 alf_set = 0; /* the named sets' verdict */\n"
         + "\n".join(body)
         + "\n}\n"
         + entry

@@ -349,8 +349,9 @@ def _btf_fds() -> dict[int, int]:
     return found
 
 
-def map_renamed(map_fd: int, name: str, keep_btf: bool = True) -> int:
-    """A new, empty map like this one (type, sizes, flags, BTF types) but named ``name``.
+def map_renamed(map_fd: int, name: str, keep_btf: bool = True, inner_fd: int = 0) -> int:
+    """A new, empty map like this one (type, sizes, flags, BTF types) but named ``name``;
+    an array of maps needs ``inner_fd``, a map of the shape its maps have.
 
     A map's name is fixed when it is made; BCC names each after its C
     declaration.  The copy keeps the BTF description when asked to and the BTF
@@ -362,7 +363,9 @@ def map_renamed(map_fd: int, name: str, keep_btf: bool = True) -> int:
     kind, _, key, value, entries, flags = struct.unpack_from("=6I", raw)
     btf_id, btf_key, btf_value = struct.unpack_from("=3I", raw, 64)
     (extra,) = struct.unpack_from("=Q", raw, 80)
-    opts = _MapCreateOpts(sz=ctypes.sizeof(_MapCreateOpts), map_flags=flags, map_extra=extra)
+    opts = _MapCreateOpts(
+        sz=ctypes.sizeof(_MapCreateOpts), map_flags=flags, map_extra=extra, inner_map_fd=inner_fd
+    )
     btf = _btf_fds().get(btf_id) if btf_id and keep_btf else None
     if btf is not None:
         opts.btf_fd, opts.btf_key_type_id, opts.btf_value_type_id = btf, btf_key, btf_value

@@ -353,10 +353,15 @@ def judge_connection(record: SocketRecord, command: str) -> bool:
     starts (rules_judge: no program, no BCC).  Returns False when it is
     denied, or gone: the connection has been reset and COMMAND must not start."""
     sock, rules = record.sock, record.rules
-    if rules.knock or rules.interfaces or rules.custom:
+    named = rules.deny_sets or rules.allow_sets
+    if rules.knock or rules.interfaces or rules.custom or named:
         # Their verdict needs packets this connection's were not: its handshake
-        # (knocking), its interface, or any header a developer's filter reads.
-        kind = "knocking" if rules.knock else "--interface" if rules.interfaces else "--filter"
+        # (knocking), its interface, or any header a developer's filter reads; or
+        # the named sets, which only a program reads.
+        kind = (
+            "knocking" if rules.knock else "--interface" if rules.interfaces
+            else "--filter" if rules.custom else f"the named set {named[0]}"
+        )  # fmt: skip
         raise AlfError(
             describe(sock),
             f"{kind} cannot check a connection handed over already accepted (Accept=yes)",

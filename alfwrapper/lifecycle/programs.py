@@ -30,7 +30,9 @@ def filter_sockets(records: list[SocketRecord], service: str, pinned: bool) -> l
         taken = state.store().take(service, record.sock, record.label)
         record.pins, record.judged, record.made = taken.state, taken.judged, taken.made
 
-    env = FillEnv.of_host(r.rules for r in kept)
+    from alfwrapper import sets  # noqa: PLC0415
+
+    env = sets.fill_env(FillEnv.of_host(r.rules for r in kept), [r.rules for r in kept])
     shared: dict[SocketRules, LoadedFilter] = {}
     loaded: list[LoadedFilter] = []
     for record in kept:

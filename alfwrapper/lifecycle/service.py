@@ -26,7 +26,7 @@ from alfwrapper.host.faults import crash_point
 from alfwrapper.host.netns import netns as enter_netns
 from alfwrapper.lifecycle import companions
 from alfwrapper.policy.files import Policy
-from alfwrapper.policy.prefixes import Prefix, parse_prefix
+from alfwrapper.policy.prefixes import Prefix, parse_cidrs
 from alfwrapper.policy.rules import SocketRules, check_service
 from alfwrapper.record import Record
 from alfwrapper.state import alive
@@ -197,7 +197,9 @@ def load_members(
 ) -> tuple[dict[int, LoadedFilter], int]:
     """Each socket's new program (by id(member)), and the pid of the interface watcher
     that holds them, if they need one."""
-    env = FillEnv.of_host(rules.values())
+    from alfwrapper import sets  # noqa: PLC0415
+
+    env = sets.fill_env(FillEnv.of_host(rules.values()), rules.values())
     loaded = {
         id(m): state.store().load_filter(
             rules[id(m)],
@@ -244,18 +246,6 @@ def service_netns(service: str, netns: object, app: int, strict: bool = True) ->
                 EX_NOPERM,
             ) from None
         yield True
-
-
-def parse_cidrs(texts: Sequence[str]) -> list[Prefix]:
-    out = []
-    for text in texts:
-        try:
-            out.append(parse_prefix(text))
-        except ValueError as err:
-            raise AlfError(
-                "CIDR", str(err), "give a CIDR such as 198.51.100.7 or 2001:db8::/48", EX_USAGE
-            ) from None
-    return out
 
 
 VERDICTS = {"allow": RUNTIME_ALLOW, "deny": RUNTIME_DENY, "revoke": None}

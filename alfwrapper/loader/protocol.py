@@ -146,6 +146,15 @@ def encode_rules(rules: SocketRules) -> dict[str, Any]:
     knock secret), nothing for the loader to open."""
     from alfwrapper.policy.prefix_list import PrefixList  # noqa: PLC0415
 
+    named = (*rules.deny_sets, *rules.allow_sets)
+    if named:
+        raise AlfError(
+            f"named set {named[0]}",
+            "sets are root's: a service whose filters come from the loader cannot name one",
+            "give the service CAP_BPF (run it as root's), or write the set's entries as "
+            "allow or deny rules",
+            EX_USAGE,
+        )
     out: dict[str, Any] = {
         key: {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}
         for key, prefixes in (("allow", rules.subnets.allow), ("deny", rules.subnets.deny))

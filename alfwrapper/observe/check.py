@@ -148,6 +148,8 @@ def summary(
         "knock": ("secret" if rules.knock.secret else "static") if rules.knock else None,
         "filter": rules.custom.path if rules.custom else None,
         "set": len(rules.custom.sets) if rules.custom else 0,
+        "allow_sets": list(rules.allow_sets),
+        "deny_sets": list(rules.deny_sets),
     }
     out: dict[str, Any] = {
         "name": target.name,
@@ -175,6 +177,7 @@ def _size(n: int) -> str:
 def _line(target: Target, s: dict[str, Any]) -> str:
     r = s["rules"]
     kinds = [f"{r[k]} {k}" for k in ("allow", "deny") if r[k]]
+    kinds += [f"{kind}-set {name}" for kind in ("allow", "deny") for name in r[f"{kind}_sets"]]
     if r["interfaces"]:
         kinds.append(f"{r['interfaces']} interface(s)")
     if r["knock"]:
@@ -196,6 +199,10 @@ def main(
     wanted = sorted({i for t in found for i in policy.rules_for(t.name or "").interfaces})
     indexes = interfaces.resolve(wanted) if wanted else {}
     env = FillEnv({i: n for n, i in indexes.items()}, interfaces.link_index)
+    if any(r.allow_sets or r.deny_sets for r in (policy.rules_for(t.name or "") for t in found)):
+        from alfwrapper import sets  # noqa: PLC0415
+
+        env = sets.check_env(env)
     loaded: dict[SocketRules, compiler.LoadedFilter] = {}
     summaries, warnings = [], policy_warnings(policy, found, names)
     for target in found:

@@ -10,7 +10,7 @@ import ipaddress
 import json
 
 from alfwrapper.bpf import compiler, program
-from alfwrapper.bpf.parts import BY_REASON, Dropped, FillEnv
+from alfwrapper.bpf.parts import BY_REASON, SETS, Dropped, FillEnv
 from alfwrapper.errors import EX_USAGE, AlfError, excerpt
 from alfwrapper.host import interfaces
 from alfwrapper.host.bpf_calls import prog_test_run
@@ -98,18 +98,48 @@ def _matches(
     return [(p, _origin(s, p)) for p, s in found]
 
 
+def held_by_sets(rules: SocketRules, address: Prefix) -> dict[str, str]:
+    """The entry of each named set of the socket's that holds the address, as words."""
+    if not (rules.allow_sets or rules.deny_sets):
+        return {}
+    from alfwrapper import sets  # noqa: PLC0415
+
+    held = {}
+    for name in (*rules.deny_sets, *rules.allow_sets):
+        found = sets.holding(name, address.family, address.value) if sets.exists(name) else None
+        if found is not None:
+            entry, expiry = found
+            left = max(0.0, (expiry - sets.now_ns()) / 1e9)
+            held[name] = f"{entry} in set {name}" + (f", lapsing in {left:.0f} s" if expiry else "")
+    return held
+
+
 def describe(
-    rules: SocketRules, address: Prefix, ingress: str, part: str | None, passed: bool
+    rules: SocketRules,
+    address: Prefix,
+    ingress: str,
+    part: str | None,
+    passed: bool,
+    held: dict[str, str] | None = None,
 ) -> str:
     addr = str(address).rsplit("/", 1)[0]
     denies = _matches(rules.sources, "deny", address)
     allows = _matches(rules.sources, "allow", address)
+    held = held or {}
     if passed:
         if allows:
             return f"{addr} matches allow {allows[0][0]} ({allows[0][1]})"
-        if rules.subnets.deny:
+        member = next((held[n] for n in rules.allow_sets if n in held), "")
+        if member:
+            return f"{addr} matches allow-set entry {member}"
+        if rules.subnets.deny or rules.deny_sets:
             return f"{addr} matches no deny rule"
         return ""
+    denied_by = next((held[n] for n in rules.deny_sets if n in held), "")
+    if part == "subnets" and denied_by:
+        return f"{addr} matches deny-set entry {denied_by}"
+    if part == "subnets" and rules.allow_sets and not denies:
+        return SETS.why(rules, Dropped(addr, ingress))
     if part in BY_REASON:
         deny = f"{denies[0][0]} ({denies[0][1]})" if denies else ""
         return BY_REASON[part].why(rules, Dropped(addr, ingress, deny))
@@ -149,6 +179,10 @@ def main(policy: Policy, args: argparse.Namespace) -> int:
     env = FillEnv(
         {i: n for n, i in indexes.items() if n in rules.interfaces}, interfaces.link_index
     )
+    if rules.allow_sets or rules.deny_sets:
+        from alfwrapper import sets  # noqa: PLC0415
+
+        env = sets.check_env(env)
     loaded = compiler.load_program(program.plan_program(rules), env)
     for text, source in zip(args.sources, sources, strict=True):
         verdict = judge(loaded, rules, spec, source, protocol, port, args, indexes)
@@ -188,4 +222,5 @@ def judge(
     decided = [reason for reason in after if after[reason] != before[reason]]
     passed = run.retval != 0
     part = None if passed else (decided[0] if decided else "filter")
-    return Verdict(passed, part, describe(rules, source, args.ingress, part, passed))
+    held = held_by_sets(rules, source)
+    return Verdict(passed, part, describe(rules, source, args.ingress, part, passed, held))

@@ -26,6 +26,7 @@ from alfwrapper.policy.inputs import look, read_input
 from alfwrapper.policy.prefix_list import PrefixList, read_rule_file
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import (
+    SET_NAME_RULE,
     SOCKET_NAME_RULE,
     CustomFilter,
     KnockRules,
@@ -35,6 +36,7 @@ from alfwrapper.policy.rules import (
     SubnetRules,
     parse_listen,
     parse_ports,
+    valid_set_name,
     valid_socket_name,
 )
 from alfwrapper.record import Record, replace
@@ -69,6 +71,8 @@ KEYS: dict[str, Key] = {
     "deny": Key("list", "drop packets from this subnet (deny wins)"),
     "allow-file": Key("list", "--allow for each CIDR in FILE (one per line, # comments)"),
     "deny-file": Key("list", "--deny for each CIDR in FILE"),
+    "allow-set": Key("list", "pass packets from the entries of the host's named set NAME"),
+    "deny-set": Key("list", "drop packets from the entries of the named set NAME (deny wins)"),
     "interface": Key("list", "pass only packets that arrived on this interface"),
     "knock": Key("single", "port knocking: the source ports of the sequence", slot="knock"),
     "knock-secret": Key(
@@ -168,6 +172,8 @@ class ScopeRules(Record):
     settings: tuple[tuple[str, float], ...] = ()
     filter: str = ""
     sets: tuple[MapSetting, ...] = ()
+    allow_sets: tuple[str, ...] = ()  # named sets, by name (alfwrapper/sets.py)
+    deny_sets: tuple[str, ...] = ()
     sources: tuple[RuleSource, ...] = ()
     origins: tuple[tuple[str, str], ...] = ()  # (key, origin) of what was given
 
@@ -218,6 +224,8 @@ class Policy(Record):
         deny: list[Sequence[Prefix]] = []
         interfaces: tuple[str, ...] = ()
         sets: tuple[MapSetting, ...] = ()
+        allow_sets: tuple[str, ...] = ()
+        deny_sets: tuple[str, ...] = ()
         sources: tuple[RuleSource, ...] = ()
         settings: dict[str, float] = {}
         ports: tuple[int, ...] = ()
@@ -228,6 +236,8 @@ class Policy(Record):
             deny.append(r.deny)
             interfaces += r.interfaces
             sets += r.sets
+            allow_sets += r.allow_sets
+            deny_sets += r.deny_sets
             sources += r.sources
             settings.update(r.settings)
             if r.knock_ports or r.knock_secret:
@@ -248,6 +258,8 @@ class Policy(Record):
             knock=knock,
             custom=CustomFilter(path, sets) if path else None,
             log_rate=log_rate,
+            allow_sets=tuple(dict.fromkeys(allow_sets)),
+            deny_sets=tuple(dict.fromkeys(deny_sets)),
             sources=sources,
         )
 
@@ -383,6 +395,7 @@ def build_policy(
         for entry in keys.get("filter", []):
             path = entry.path(entry.value)
         sets = tuple(MapSetting(*entry.value) for entry in keys.get("set", []))
+        named = {kind: tuple(_set_name(e) for e in keys.get(kind, [])) for kind in SET_KEYS}
         settings = tuple(
             (key, _number(group[-1]))
             for key, group in keys.items()
@@ -401,6 +414,8 @@ def build_policy(
                     settings=settings,
                     filter=path,
                     sets=sets,
+                    allow_sets=named["allow-set"],
+                    deny_sets=named["deny-set"],
                     sources=tuple(sources),
                     origins=origins,
                 ),
@@ -414,7 +429,17 @@ def build_policy(
         scope_origins=tuple(scope_origins.items()),
     )
     _check_sets_have_filter(policy, entries)
+    _check_named_sets(policy, entries)
     return policy
+
+
+SET_KEYS = ("allow-set", "deny-set")
+
+
+def _set_name(entry: Entry) -> str:
+    if not valid_set_name(entry.value):
+        raise entry.error(f"{excerpt(str(entry.value))} is not a set name", SET_NAME_RULE)
+    return str(entry.value)
 
 
 def _check_sequence(entry: Entry, ports: tuple[int, ...]) -> None:
@@ -438,6 +463,17 @@ def _check_sets_have_filter(policy: Policy, entries: Sequence[Entry]) -> None:
                     f"no --filter for {'socket ' + name if name else 'it'}",
                     "--set fills the maps of a --filter",
                 )
+
+
+def _check_named_sets(policy: Policy, entries: Sequence[Entry]) -> None:
+    for name in [None, *sorted(policy.names)]:
+        if policy.rules_for(name or "").sets_conflict:
+            entry = next(e for e in entries if e.key == "allow-set" and e.scope in (None, name))
+            raise entry.error(
+                f"set {entry.value}: a socket with allow sets may have allow rules or "
+                "deny rules, not both",
+                "put the deny rules in a named set (deny-set), or the allow rules in one",
+            )
 
 
 # -- policy files ----------------------------------------------------------------

@@ -7,6 +7,7 @@ callers add where the text came from.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from alfwrapper.errors import excerpt
@@ -70,3 +71,18 @@ def parse_prefix(text: str) -> Prefix:
     if family == 6 and length >= 96 and (value >> 32) == 0xFFFF:
         return Prefix(4, value & 0xFFFFFFFF, length - 96)
     return Prefix(family, value, length)
+
+
+def parse_cidrs(texts: Sequence[str]) -> list[Prefix]:
+    """CIDRs a command line gave (allow, deny, set add): the first bad one is an error."""
+    from alfwrapper.errors import EX_USAGE, AlfError  # noqa: PLC0415
+
+    out = []
+    for text in texts:
+        try:
+            out.append(parse_prefix(text))
+        except ValueError as err:
+            raise AlfError(
+                "CIDR", str(err), "give a CIDR such as 198.51.100.7 or 2001:db8::/48", EX_USAGE
+            ) from None
+    return out

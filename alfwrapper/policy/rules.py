@@ -105,13 +105,28 @@ class SocketRules(Record):
     knock: KnockRules | None = None
     custom: CustomFilter | None = None
     log_rate: int = 0  # --log-drops: dropped packets logged per second, 0 for none
+    allow_sets: tuple[str, ...] = ()  # named sets, by name (alfwrapper set; sets.c)
+    deny_sets: tuple[str, ...] = ()
     sources: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def empty(self) -> bool:
         return not (
-            self.subnets.allow or self.subnets.deny or self.interfaces or self.knock or self.custom
+            self.subnets.allow
+            or self.subnets.deny
+            or self.interfaces
+            or self.knock
+            or self.custom
+            or self.allow_sets
+            or self.deny_sets
         )
+
+    @property
+    def sets_conflict(self) -> bool:
+        """Allow sets beside both allow and deny rules, which sets.c cannot judge: the
+        subnet table resolves allow and deny into one verdict, and an allow set's
+        entry could not tell which it was (bpf/parts.py: Sets)."""
+        return bool(self.allow_sets and len(self.subnets.allow) and len(self.subnets.deny))
 
     def counts(self) -> dict[str, int]:
         """How many rules of each kind (status shows them)."""
@@ -119,6 +134,7 @@ class SocketRules(Record):
             "allow": len(self.subnets.allow),
             "deny": len(self.subnets.deny),
             "interface": len(self.interfaces),
+            "set": len(self.allow_sets) + len(self.deny_sets),
             "knock": int(self.knock is not None),
             "filter": int(self.custom is not None),
             "log-drops": self.log_rate,
@@ -133,6 +149,14 @@ def parse_ports(text: str) -> tuple[int, ...]:
     if not 1 <= len(parts) <= 8:
         raise ValueError(f"{excerpt(text)} has {len(parts)} ports; give 1 to 8")
     return tuple(int(p) for p in parts)
+
+
+SET_NAME_RULE = "a set's name is 1 to 64 letters, digits, _ and -"
+
+
+def valid_set_name(name: object) -> bool:
+    """A named set's name: its folder's name in bpffs, so no dot (bpffs refuses those)."""
+    return isinstance(name, str) and bool(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name))
 
 
 SOCKET_NAME_RULE = "up to 255 printable ASCII characters without ':' (as FileDescriptorName=)"

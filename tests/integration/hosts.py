@@ -248,6 +248,24 @@ def check_policy(svc: Service, served: Sequence[Probe], dropped: Sequence[Probe]
         )
 
 
+def start_echo(
+    network: Network, services: list[Service], service: str, *options: str, port: int = 8080
+) -> Service:
+    """The echo server under the wrapper as SERVICE on the server: TCP PORT named web and
+    UDP PORT + 1 named dns, both dual-stack, with these rule options; ready."""
+    from support import ECHO_SERVER, WRAPPER  # noqa: PLC0415
+
+    svc = Service(
+        network.server,
+        [*WRAPPER, "--service", service, "--listen", f"[::]:{port}", "--name", "web",
+         "--listen-datagram", f"[::]:{port + 1}", "--name", "dns", *options, "--",
+         *ECHO_SERVER],
+    )  # fmt: skip
+    services.append(svc)
+    svc.wait_for(r"^ready ", timeout=120)
+    return svc
+
+
 def all_probes(host: Host, port_tcp: int, port_udp: int | None = None) -> list[Probe]:
     probes = [Probe(host, "tcp", fam, port_tcp) for fam in (4, 6)]
     if port_udp is not None:

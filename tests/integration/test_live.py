@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hosts import Network, Probe, Service, all_probes, check_policy
-from support import ECHO_SERVER, NO_CAPS, ROOT, WRAPPER
+from hosts import Network, Probe, Service, all_probes, check_policy, start_echo
+from support import NO_CAPS, ROOT, WRAPPER
 from wrapping import million_rule_file
 
 STATE = Path("/sys/fs/bpf/alfwrapper")
@@ -25,14 +25,7 @@ def cli(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def start(network: Network, services: list[Service], service: str, *options: str) -> Service:
-    svc = Service(
-        network.server,
-        [*WRAPPER, "--service", service, "--listen", "[::]:8080", "--name", "web",
-         "--listen-datagram", "[::]:8081", "--name", "dns", *options, "--", *ECHO_SERVER],
-    )  # fmt: skip
-    services.append(svc)
-    svc.wait_for(r"^ready ", timeout=120)
-    return svc
+    return start_echo(network, services, service, *options)
 
 
 def test_live_deny_allow_revoke_at_a_million_rules(

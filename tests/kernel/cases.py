@@ -60,6 +60,7 @@ FILTER = f"--filter {ROOT}/examples/filters/allowlist.c"
 TEST_FILTER = f"--filter {ROOT}/tests/data/allowlist.c"
 SETS = "--set allowed4 192.0.2.2 1 --set allowed6 2001:db8:a::2 1 --set port_limits 0 8080,1"
 
+SET_NAMES = ("ktier-d", "ktier-a")
 CASES = (
     Case("empty", "", check=False),
     Case("allow-v4", "--allow 192.0.2.0/24"),
@@ -86,6 +87,8 @@ CASES = (
         f"--interface lo --allow 192.0.2.0/24 --deny 2001:db8:b::/48 --knock 7001,7002 "
         f"{FILTER} {SETS} --log-drops 10",
     ),
+    Case("sets-deny", "--deny-set ktier-d --deny 2001:db8:b::/48"),
+    Case("sets-allow", "--allow-set ktier-a --deny-set ktier-d --allow 192.0.2.0/24"),
     Case(
         "composed-million",
         f"--allow-file {{files}}/mixed-million.rules --knock-secret {{files}}/{SECRET} "
@@ -108,6 +111,9 @@ def record(recorder: Path, out: Path, files: Path) -> dict[str, str]:
     failures: dict[str, str] = {}
     env = {**os.environ, "LD_PRELOAD": str(recorder), "PYTHONPATH": str(ROOT)}
     only = set(filter(None, os.environ.get("ALF_KERNEL_CASES", "").split(",")))
+    for name in SET_NAMES:  # the named sets the cases name, empty
+        subprocess.run([*WRAPPER, "set", "create", name], check=True, capture_output=True,
+                       timeout=60, cwd=ROOT)  # fmt: skip
     for port, case in enumerate(CASES, start=39100):
         if only and case.name not in only:
             continue
@@ -125,4 +131,7 @@ def record(recorder: Path, out: Path, files: Path) -> dict[str, str]:
             if done.returncode != 0:
                 failures[recording] = done.stderr.strip()[-2000:]
     subprocess.run([*WRAPPER, "gc"], capture_output=True, timeout=120, cwd=ROOT)
+    for name in SET_NAMES:
+        subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60,
+                       cwd=ROOT)  # fmt: skip
     return failures

@@ -17,7 +17,9 @@
  *   btf_len btf  func_info_rec_size func_info_cnt func_info
  *   line_info_rec_size line_info_cnt line_info
  *   map_count, then per map: old_fd type key_size value_size max_entries map_flags
- *   name[16] map_extra(u64)
+ *   name[16] map_extra(u64), then the shape of the maps it holds (an array or hash
+ *   of maps: what its BPF_MAP_CREATE took as inner_map_fd; zeros for other maps):
+ *   inner_type inner_key_size inner_value_size inner_max_entries inner_map_flags
  *
  * Built by tests/kernel/guest_kernel.py: gcc -shared -fPIC -o record_bpf.so record_bpf.c -ldl
  */
@@ -94,6 +96,20 @@ static int map_info(int fd, struct bpf_map_info *info)
     return bpf_call(BPF_OBJ_GET_INFO_BY_FD, &attr, sizeof(attr)) < 0 ? -1 : 0;
 }
 
+/* The inner map shape of each map of maps this process made, by fd number (a copy
+ * dup2'd over BCC's fd was made with the same shape). */
+#define INNER_FDS 4096
+static struct bpf_map_info inner_of[INNER_FDS];
+
+static void note_map_create(const union bpf_attr *attr, long fd)
+{
+    if (fd < 0 || fd >= INNER_FDS)
+        return;
+    memset(&inner_of[fd], 0, sizeof(inner_of[fd]));
+    if (attr->inner_map_fd && map_info((int)attr->inner_map_fd, &inner_of[fd]) < 0)
+        memset(&inner_of[fd], 0, sizeof(inner_of[fd]));
+}
+
 static void record(const union bpf_attr *attr, long result, int err)
 {
     const char *path = getenv("ALF_RECORD_BPF");
@@ -155,6 +171,16 @@ static void record(const union bpf_attr *attr, long result, int err)
         put32(f, info.map_flags);
         fwrite(info.name, 1, 16, f);
         put64(f, info.map_extra);
+        struct bpf_map_info none, *inner = &none;
+        memset(&none, 0, sizeof(none));
+        if ((info.type == BPF_MAP_TYPE_ARRAY_OF_MAPS || info.type == BPF_MAP_TYPE_HASH_OF_MAPS)
+            && fds[j] >= 0 && fds[j] < INNER_FDS)
+            inner = &inner_of[fds[j]];
+        put32(f, inner->type);
+        put32(f, inner->key_size);
+        put32(f, inner->value_size);
+        put32(f, inner->max_entries);
+        put32(f, inner->map_flags);
     }
     fclose(f);
 }
@@ -168,6 +194,8 @@ long syscall(long n, ...)
         a[i] = va_arg(ap, long);
     va_end(ap);
     long result = real_syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+    if (n == __NR_bpf && a[0] == BPF_MAP_CREATE)
+        note_map_create((const union bpf_attr *)a[1], result);
     if (n == __NR_bpf && a[0] == BPF_PROG_LOAD) {
         int saved = errno;
         record((const union bpf_attr *)a[1], result, saved);

@@ -177,12 +177,29 @@ static int replay_file(const char *mode, const char *path)
             ma.map_flags = get32(&r);
             const char *mname = getbytes(&r, 16);
             const uint64_t *extra = getbytes(&r, 8);
+            union bpf_attr ia; /* the shape of the maps a map of maps holds */
+            memset(&ia, 0, sizeof(ia));
+            ia.map_type = get32(&r);
+            ia.key_size = get32(&r);
+            ia.value_size = get32(&r);
+            ia.max_entries = get32(&r);
+            ia.map_flags = get32(&r);
             if (r.bad)
                 break;
             memcpy(ma.map_name, mname, 15);
             if (extra)
                 memcpy(&ma.map_extra, extra, 8);
+            int inner = -1;
+            if (ia.map_type) {
+                inner = bpf(BPF_MAP_CREATE, &ia);
+                if (inner < 0)
+                    printf("ALFK %s %s %d %s fail %d (inner map of %.16s type %u: %s)\n", mode,
+                           caseName, index, label, errno, mname, ia.map_type, strerror(errno));
+                ma.inner_map_fd = inner < 0 ? 0 : inner;
+            }
             int nfd = bpf(BPF_MAP_CREATE, &ma);
+            if (inner >= 0)
+                close(inner); /* a template: the map of maps keeps its shape */
             if (nfd < 0) {
                 printf("ALFK %s %s %d %s fail %d (map %.16s type %u: %s)\n", mode, caseName,
                        index, label, errno, mname, ma.map_type, strerror(errno));

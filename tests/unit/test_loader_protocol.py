@@ -139,3 +139,15 @@ def test_a_loader_that_does_not_answer_in_time_is_named_as_such(tmp_path: Any, s
         f"alfwrapper: the loader ({path}): gave no complete answer within 1 s "
         "(check `systemctl status alfwrapper-loader.service`)"
     )
+
+
+def test_a_request_never_names_a_root_set() -> None:
+    """Sets are root's, out of the loader's reach: a user's rules naming one are refused
+    before anything is sent."""
+    from alfwrapper.loader.protocol import encode_rules  # noqa: PLC0415
+    from alfwrapper.policy.rules import SocketRules  # noqa: PLC0415
+
+    for rules in (SocketRules(deny_sets=("blocklist",)), SocketRules(allow_sets=("office",))):
+        with pytest.raises(AlfError) as caught:
+            encode_rules(rules)
+        assert caught.value.exit_code == 64 and "cannot name one" in str(caught.value)

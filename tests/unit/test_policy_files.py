@@ -59,6 +59,12 @@ EQUIVALENT = [
         "--filter {d}/f.c --set m 1 2 --set web=m 3 4",
     ),
     (
+        'allow-set = ["office"]\ndeny-set = ["crowdsec", "spamhaus-drop"]\n'
+        '[socket.web]\ndeny-set = ["extra", "crowdsec"]\n',
+        "--allow-set office --deny-set crowdsec --deny-set spamhaus-drop "
+        "--deny-set web=extra --deny-set web=crowdsec",
+    ),
+    (
         '[[listen]]\naddress = "[::]:8080"\nname = "web"\n[[listen-datagram]]\n'
         'address = "[::]:8053"\nname = "dns"\n[socket.dns]\nallow = ["2001:db8::/32"]\n',
         "--listen [::]:8080 --name web --listen-datagram [::]:8053 --name dns "
@@ -79,6 +85,31 @@ def test_file_and_command_line_give_the_same_rules(files: Path, text: str, argv:
     assert by_file.listens == by_argv.listens  # type: ignore[attr-defined]
     for name in ("web", "admin", "dns", "other"):
         assert by_file.rules_for(name) == by_argv.rules_for(name), name  # type: ignore[attr-defined]
+
+
+def test_named_sets_add_up_per_socket_once_each(tmp_path: Path) -> None:
+    policy = from_file(
+        tmp_path, 'deny-set = ["a", "b"]\n[socket.web]\ndeny-set = ["c", "a"]\nallow-set = ["o"]\n'
+    )
+    web, other = policy.rules_for("web"), policy.rules_for("x")  # type: ignore[attr-defined]
+    assert web.deny_sets == ("a", "b", "c") and web.allow_sets == ("o",)
+    assert other.deny_sets == ("a", "b") and other.allow_sets == ()
+    assert not other.empty and other.counts()["set"] == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "argv", "needle"),
+    [
+        ('deny-set = ["a.b"]\n', (), "p.toml:1: 'a.b' is not a set name"),
+        ('deny-set = ["x" ]\nallow-set = [""]\n', (), "is not a set name"),
+        ('allow-set = ["o"]\nallow = ["192.0.2.0/24"]\ndeny = ["192.0.2.1"]\n', (), "not both"),
+        ('allow-set = ["o"]\n', ("--allow", "192.0.2.0/24", "--deny", "192.0.2.9"), "not both"),
+    ],
+)
+def test_named_set_mistakes(tmp_path: Path, text: str, argv: tuple[str, ...], needle: str) -> None:
+    with pytest.raises(AlfError) as caught:
+        from_file(tmp_path, text, *argv)
+    assert needle in str(caught.value) and caught.value.exit_code == EX_CONFIG, caught.value
 
 
 def test_relative_paths_resolve_against_the_policy_folder(files: Path, tmp_path: Path) -> None:

@@ -1,0 +1,383 @@
+"""Named sets: lists of prefixes kept once for the host, which any number of services
+name (allow-set, deny-set) and which change while they run (alfwrapper set).
+
+A set is a folder in root's pinned tree (state.py), beside the services' folders
+(whose names cannot hold a '%'):
+
+    /sys/fs/bpf/alfwrapper/%sets/NAME/
+      hosts     HASH: whole addresses (/32 and /128) -> expiry
+      ranges    LPM_TRIE: every shorter prefix -> expiry
+
+Every program that names the set holds these two maps (sets.c reads them through
+its arrays of maps), so a change here reaches every such service at its next
+packet, and twenty services share one copy.  An expiry is the kernel's monotonic
+clock in ns (what bpf_ktime_get_coarse_ns() reads), 0 for none: an entry lapses
+without a timer, and `set list` and the next add past a full map remove lapsed
+entries.
+
+A set comes from `alfwrapper set create NAME [FILE]`, or, the first time a service
+names it, from /etc/alfwrapper/sets/NAME.list (one CIDR a line, # comments) if
+that file exists.  Its maps are filled before they are pinned, and made under the
+folder's lock, so a set is there whole or not at all.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from alfwrapper import state
+from alfwrapper.bpf.parts import SET_EXPIRY, SET_HOST, SET_RANGE, SET_ROLES, FillEnv
+from alfwrapper.errors import (
+    EX_CONFIG,
+    EX_NOINPUT,
+    EX_NOPERM,
+    EX_OSERR,
+    EX_TEMPFAIL,
+    EX_USAGE,
+    AlfError,
+)
+from alfwrapper.host import bpf_calls
+from alfwrapper.host.faults import crash_point
+from alfwrapper.policy.prefix_list import read_rule_file
+from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
+from alfwrapper.policy.rules import SET_NAME_RULE, SocketRules, valid_set_name
+from alfwrapper.record import replace
+
+SETS_DIR = state.ROOT / "%sets"
+LIST_DIR = Path("/etc/alfwrapper/sets")
+DEFAULT_SIZE = 65536  # entries each map may hold (its most: `set create --size`)
+MOST_SIZE = 1 << 24
+LOCK_SECONDS = 10.0
+NO_PREALLOC = 1  # BPF_F_NO_PREALLOC: memory for the entries there, not for the room
+
+
+def check_name(name: str) -> str:
+    if not valid_set_name(name):
+        raise AlfError(f"set {name!r}", "is not a set name", SET_NAME_RULE, EX_USAGE)
+    return name
+
+
+def folder(name: str) -> Path:
+    return SETS_DIR / check_name(name)
+
+
+def list_file(name: str) -> Path:
+    return LIST_DIR / f"{check_name(name)}.list"
+
+
+def now_ns() -> int:
+    """The clock sets.c compares expiries with (CLOCK_MONOTONIC; the kernel's coarse
+    reading of it lags by a tick at most)."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def _fail(what: str, err: OSError) -> AlfError:
+    denied = err.errno in (errno.EPERM, errno.EACCES)
+    return AlfError(
+        what,
+        err.strerror or str(err),
+        "run as root (sets are root's)" if denied else "check `alfwrapper doctor`",
+        EX_NOPERM if denied else EX_OSERR,
+    )
+
+
+def exists(name: str) -> bool:
+    return all((folder(name) / role).exists() for role in SET_ROLES)
+
+
+def open_role(name: str, role: str) -> int:
+    """An fd of one of the set's maps (FillEnv.open_set)."""
+    path = folder(name) / role
+    try:
+        return bpf_calls.obj_get(str(path))
+    except OSError as err:
+        if err.errno == errno.ENOENT:
+            raise AlfError(
+                f"named set {name}",
+                "does not exist",
+                f"create it with `alfwrapper set create {name}`, or write {list_file(name)}",
+                EX_CONFIG,
+            ) from None
+        raise _fail(f"named set {name} ({path})", err) from None
+
+
+@contextmanager
+def _opened(name: str) -> Iterator[tuple[int, int]]:
+    hosts = open_role(name, "hosts")
+    try:
+        ranges = open_role(name, "ranges")
+    except BaseException:
+        os.close(hosts)
+        raise
+    try:
+        yield hosts, ranges
+    finally:
+        os.close(hosts)
+        os.close(ranges)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """flock(2) on a set's folder, waited for at most LOCK_SECONDS."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        deadline = time.monotonic() + LOCK_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise AlfError(
+                        f"{path}",
+                        f"another `alfwrapper set` has held it for {LOCK_SECONDS:.0f} s",
+                        "let it finish, or stop it, then try again",
+                        EX_TEMPFAIL,
+                    ) from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)
+
+
+def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE) -> bool:
+    """Make the set, holding ``prefixes``, unless it exists; True if it was made."""
+    where = folder(name)
+    if not 1 <= size <= MOST_SIZE:
+        raise AlfError(f"set {name}", f"size {size} is out of range", f"give 1 to {MOST_SIZE}",
+                       EX_USAGE)  # fmt: skip
+    state.state_root(create=True)
+    state.trusted_dir(SETS_DIR, create=True)
+    state.trusted_dir(where, create=True)
+    with _locked(where):
+        if exists(name):
+            return False
+        made = []
+        try:
+            made.append(_new_map(name, "hosts", size))
+            made.append(_new_map(name, "ranges", size))
+            _put(name, made[0], made[1], prefixes, 0)
+            # Ranges first: the hosts pin says the set is whole (exists()), and a
+            # crash between the two leaves a ranges pin that the next create replaces.
+            for fd, role in zip(reversed(made), reversed(SET_ROLES), strict=True):
+                path = where / role
+                if path.exists():
+                    path.unlink()
+                bpf_calls.obj_pin(fd, str(path))
+                crash_point(f"set-{role}-pinned")
+            state.own(where)
+        except OSError as err:
+            raise _fail(f"creating set {name} in {where}", err) from None
+        finally:
+            for fd in made:
+                os.close(fd)
+    return True
+
+
+def _new_map(name: str, role: str, size: int) -> int:
+    kind, key = {
+        "hosts": (bpf_calls.BPF_MAP_TYPE_HASH, SET_HOST.size),
+        "ranges": (bpf_calls.BPF_MAP_TYPE_LPM_TRIE, SET_RANGE.size),
+    }[role]
+    label = "set." + name.replace("-", "_")  # a map's name: letters, digits, _ and .
+    return bpf_calls.map_create(kind, label[:15], key, SET_EXPIRY.size, size, NO_PREALLOC)
+
+
+def ensure(names: Sequence[str]) -> None:
+    """Sets that services name, made from their list files where they do not exist
+    yet (a start's first; a set with neither fails at fill: open_role says so)."""
+    for name in names:
+        if exists(name):
+            continue
+        path = list_file(name)
+        if path.exists():
+            create(name, read_rule_file(str(path)))
+
+
+def fill_env(env: FillEnv, rules: Iterable[SocketRules]) -> FillEnv:
+    """``env`` able to open the sets these rules name, each made from its list file
+    first where it does not exist (ensure)."""
+    wanted = sorted({n for r in rules for n in (*r.deny_sets, *r.allow_sets)})
+    if not wanted:
+        return env
+    ensure(wanted)
+    return replace(env, open_set=open_role)
+
+
+def check_env(env: FillEnv) -> FillEnv:
+    """``env`` for `alfwrapper check`, which changes nothing: a set that exists is
+    opened, one that a start would make from its list file is stood in for by an
+    empty map of its shape, and one with neither is the error a start would give."""
+
+    def open_set(name: str, role: str) -> int:
+        if exists(name) or not list_file(name).exists():
+            return open_role(name, role)
+        try:
+            return _new_map(name, role, 1)
+        except OSError as err:
+            raise _fail(f"checking set {name}", err) from None
+
+    return replace(env, open_set=open_set)
+
+
+def _key(prefix: Prefix) -> tuple[str, bytes]:
+    """The map a prefix goes in, and its key there."""
+    width = FAMILY_BITS[prefix.family]
+    raw = prefix.value.to_bytes(width // 8, "big").ljust(16, b"\0")
+    if prefix.length == width:
+        return "hosts", SET_HOST.pack(width, prefix.family, b"", raw)
+    return "ranges", SET_RANGE.pack(32 + prefix.length, prefix.family, b"", raw)
+
+
+def _prefix(role: str, key: bytes) -> Prefix:
+    if role == "hosts":
+        length, family, _, raw = SET_HOST.unpack(key)
+    else:
+        bits, family, _, raw = SET_RANGE.unpack(key)
+        length = bits - 32
+    width = FAMILY_BITS.get(family, 128)
+    return Prefix(family, int.from_bytes(raw[: width // 8], "big"), length)
+
+
+def _put(name: str, hosts: int, ranges: int, prefixes: Sequence[Prefix], expiry: int) -> None:
+    value = SET_EXPIRY.pack(expiry)
+    fds = {"hosts": hosts, "ranges": ranges}
+    for prefix in prefixes:
+        role, key = _key(prefix)
+        try:
+            bpf_calls.map_update(fds[role], key, value)
+        except OSError as err:
+            if err.errno != errno.E2BIG:
+                raise
+            if not _sweep(fds[role], role):
+                raise AlfError(
+                    f"set {name}",
+                    f"its {role} map is full at {prefix}",
+                    f"remove entries, or make it larger (set destroy, then set create "
+                    f"--size N; most {MOST_SIZE})",
+                    EX_CONFIG,
+                ) from None
+            bpf_calls.map_update(fds[role], key, value)
+
+
+def _sweep(fd: int, role: str) -> int:
+    """Remove lapsed entries; how many."""
+    size = (SET_HOST if role == "hosts" else SET_RANGE).size
+    now, gone = now_ns(), 0
+    for key in bpf_calls.map_keys(fd, size):
+        found = bpf_calls.map_lookup(fd, key, SET_EXPIRY.size)
+        if found is not None and 0 < SET_EXPIRY.unpack(found)[0] <= now:
+            gone += bpf_calls.map_delete(fd, key)
+    return gone
+
+
+def add(name: str, prefixes: Sequence[Prefix], timeout: float = 0.0) -> None:
+    """Put prefixes in the set, each lapsing after ``timeout`` seconds (0: never); an
+    entry already there takes the new expiry."""
+    expiry = now_ns() + int(timeout * 1e9) if timeout else 0
+    with _opened(name) as (hosts, ranges):
+        try:
+            _put(name, hosts, ranges, prefixes, expiry)
+        except OSError as err:
+            raise _fail(f"adding to set {name}", err) from None
+
+
+def delete(name: str, prefixes: Sequence[Prefix]) -> int:
+    """Take prefixes out of the set; how many were there."""
+    with _opened(name) as (hosts, ranges):
+        fds = {"hosts": hosts, "ranges": ranges}
+        try:
+            return sum(bpf_calls.map_delete(fds[r], k) for r, k in map(_key, prefixes))
+        except OSError as err:
+            raise _fail(f"removing from set {name}", err) from None
+
+
+def entries(name: str) -> list[tuple[Prefix, int]]:
+    """The set's standing entries with their expiries (0: never); lapsed ones are
+    removed on the way."""
+    out = []
+    with _opened(name) as (hosts, ranges):
+        for role, fd in (("hosts", hosts), ("ranges", ranges)):
+            _sweep(fd, role)
+            size = (SET_HOST if role == "hosts" else SET_RANGE).size
+            for key in bpf_calls.map_keys(fd, size):
+                found = bpf_calls.map_lookup(fd, key, SET_EXPIRY.size)
+                if found is not None:
+                    out.append((_prefix(role, key), SET_EXPIRY.unpack(found)[0]))
+    return sorted(out, key=lambda e: (e[0].family, e[0].value, e[0].length))
+
+
+def flush(name: str) -> int:
+    """Empty the set; how many entries it held."""
+    gone = 0
+    with _opened(name) as (hosts, ranges):
+        for role, fd in (("hosts", hosts), ("ranges", ranges)):
+            size = (SET_HOST if role == "hosts" else SET_RANGE).size
+            for key in bpf_calls.map_keys(fd, size):
+                gone += bpf_calls.map_delete(fd, key)
+    return gone
+
+
+def destroy(name: str) -> bool:
+    """Unpin the set.  Services that hold it keep it until their next start or
+    reload, and a set made again under the name is a new one."""
+    where = folder(name)
+    if not where.exists():
+        return False
+    with _locked(where):
+        for role in SET_ROLES:
+            (where / role).unlink(missing_ok=True)
+    where.rmdir()
+    return True
+
+
+def names() -> list[str]:
+    try:
+        return sorted(p.name for p in SETS_DIR.iterdir() if valid_set_name(p.name))
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise _fail(f"{SETS_DIR}", err) from None
+
+
+def holding(name: str, family: int, value: int) -> tuple[Prefix, int] | None:
+    """The standing entry of the set that holds an address (the address itself, else
+    the longest range), with its expiry, for `explain`."""
+    with _opened(name) as (hosts, ranges):
+        _, key = _key(Prefix(family, value, FAMILY_BITS[family]))
+        found = [("hosts", hosts, key)]
+        longest = _longest(ranges, family, value)
+        if longest is not None:
+            found.append(("ranges", ranges, longest))
+        for role, fd, k in found:
+            raw = bpf_calls.map_lookup(fd, k, SET_EXPIRY.size)
+            expiry = None if raw is None else SET_EXPIRY.unpack(raw)[0]
+            if expiry is not None and (expiry == 0 or expiry > now_ns()):
+                return _prefix(role, k), expiry
+    return None
+
+
+def _longest(fd: int, family: int, value: int) -> bytes | None:
+    """The key of the longest range holding an address (an LPM trie's lookup gives
+    the value alone, so the keys are compared here: `explain` only)."""
+    best: tuple[int, bytes] | None = None
+    for key in bpf_calls.map_keys(fd, SET_RANGE.size):
+        entry = _prefix("ranges", key)
+        shift = FAMILY_BITS[family] - entry.length
+        if entry.family == family and entry.value >> shift == value >> shift:
+            if best is None or entry.length > best[0]:
+                best = (entry.length, key)
+    return None if best is None else best[1]
+
+
+def read_list(path: str) -> Sequence[Prefix]:
+    """A list file's prefixes (one CIDR a line, # comments)."""
+    if not os.path.exists(path):
+        raise AlfError(f"set list {path}", "no such file", "check the path", EX_NOINPUT)
+    return read_rule_file(path)

@@ -1,0 +1,236 @@
+"""Named sets: one list of prefixes on the host, named by any number of services
+(allow-set, deny-set) and changed while they run (alfwrapper set), with real traffic
+from namespace hosts; and what the application received."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hosts import Network, Probe, Service, all_probes, check_policy, start_echo
+from support import ECHO_SERVER, WRAPPER
+
+SETS = Path("/sys/fs/bpf/alfwrapper/%sets")
+LISTS = Path("/etc/alfwrapper/sets")
+
+
+def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*WRAPPER, *argv], capture_output=True, text=True, timeout=120,
+        env={**os.environ, **env} if env else None,
+    )  # fmt: skip
+
+
+def ok(*argv: str) -> str:
+    out = cli(*argv)
+    assert out.returncode == 0, (argv, out.stderr)
+    return out.stdout
+
+
+@pytest.fixture
+def set_name(bpf_root: None) -> Iterator[str]:
+    """A set's name of this test's own (workers share the host's sets), gone after."""
+    name = f"t{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    yield name
+    cli("set", "destroy", name)
+    (LISTS / f"{name}.list").unlink(missing_ok=True)
+
+
+def start(network: Network, services: list[Service], service: str, port: int,
+          *options: str) -> Service:  # fmt: skip
+    return start_echo(network, services, service, *options, port=port)
+
+
+def test_two_services_share_one_deny_set(
+    network: Network, services: list[Service], set_name: str
+) -> None:
+    a, b = network.allowed, network.denied
+    ok("set", "create", set_name)
+    one = start(network, services, f"{set_name}-one", 8080, "--deny-set", set_name)
+    two = start(network, services, f"{set_name}-two", 9090, "--deny-set", set_name)
+    pids = (one.proc.pid, two.proc.pid)
+    for svc, port in ((one, 8080), (two, 9090)):
+        check_policy(svc, served=all_probes(a, port, port + 1) + all_probes(b, port), dropped=[])
+    # One add, both services, from the next packet: a host and a range of each family.
+    ok("set", "add", set_name, a.v4, "2001:db8:a::/48")
+    for svc, port in ((one, 8080), (two, 9090)):
+        check_policy(svc, served=all_probes(b, port), dropped=all_probes(a, port, port + 1))
+    listed = ok("set", "list", set_name).split()
+    assert f"{a.v4}/32" in listed and "2001:db8:a::/48" in listed, listed
+    ok("set", "del", set_name, a.v4, "2001:db8:a::/48")
+    for svc, port in ((one, 8080), (two, 9090)):
+        check_policy(svc, served=all_probes(a, port, port + 1), dropped=[])
+    # A flush empties it for both as well.
+    ok("set", "add", set_name, "192.0.2.0/24", a.v6)
+    check_policy(one, served=[], dropped=all_probes(a, 8080))
+    assert "2 removed" in ok("set", "flush", set_name)
+    check_policy(two, served=all_probes(a, 9090), dropped=[])
+    assert (one.proc.pid, two.proc.pid) == pids and None is one.proc.poll() is two.proc.poll()
+
+
+def test_an_entry_with_a_timeout_lapses(
+    network: Network, services: list[Service], set_name: str
+) -> None:
+    a = network.allowed
+    ok("set", "create", set_name)
+    svc = start(network, services, f"{set_name}-t", 8080, "--deny-set", set_name)
+    ok("set", "add", set_name, a.v4, "--timeout", "2")
+    ok("set", "add", set_name, "2001:db8:a::/64", "--timeout", "2")
+    added = time.monotonic()
+    check_policy(svc, served=[], dropped=all_probes(a, 8080))
+    assert time.monotonic() - added < 1.9, "the probes took too long to see the entries stand"
+    time.sleep(max(0.0, added + 2.3 - time.monotonic()))
+    check_policy(svc, served=all_probes(a, 8080, 8081), dropped=[])
+    assert ok("set", "list", set_name).strip() == ""  # lapsed entries are gone
+
+
+def test_allow_sets(network: Network, services: list[Service], set_name: str) -> None:
+    a, b = network.allowed, network.denied
+    # A set of its own list file, made at the first start that names it.
+    (LISTS / f"{set_name}.list").parent.mkdir(parents=True, exist_ok=True)
+    (LISTS / f"{set_name}.list").write_text(f"# the office\n{b.v4}\n")
+    # Allow sets alone: only their entries pass; a deny rule still wins over them.
+    only = start(network, services, f"{set_name}-only", 8080, "--allow-set", set_name,
+                 "--deny", "2001:db8:b::/48")  # fmt: skip
+    check_policy(only, served=[Probe(b, "tcp", 4, 8080), Probe(b, "udp", 4, 8081)],
+                 dropped=all_probes(a, 8080, 8081) + [Probe(b, "tcp", 6, 8080)])  # fmt: skip
+    ok("set", "add", set_name, a.v6, "2001:db8:b::/48")
+    check_policy(only, served=[Probe(a, "tcp", 6, 8080)],
+                 dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)])  # fmt: skip
+    # Beside allow rules: either lets a source in.
+    both = start(network, services, f"{set_name}-both", 9090, "--allow-set", set_name,
+                 "--allow", "192.0.2.0/24")  # fmt: skip
+    check_policy(both, served=[Probe(a, "tcp", 4, 9090), Probe(b, "tcp", 4, 9090),
+                               Probe(a, "tcp", 6, 9090)],
+                 dropped=[])  # fmt: skip
+    ok("set", "del", set_name, b.v4)
+    check_policy(both, served=[Probe(a, "tcp", 4, 9090)], dropped=[Probe(b, "tcp", 4, 9090)])
+
+
+def test_a_deny_set_wins_over_a_runtime_allow(
+    network: Network, services: list[Service], set_name: str
+) -> None:
+    a = network.allowed
+    ok("set", "create", set_name)
+    svc = start(network, services, f"{set_name}-rt", 8080, "--deny-set", set_name,
+                "--allow", "192.0.2.0/24")  # fmt: skip
+    ok("allow", f"{set_name}-rt", "2001:db8:a::/48")
+    ok("set", "add", set_name, a.v4, a.v6)
+    check_policy(svc, served=[], dropped=all_probes(a, 8080))
+
+
+def test_set_errors(network: Network, services: list[Service], set_name: str) -> None:
+    # A start naming a set that does not exist: one line, exit 78, no application.
+    svc = Service(network.server, [*WRAPPER, "--listen", "[::]:8080", "--deny-set", set_name,
+                                   "--", *ECHO_SERVER])  # fmt: skip
+    services.append(svc)
+    assert svc.proc.wait(60) == 78, svc.errors()
+    assert svc.errors().count("\n") == 1 and f"named set {set_name}: does not exist" in (
+        svc.errors()
+    ), svc.errors()
+    assert "ready" not in svc.output()
+    for argv, code, needle in (
+        (["set", "add", set_name, "192.0.2.1"], 78, "does not exist"),
+        (["set", "create", "bad.name"], 64, "is not a set name"),
+        (["set", "add", "x"], 64, "no CIDR given"),
+        (["set", "add", "x", "192.0.2.1/33"], 64, "longer than 32"),
+        (["set", "add", "x", "192.0.2.1", "--timeout", "nan"], 64, "--timeout"),
+        (["--deny-set", "a.b", "--", "true"], 64, "is not a set name"),
+        (["check", "--deny-set", set_name], 78, "does not exist"),
+        (["check", "--allow-set", "x", "--allow", "192.0.2.0/24", "--deny", "192.0.2.1"], 64,
+         "not both"),
+    ):  # fmt: skip
+        out = cli(*argv)
+        assert out.returncode == code, (argv, out.stderr)
+        assert needle in out.stderr and len(out.stderr.splitlines()) == 1, (argv, out.stderr)
+
+
+def test_a_crash_while_a_set_is_made_leaves_no_half_set(
+    network: Network, services: list[Service], set_name: str, tmp_path: Path
+) -> None:
+    listed = tmp_path / "list"
+    listed.write_text("192.0.2.2\n2001:db8:a::/48\n")
+    out = cli("set", "create", set_name, str(listed),
+              env={"ALFWRAPPER_CRASH_AT": "set-ranges-pinned"})  # fmt: skip
+    assert out.returncode == -9, out
+    assert (SETS / set_name / "ranges").exists() and not (SETS / set_name / "hosts").exists()
+    # Nothing starts on it, rather than on half of it.
+    assert cli("check", "--deny-set", set_name).returncode == 78
+    assert "created from" in ok("set", "create", set_name, str(listed))
+    svc = start(network, services, f"{set_name}-c", 8080, "--deny-set", set_name)
+    check_policy(svc, served=all_probes(network.denied, 8080),
+                 dropped=all_probes(network.allowed, 8080))  # fmt: skip
+
+
+def test_a_set_is_made_once_holds_its_size_and_makes_room_from_lapsed_entries(
+    set_name: str,
+) -> None:
+    assert "created" in ok("set", "create", set_name, "--size", "2")
+    assert "exists already" in ok("set", "create", set_name, "--size", "9")
+    ok("set", "add", set_name, "192.0.2.1", "2001:db8::1", "--timeout", "1")
+    out = cli("set", "add", set_name, "192.0.2.2", "192.0.2.3", "2001:db8::2")
+    assert out.returncode == 78 and "its hosts map is full" in out.stderr, out.stderr
+    time.sleep(1.2)  # both lapse: the next add takes their room
+    ok("set", "add", set_name, "192.0.2.2", "2001:db8::2")
+    assert ok("set", "list", set_name).split() == ["192.0.2.2/32", "2001:db8::2/128"]
+
+
+def test_explain_names_the_set_and_entry(set_name: str) -> None:
+    ok("set", "create", set_name)
+    ok("set", "add", set_name, "198.51.100.0/24", "--timeout", "600")
+    out = ok("explain", "--deny-set", set_name, "--from", "198.51.100.7", "--from", "192.0.2.1")
+    assert out.splitlines() == [
+        f"dropped by subnets: 198.51.100.7 matches deny-set entry 198.51.100.0/24 in set "
+        f"{set_name}, lapsing in {out.split('lapsing in ')[1].split()[0]} s",
+        "passed: 192.0.2.1 matches no deny rule",
+    ], out
+    assert 590 <= int(out.split("lapsing in ")[1].split()[0]) <= 600
+    out = ok("explain", "--allow-set", set_name, "--from", "192.0.2.1")
+    assert out.strip() == f"dropped by subnets: 192.0.2.1 is in none of the allow sets ({set_name})"
+
+
+def test_a_destroyed_set_stays_with_its_services_until_they_reload(
+    network: Network, services: list[Service], set_name: str
+) -> None:
+    a = network.allowed
+    ok("set", "create", set_name)
+    ok("set", "add", set_name, a.v4)
+    svc = start(network, services, f"{set_name}-d", 8080, "--deny-set", set_name)
+    ok("set", "destroy", set_name)
+    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
+    out = cli("reload", f"{set_name}-d")
+    assert out.returncode == 78 and "does not exist" in out.stderr, out.stderr
+    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
+
+
+def test_an_accepted_connection_with_a_set_never_starts_its_command(
+    network: Network, services: list[Service], set_name: str, tmp_path: Path
+) -> None:
+    """inetd style (Accept=yes): only a program reads a set, and an accepted connection
+    has none: refused, every time, and nothing runs."""
+    ok("set", "create", set_name)
+    marker = tmp_path / "started"
+    svc = Service(
+        network.server,
+        ["systemd-socket-activate", "--inetd", "-a", "-l", "7300", *WRAPPER, "--deny-set",
+         set_name, "--", sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"],
+    )  # fmt: skip
+    services.append(svc)
+    deadline = time.monotonic() + 30
+    while "Listening on" not in svc.errors() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for _ in range(2):
+        got = network.allowed.probe("tcp", 4, 7300, "hello", timeout=5)
+        assert got != "echo" and "hello" not in got, got  # nothing answered
+    deadline = time.monotonic() + 30
+    while svc.errors().count(f"the named set {set_name}") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert svc.errors().count(f"the named set {set_name} cannot check a connection") == 2, (
+        svc.errors()
+    )
+    assert not marker.exists()
