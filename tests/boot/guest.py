@@ -179,3 +179,35 @@ def a_failing_start_stops_its_socket(
     finally:
         g.run(f"rm -rf {policy} {rules}", check=False)
         stop(g, "alfwrapper-echo.socket", echo)
+
+
+def a_named_set_under_the_template(g: Guest, port: int, first: str) -> None:
+    """alfwrapper@PORT.service as shipped, naming a deny set that its first start makes
+    from /etc/alfwrapper/sets/NAME.list (as the unit's dynamic user, with the unit's
+    capabilities), then changed by root: dropped from the next packet, served again
+    after a del, with no restart."""
+    name, unit = f"boot-{port}", f"alfwrapper@{port}.service"
+    rules = f"ALF_RULES=--deny-set {name}\n"
+    g.run(
+        f"mkdir -p /etc/alfwrapper/sets && printf '%s\\n' '# denied' 198.51.100.0/24 "
+        f"2001:db8:b::/48 > /etc/alfwrapper/sets/{name}.list && "
+        f"printf '[Socket]\\nListenStream={port}\\n' > /etc/systemd/system/alfwrapper@{port}.socket"
+        " && printf "
+        + shlex.quote(rules + "ALF_COMMAND=/usr/bin/python3 /usr/share/alfwrapper/echo_server.py\n")
+        + f" > /etc/alfwrapper/{port}.env && systemctl daemon-reload && "
+        f"systemctl start alfwrapper@{port}.socket"
+    )
+    try:
+        served_and_dropped(g, unit, port, udp=False, first=first)
+        pid = g.run(f"systemctl show -P MainPID {unit}").strip()
+        g.run(f"alfwrapper set add {name} {ALLOW4} {ALLOW6}")
+        expect(g, unit, "timeout", "tcp", ALLOW4, GUEST4, str(port), "2")
+        expect(g, unit, "timeout", "tcp", ALLOW6, GUEST6, str(port), "2")
+        g.run(f"alfwrapper set del {name} {ALLOW4} {ALLOW6}")
+        expect(g, unit, "answered", "tcp", ALLOW4, GUEST4, str(port), "20")
+        expect(g, unit, "answered", "tcp", ALLOW6, GUEST6, str(port), "20")
+        assert g.run(f"systemctl show -P MainPID {unit}").strip() == pid
+    finally:
+        stop(g, f"alfwrapper@{port}.socket", unit)
+        g.run(f"alfwrapper set destroy {name}; rm -f /etc/alfwrapper/sets/{name}.list",
+              check=False)  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 from guest import (
     Guest,
     a_failing_start_stops_its_socket,
+    a_named_set_under_the_template,
     never_accepted,
     served_and_dropped,
     stop,
@@ -47,6 +48,10 @@ def test_echo_on_debians_own_kernel(guest61: Guest) -> None:
         never_accepted(g, "alfwrapper-echo-accept.socket", "8083")
     finally:
         stop(g, "alfwrapper-echo-accept.socket")
+
+
+def test_a_named_set_on_debians_own_kernel(guest61: Guest) -> None:
+    a_named_set_under_the_template(guest61, 8086, FIRST)
 
 
 def test_the_loader_on_debians_own_kernel(guest61: Guest) -> None:

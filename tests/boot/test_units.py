@@ -20,6 +20,7 @@ from guest import (
     OTHER4,
     Guest,
     a_failing_start_stops_its_socket,
+    a_named_set_under_the_template,
     expect,
     never_accepted,
     served_and_dropped,
@@ -160,6 +161,10 @@ def test_the_template_with_an_instance_file(guest: Guest) -> None:
         served_and_dropped(guest, "alfwrapper@8084.service", 8084, udp=False)
     finally:
         stop(guest, "alfwrapper@8084.socket", "alfwrapper@8084.service")
+
+
+def test_a_named_set_under_the_template(guest: Guest) -> None:
+    a_named_set_under_the_template(guest, 8086, FIRST)
 
 
 def test_an_ordinary_user_filters_a_service_through_the_loader(guest: Guest) -> None:

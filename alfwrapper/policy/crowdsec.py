@@ -1,0 +1,201 @@
+"""CrowdSec decisions, as a set's entries: the answers of the Local API's stream
+(GET /v1/decisions/stream) read strictly, and kept by decision so that what a set
+holds is always what the LAPI has in force.  Pure: no network, no kernel, no clock
+(the caller says what time it is, in monotonic nanoseconds).
+
+What the stream says, and what follows for this book (crowdsec's
+pkg/apiserver/controllers/v1/decisions.go and pkg/database/decisions.go, v1.4.6 as
+Debian 12 ships it, to v1.7):
+- ``{"new": [...], "deleted": [...]}``; either may be ``null`` (1.4.6 sends that for
+  an empty list).
+- A decision: ``id``, ``type`` ("ban", "captcha", ...), ``scope`` ("Ip" or "Range",
+  any case), ``value`` (a range may have host bits: "192.0.2.7/24"), ``duration``
+  (Go's time.Duration text of what is left, "3h59m58.123456789s"; negative in
+  ``deleted``).  Only bans of scope Ip and Range become entries; the rest are counted
+  and skipped.
+- ``startup=true`` answers every decision in force (and expired ones, in
+  ``deleted``): the book is replaced, not merged (``snapshot``).  Later calls give
+  what changed since the last (``delta``); a deletion may come twice (the LAPI looks
+  two seconds back), so applying one is idempotent.
+- Decisions on one network may overlap (two bans, different durations).  An entry
+  lasts as long as its longest standing decision; deleting one leaves the others.
+- Rows the LAPI drops without saying (an alert deleted, a list refreshed) are never
+  reported: every entry carries its own expiry, so it lapses anyway.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+from alfwrapper.errors import EX_PROTOCOL, AlfError, excerpt
+from alfwrapper.policy.prefixes import Prefix
+from alfwrapper.record import Record
+
+DECISIONS_LIMIT = 2_000_000  # decisions in one answer (a community blocklist is ~30,000)
+VALUE_LIMIT = 64  # characters of an address or range
+SCOPES = ("ip", "range")
+
+_UNIT_NS = {"h": 3_600 * 10**9, "m": 60 * 10**9, "s": 10**9, "ms": 10**6,
+            "us": 10**3, "µs": 10**3, "μs": 10**3, "ns": 1}  # fmt: skip
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(h|ms|us|µs|μs|ns|m|s)")
+
+
+def duration_ns(text: Any) -> int:
+    """Go's time.Duration text ("72h3m0.5s", "-7.34s", "0s", "1.5ms") in nanoseconds."""
+    if not isinstance(text, str) or not 0 < len(text) <= 64:
+        raise ValueError(f"duration {excerpt(repr(text))} is not Go's duration text")
+    sign, body = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+    if body == "0":
+        return 0
+    total, at = 0, 0
+    for match in _DURATION.finditer(body):
+        if match.start() != at:
+            break
+        number, unit = match.groups()
+        whole, _, fraction = number.partition(".")
+        scale = _UNIT_NS[unit]
+        total += int(whole or 0) * scale + (int(fraction) * scale // 10 ** len(fraction)
+                                            if fraction else 0)  # fmt: skip
+        at = match.end()
+    if at != len(body) or not body:
+        raise ValueError(f"duration {excerpt(repr(text))} is not Go's duration text")
+    return sign * total
+
+
+class Decision(Record):
+    """One ban as the book keeps it: which decision, on what network, until when
+    (monotonic ns)."""
+
+    id: int
+    network: Prefix
+    until: int
+
+
+class Answer(Record):
+    """One stream answer, read: the bans it brings and the decision ids it ends, and
+    how many decisions it had that are not bans of an address or a range."""
+
+    new: tuple[Decision, ...]
+    ended: tuple[int, ...]
+    skipped: int
+
+
+def _network(scope: str, value: Any) -> Prefix:
+    if not isinstance(value, str) or not 0 < len(value) <= VALUE_LIMIT:
+        raise ValueError(f"value {excerpt(repr(value))} is not an address or a range")
+    if scope == "ip" and "/" in value:
+        raise ValueError(f"an Ip decision's value {excerpt(value)} is a range")
+    network = ipaddress.ip_network(value.strip(), strict=False)  # a range may have host bits
+    if isinstance(network, ipaddress.IPv6Network) and network.network_address.ipv4_mapped:
+        mapped = network.network_address.ipv4_mapped
+        length = max(0, network.prefixlen - 96)
+        network = ipaddress.ip_network(f"{mapped}/{length}", strict=False)
+    family = 4 if network.version == 4 else 6
+    return Prefix(family, int(network.network_address), network.prefixlen)
+
+
+def read_answer(answer: Any, now: int) -> Answer:
+    """A stream answer, checked whole: anything malformed is one AlfError naming the
+    decision, and nothing of the answer is used (the caller keeps its book as it was)."""
+    if not isinstance(answer, dict):
+        raise _bad("the answer is not a JSON object")
+    lists = []
+    for key in ("new", "deleted"):
+        items = answer.get(key)
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise _bad(f'"{key}" is not a list')
+        lists.append(items)
+    if sum(map(len, lists)) > DECISIONS_LIMIT:
+        raise _bad(f"more than {DECISIONS_LIMIT:,} decisions in one answer")
+    new: list[Decision] = []
+    ended: list[int] = []
+    skipped = 0
+    for key, items in zip(("new", "deleted"), lists, strict=True):
+        for index, item in enumerate(items):
+            try:
+                if not isinstance(item, dict):
+                    raise ValueError("not a JSON object")
+                ident = item.get("id")
+                if not isinstance(ident, int) or isinstance(ident, bool):
+                    raise ValueError(f"id {excerpt(repr(ident))} is not a number")
+                scope = str(item.get("scope", "")).lower()
+                if key == "deleted":
+                    ended.append(ident)
+                    continue
+                if str(item.get("type", "")).lower() != "ban" or scope not in SCOPES:
+                    skipped += 1
+                    continue
+                left = duration_ns(item.get("duration"))
+                if left <= 0:
+                    ended.append(ident)  # in force no longer
+                    continue
+                new.append(Decision(ident, _network(scope, item.get("value")), now + left))
+            except ValueError as err:
+                raise _bad(f'decision {index} of "{key}": {err}') from None
+    return Answer(tuple(new), tuple(ended), skipped)
+
+
+def _bad(why: str) -> AlfError:
+    return AlfError(
+        "the CrowdSec LAPI's decisions stream",
+        why,
+        "check the LAPI's version and the bouncer's URL; the set keeps what it had",
+        EX_PROTOCOL,
+    )
+
+
+class Changes(Record):
+    """What a set must do: entries to hold until a time (added or extended), and
+    networks to take out."""
+
+    hold: dict[Prefix, int]
+    remove: frozenset[Prefix]
+
+
+class Book(Record, frozen=False):
+    """The bans in force, by decision; a network's entry lasts as long as the longest
+    standing decision on it."""
+
+    decisions: dict[int, Decision]
+
+    @classmethod
+    def empty(cls) -> Book:
+        return cls({})
+
+    def entries(self, now: int) -> dict[Prefix, int]:
+        """Each network held, until when (decisions lapsed by ``now`` left out)."""
+        held: dict[Prefix, int] = {}
+        for decision in self.decisions.values():
+            if decision.until > now and decision.until > held.get(decision.network, 0):
+                held[decision.network] = decision.until
+        return held
+
+    def snapshot(self, answer: Answer, now: int) -> Changes:
+        """A startup answer: the book becomes what it says, and the set with it."""
+        before, ended = self.entries(now), set(answer.ended)
+        self.decisions = {d.id: d for d in answer.new if d.id not in ended}
+        return _difference(before, self.entries(now))
+
+    def delta(self, answer: Answer, now: int) -> Changes:
+        """A later answer: deletions first (idempotent), then the new bans."""
+        before = self.entries(now)
+        for ident in answer.ended:
+            self.decisions.pop(ident, None)
+        for decision in answer.new:
+            self.decisions[decision.id] = decision
+        self.lapse(now)
+        return _difference(before, self.entries(now))
+
+    def lapse(self, now: int) -> None:
+        """Forget decisions whose time has passed (their entries lapse by themselves)."""
+        for ident in [i for i, d in self.decisions.items() if d.until <= now]:
+            del self.decisions[ident]
+
+
+def _difference(before: dict[Prefix, int], after: dict[Prefix, int]) -> Changes:
+    hold = {net: until for net, until in after.items() if before.get(net) != until}
+    return Changes(hold, frozenset(set(before) - set(after)))

@@ -1,0 +1,155 @@
+"""CrowdSec's decision stream, read strictly and kept by decision: Go's duration text,
+bans of addresses and ranges only, overlapping decisions, deletions that come twice,
+startup snapshots; and a set driven only by the changes the book hands out always
+holds what the book says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from alfwrapper.errors import EX_PROTOCOL, AlfError
+from alfwrapper.policy.crowdsec import Book, Changes, duration_ns, read_answer
+from alfwrapper.policy.prefixes import Prefix, parse_prefix
+
+S = 10**9
+
+
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [
+        ("0s", 0),
+        ("0", 0),
+        ("1s", S),
+        ("-7.34s", -7_340_000_000),
+        ("3h59m58.123456789s", (3 * 3600 + 59 * 60 + 58) * S + 123_456_789),
+        ("72h3m0.5s", (72 * 3600 + 180) * S + S // 2),
+        ("1.5ms", 1_500_000),
+        ("500us", 500_000),
+        ("2µs", 2_000),
+        ("7ns", 7),
+        ("4h", 4 * 3600 * S),
+    ],
+)
+def test_go_durations(text: str, ns: int) -> None:
+    assert duration_ns(text) == ns
+
+
+@pytest.mark.parametrize("text", ["", "3x", "h", "1h 2m", "--1s", "1.2.3s", "s1", "1s2", None, 5])
+def test_anything_else_is_not_a_duration(text: Any) -> None:
+    with pytest.raises(ValueError, match="not Go's duration text"):
+        duration_ns(text)
+
+
+def ban(
+    ident: int, value: str, duration: str = "4h", scope: str = "Ip", kind: str = "ban"
+) -> dict[str, Any]:
+    return {"id": ident, "origin": "cscli", "type": kind, "scope": scope, "value": value,
+            "duration": duration, "scenario": "manual"}  # fmt: skip
+
+
+def test_an_answer_is_read_whole() -> None:
+    answer = read_answer(
+        {
+            "new": [
+                ban(1, "192.0.2.7"),
+                ban(2, "198.51.100.77/24", scope="Range"),  # host bits: the LAPI keeps them
+                ban(3, "2001:db8::1", scope="ip"),
+                ban(4, "::ffff:203.0.113.9"),  # a mapped address is the IPv4 one
+                ban(5, "192.0.2.8", kind="captcha"),
+                ban(6, "AS64496", scope="AS"),
+                ban(7, "192.0.2.9", duration="-1s"),  # over already
+            ],
+            "deleted": None,  # 1.4.6's empty list
+        },
+        now=100,
+    )
+    assert [(d.id, str(d.network), d.until) for d in answer.new] == [
+        (1, "192.0.2.7/32", 100 + 4 * 3600 * S),
+        (2, "198.51.100.0/24", 100 + 4 * 3600 * S),
+        (3, "2001:db8::1/128", 100 + 4 * 3600 * S),
+        (4, "203.0.113.9/32", 100 + 4 * 3600 * S),
+    ]
+    assert answer.ended == (7,) and answer.skipped == 2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        [],
+        {"new": {}},
+        {"new": [ban(1, "192.0.2.300")]},
+        {"new": [ban(1, "192.0.2.0/24", scope="Ip")]},  # an Ip decision names one address
+        {"new": [ban(True, "192.0.2.1")]},  # a JSON true is not an id
+        {"new": [ban(1, "192.0.2.1", duration="soon")]},
+        {"new": [ban(1, "x" * 100)]},
+        {"new": ["192.0.2.1"]},
+        {"deleted": [{"value": "192.0.2.1"}]},
+    ],
+)
+def test_a_malformed_answer_is_one_error_and_nothing_of_it_is_used(answer: Any) -> None:
+    with pytest.raises(AlfError) as err:
+        read_answer(answer, now=0)
+    assert err.value.exit_code == EX_PROTOCOL
+    assert err.value.line().startswith("alfwrapper: the CrowdSec LAPI's decisions stream: ")
+
+
+def test_overlapping_decisions_and_repeated_deletions() -> None:
+    book, net = Book.empty(), parse_prefix("192.0.2.7")
+    got = book.snapshot(read_answer({"new": [ban(1, "192.0.2.7", "1h")]}, now=0), now=0)
+    assert got == Changes({net: 3600 * S}, frozenset())
+    got = book.delta(read_answer({"new": [ban(2, "192.0.2.7", "2h")]}, now=0), now=0)
+    assert got == Changes({net: 7200 * S}, frozenset())  # extended to the longest
+    deleted = {"deleted": [ban(2, "192.0.2.7", "-1s")]}
+    got = book.delta(read_answer(deleted, now=S), now=S)
+    assert got == Changes({net: 3600 * S}, frozenset())  # back to the one that stands
+    assert book.delta(read_answer(deleted, now=2 * S), now=2 * S) == Changes({}, frozenset())
+    got = book.delta(read_answer({"deleted": [ban(1, "192.0.2.7", "-1s")]}, now=3 * S), now=3 * S)
+    assert got == Changes({}, frozenset({net}))
+
+
+def test_a_startup_answer_replaces_the_book() -> None:
+    book = Book.empty()
+    book.snapshot(read_answer({"new": [ban(1, "192.0.2.1"), ban(2, "192.0.2.2")]}, now=0), now=0)
+    got = book.snapshot(
+        read_answer({"new": [ban(2, "192.0.2.2"), ban(3, "192.0.2.3")]}, now=0), now=0
+    )
+    assert got == Changes({parse_prefix("192.0.2.3"): 4 * 3600 * S},
+                          frozenset({parse_prefix("192.0.2.1")}))  # fmt: skip
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["new", "deleted", "startup", "wait"]),
+        st.integers(1, 6),  # decision id
+        st.sampled_from(["192.0.2.1", "192.0.2.2", "2001:db8::1", "198.51.100.0/24"]),
+        st.integers(1, 50),  # seconds
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_a_set_driven_by_the_changes_holds_what_the_book_holds(ops: list[Any]) -> None:
+    """The set is only ever told the changes (as the bouncer tells the kernel); after
+    every answer, its entries that have not lapsed are the book's, with their times."""
+    book, now = Book.empty(), 0
+    held: dict[Prefix, int] = {}
+    for op, ident, value, seconds in ops:
+        if op == "wait":
+            now += seconds * S
+            continue
+        scope = "Range" if "/" in value else "Ip"
+        duration = f"-{seconds}s" if op == "deleted" else f"{seconds}s"
+        key = "deleted" if op == "deleted" else "new"
+        answer = read_answer({key: [ban(ident, value, duration, scope)]}, now)
+        changes = book.snapshot(answer, now) if op == "startup" else book.delta(answer, now)
+        for net in changes.remove:
+            held.pop(net, None)
+        held.update(changes.hold)
+        in_force = {net: until for net, until in held.items() if until > now}
+        assert in_force == book.entries(now)
