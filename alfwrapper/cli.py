@@ -790,6 +790,49 @@ def set_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def crowdsec_parser() -> Parser:
+    p = Parser(
+        prog="alfwrapper crowdsec",
+        description="A CrowdSec bouncer: keep a named set equal to the bans (scopes Ip and "
+        "Range) of a CrowdSec Local API, polled, for every service that names the set "
+        "(run by alfwrapper-crowdsec.service).",
+        epilog=examples(
+            "alfwrapper crowdsec    # /etc/alfwrapper/crowdsec.toml",
+            "alfwrapper crowdsec --config /etc/alfwrapper/crowdsec-fleet.toml",
+        ),
+    )
+    p.add_argument("--config", default="/etc/alfwrapper/crowdsec.toml", metavar="FILE",
+                   help="the bouncer's TOML file (the default: this one)")  # fmt: skip
+    p.add_argument("--key-file", default="", metavar="FILE",
+                   help="read the API key from FILE, not the config's api-key-file (the "
+                   "unit's: its credential)")  # fmt: skip
+    p.add_argument("--sets", default="", metavar="DIR",
+                   help="where the sets' tree is seen (the unit binds it there)")  # fmt: skip
+    p.add_argument("--once", action="store_true",
+                   help="one full resync, then exit: 0, or its error's code")  # fmt: skip
+    p.add_argument("--prepare", action="store_true",
+                   help="make the config's set if it does not exist, and exit (the unit's "
+                   "ExecStartPre=, as root)")  # fmt: skip
+    return p
+
+
+def crowdsec_main(argv: Sequence[str]) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from alfwrapper import sets  # noqa: PLC0415
+    from alfwrapper.lifecycle import bouncer  # noqa: PLC0415
+
+    args = crowdsec_parser().parse_args(argv)
+    if args.sets:
+        sets.use_root(Path(args.sets))
+    config = bouncer.read_config(args.config, args.key_file, need_key=not args.prepare)
+    if args.prepare:
+        made = sets.create(config.set)
+        print(f"set {config.set}: {'created' if made else 'exists already'}")
+        return 0
+    return bouncer.run(config, once=args.once)
+
+
 def loader_parser() -> Parser:
     from alfwrapper.loader import server  # noqa: PLC0415
 
@@ -854,6 +897,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "doctor": Subcommand(doctor_parser, doctor_main),
     "knock": Subcommand(knock_parser, knock_main),
     "set": Subcommand(set_parser, set_main),
+    "crowdsec": Subcommand(crowdsec_parser, crowdsec_main),
     "loader": Subcommand(loader_parser, loader_main),
     "generator": Subcommand(generator_parser, generator_main),
 }

@@ -14,6 +14,7 @@ EX_SOFTWARE = 70
 EX_OSERR = 71
 EX_CANTCREAT = 73
 EX_TEMPFAIL = 75
+EX_PROTOCOL = 76
 EX_NOPERM = 77
 EX_CONFIG = 78
 
@@ -69,6 +70,7 @@ LIBRARIES = {
     "bcc": "python3-bpfcc",
     "numpy": "python3-numpy",
     "pyroute2": "python3-pyroute2",
+    "requests": "python3-requests",
     "seccomp": "python3-seccomp",
     "setproctitle": "python3-setproctitle",
     "systemd": "python3-systemd",

@@ -1,10 +1,11 @@
 """Named sets: lists of prefixes kept once for the host, which any number of services
 name (allow-set, deny-set) and which change while they run (alfwrapper set).
 
-A set is a folder in root's pinned tree (state.py), beside the services' folders
-(whose names cannot hold a '%'):
+A set is a folder in a pinned tree of its own (state.py), which belongs to the
+user alfwrapper-sets: the CrowdSec bouncer runs as it, so a bouncer taken over by
+what it reads from the network reaches the sets and nothing of the services':
 
-    /sys/fs/bpf/alfwrapper/%sets/NAME/
+    /sys/fs/bpf/alfwrapper-sets/NAME/
       hosts     HASH: whole addresses (/32 and /128) -> expiry
       ranges    LPM_TRIE: every shorter prefix -> expiry
 
@@ -49,12 +50,23 @@ from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
 from alfwrapper.policy.rules import SET_NAME_RULE, SocketRules, valid_set_name
 from alfwrapper.record import replace
 
-SETS_DIR = state.ROOT / "%sets"
+_ROOT = [state.SETS_ROOT]  # where the tree is seen (use_root)
 LIST_DIR = Path("/etc/alfwrapper/sets")
 DEFAULT_SIZE = 65536  # entries each map may hold (its most: `set create --size`)
 MOST_SIZE = 1 << 24
 LOCK_SECONDS = 10.0
+BATCH = 65536  # entries in one batch update
 NO_PREALLOC = 1  # BPF_F_NO_PREALLOC: memory for the entries there, not for the room
+
+
+def use_root(path: Path) -> None:
+    """See the sets' tree at ``path`` (where a unit binds it: bpffs's root is 0700)."""
+    _ROOT[0] = path
+    state.see_sets_tree(path)
+
+
+def root() -> Path:
+    return _ROOT[0]
 
 
 def check_name(name: str) -> str:
@@ -64,7 +76,7 @@ def check_name(name: str) -> str:
 
 
 def folder(name: str) -> Path:
-    return SETS_DIR / check_name(name)
+    return root() / check_name(name)
 
 
 def list_file(name: str) -> Path:
@@ -152,8 +164,9 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
     if not 1 <= size <= MOST_SIZE:
         raise AlfError(f"set {name}", f"size {size} is out of range", f"give 1 to {MOST_SIZE}",
                        EX_USAGE)  # fmt: skip
-    state.state_root(create=True)
-    state.trusted_dir(SETS_DIR, create=True)
+    if root() == state.SETS_ROOT:
+        state.check_bpffs()
+    state.trusted_dir(root(), create=True)
     state.trusted_dir(where, create=True)
     with _locked(where):
         if exists(name):
@@ -250,20 +263,25 @@ def _put(name: str, hosts: int, ranges: int, prefixes: Sequence[Prefix], expiry:
     fds = {"hosts": hosts, "ranges": ranges}
     for prefix in prefixes:
         role, key = _key(prefix)
-        try:
-            bpf_calls.map_update(fds[role], key, value)
-        except OSError as err:
-            if err.errno != errno.E2BIG:
-                raise
-            if not _sweep(fds[role], role):
-                raise AlfError(
-                    f"set {name}",
-                    f"its {role} map is full at {prefix}",
-                    f"remove entries, or make it larger (set destroy, then set create "
-                    f"--size N; most {MOST_SIZE})",
-                    EX_CONFIG,
-                ) from None
-            bpf_calls.map_update(fds[role], key, value)
+        _update(name, fds[role], role, key, value)
+
+
+def _update(name: str, fd: int, role: str, key: bytes, value: bytes) -> None:
+    """One entry in; a full map first loses its lapsed entries, and is an error if none."""
+    try:
+        bpf_calls.map_update(fd, key, value)
+    except OSError as err:
+        if err.errno != errno.E2BIG:
+            raise
+        if not _sweep(fd, role):
+            raise AlfError(
+                f"set {name}",
+                f"its {role} map is full at {_prefix(role, key)}",
+                f"remove entries, or make it larger (set destroy, then set create "
+                f"--size N; most {MOST_SIZE})",
+                EX_CONFIG,
+            ) from None
+        bpf_calls.map_update(fd, key, value)
 
 
 def _sweep(fd: int, role: str) -> int:
@@ -284,6 +302,35 @@ def add(name: str, prefixes: Sequence[Prefix], timeout: float = 0.0) -> None:
     with _opened(name) as (hosts, ranges):
         try:
             _put(name, hosts, ranges, prefixes, expiry)
+        except OSError as err:
+            raise _fail(f"adding to set {name}", err) from None
+
+
+def hold(name: str, entries: dict[Prefix, int]) -> None:
+    """Put each prefix in the set until its own expiry (monotonic ns; 0: never): whole
+    addresses in one batch update (Linux 5.6), shorter prefixes one by one (an LPM
+    trie has no batch update)."""
+    by_role: dict[str, tuple[list[bytes], list[bytes]]] = {"hosts": ([], []), "ranges": ([], [])}
+    for prefix, until in entries.items():
+        role, key = _key(prefix)
+        by_role[role][0].append(key)
+        by_role[role][1].append(SET_EXPIRY.pack(until))
+    with _opened(name) as (hosts, ranges):
+        try:
+            keys, values = by_role["hosts"]
+            for start in range(0, len(keys), BATCH):
+                part = slice(start, start + BATCH)
+                try:
+                    bpf_calls.map_update_batch(hosts, b"".join(keys[part]), b"".join(values[part]),
+                                               len(keys[part]))  # fmt: skip
+                except OSError as err:
+                    if err.errno != errno.E2BIG:
+                        raise
+                    _sweep(hosts, "hosts")  # then one by one, saying which did not fit
+                    for key, value in zip(keys[part], values[part], strict=True):
+                        _update(name, hosts, "hosts", key, value)
+            for key, value in zip(*by_role["ranges"], strict=True):
+                _update(name, ranges, "ranges", key, value)
         except OSError as err:
             raise _fail(f"adding to set {name}", err) from None
 
@@ -339,11 +386,11 @@ def destroy(name: str) -> bool:
 
 def names() -> list[str]:
     try:
-        return sorted(p.name for p in SETS_DIR.iterdir() if valid_set_name(p.name))
+        return sorted(p.name for p in root().iterdir() if valid_set_name(p.name))
     except FileNotFoundError:
         return []
     except OSError as err:
-        raise _fail(f"{SETS_DIR}", err) from None
+        raise _fail(f"{root()}", err) from None
 
 
 def holding(name: str, family: int, value: int) -> tuple[Prefix, int] | None:

@@ -17,6 +17,9 @@ live allow/deny, status and gc all find a socket's state here by its cookie.
     /sys/fs/bpf/alfwrapper-users/       0700, owned by the alfwrapper-loader user
       UID/SERVICE/...                   the same, for the services of user UID, kept by
                                         the loader (loader/) on that user's requests
+    /sys/fs/bpf/alfwrapper-sets/        0700, owned by the alfwrapper-sets user: the
+      NAME/hosts, NAME/ranges           named sets (sets.py), which the CrowdSec
+                                        bouncer runs as, reaching nothing else
 
 Pinned objects are guarded by file permissions alone (since Linux 6.5 the
 unprivileged_bpf_disabled check covers only creating maps and loading
@@ -77,6 +80,9 @@ USERS_ROOT = BPFFS / "alfwrapper-users"
 LOADER_OWNER = "alfwrapper-loader"
 # Where the users' tree is seen: here, and where the loader's unit binds it (--pins).
 _USERS_VIEWS = [USERS_ROOT]
+SETS_ROOT = BPFFS / "alfwrapper-sets"  # named sets (alfwrapper/sets.py)
+SETS_OWNER = "alfwrapper-sets"
+_SETS_VIEWS = [SETS_ROOT]
 BPF_FS_MAGIC = 0xCAFE4A11
 TMPFS_MAGIC = 0x01021994
 META_SIZE = 8192
@@ -106,7 +112,14 @@ def _account(name: str) -> pwd.struct_passwd:
     return pwd.getpwnam(name)
 
 
+def see_sets_tree(at: Path) -> None:
+    """The sets' tree is (also) seen at ``at``: its folders belong to SETS_OWNER."""
+    _SETS_VIEWS.append(at)
+
+
 def owner_name(path: Path | None = None) -> str:
+    if path is not None and any(path.is_relative_to(v) for v in _SETS_VIEWS):
+        return SETS_OWNER
     users = path is not None and any(path.is_relative_to(v) for v in _USERS_VIEWS)
     return LOADER_OWNER if users else OWNER
 

@@ -24,7 +24,7 @@ if [ "${1:-}" = --venv-only ]; then
     exit 0
 fi
 
-PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser fail2ban python3-systemd python3-pyroute2 python3-numpy python3-setproctitle python3-shtab bash-completion bpftool debhelper dh-python pybuild-plugin-pyproject python3-setuptools lintian python3-seccomp openssh-server openssh-client tftpd-hpa git curl"
+PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nftables iptables ethtool python3-scapy adduser fail2ban python3-systemd python3-pyroute2 python3-numpy python3-setproctitle python3-shtab bash-completion bpftool debhelper dh-python pybuild-plugin-pyproject python3-setuptools lintian python3-seccomp openssh-server openssh-client tftpd-hpa git curl python3-requests python3-yaml crowdsec"
 # The boot tier (tests/boot: a Debian 12 guest with systemd as PID 1) and the kernel
 # tier (tests/kernel: Debian's own kernel in qemu, a static replayer as its init).
 PACKAGES="$PACKAGES mmdebstrap systemd-container qemu-system-x86 e2fsprogs cpio gcc libc6-dev"
@@ -47,17 +47,28 @@ if [ -n "$missing" ]; then
         chmod 755 /usr/sbin/policy-rc.d
         guard=/usr/sbin/policy-rc.d
     fi
+    # crowdsec (the bouncer's tests run its LAPI): its postinst registers with the
+    # Central API unless credentials exist, and offline that fails the install.  A
+    # file that holds none keeps it local ("push and pull to Central API disabled").
+    case " $missing " in
+        *" crowdsec "*) mkdir -p /etc/crowdsec
+            [ -s /etc/crowdsec/online_api_credentials.yaml ] ||
+                echo "# no thanks: alfwrapper's tests run this LAPI offline" \
+                    >/etc/crowdsec/online_api_credentials.yaml ;;
+    esac
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null || {
         [ -z "$guard" ] || rm -f "$guard"
         exit 69
     }
     [ -z "$guard" ] || rm -f "$guard"
-    # The tests drive fail2ban themselves: the system's own fail2ban service, if this
-    # install just started it, is not wanted.
-    case " $missing " in
-        *" fail2ban "*) [ -d /run/systemd/system ] && [ "$(ps -p 1 -o comm=)" = systemd ] &&
-            systemctl disable --now fail2ban >/dev/null 2>&1 || true ;;
-    esac
+    # The tests drive fail2ban and CrowdSec's LAPI themselves: the system's own
+    # services, if this install just started them, are not wanted.
+    for daemon in fail2ban crowdsec; do
+        case " $missing " in
+            *" $daemon "*) [ -d /run/systemd/system ] && [ "$(ps -p 1 -o comm=)" = systemd ] &&
+                systemctl disable --now "$daemon" >/dev/null 2>&1 || true ;;
+        esac
+    done
 fi
 
 # Pinned state lives in a BPF file system at /sys/fs/bpf (systemd mounts it at
@@ -73,9 +84,10 @@ if [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" != "bpf_fs" ]; then
 fi
 
 # alfwrapper's system users (sysusers/alfwrapper.conf says what each is for).
-if [ "$(id -u)" = 0 ] && ! { getent passwd alfwrapper && getent passwd alfwrapper-loader; } >/dev/null; then
+if [ "$(id -u)" = 0 ] && ! { getent passwd alfwrapper && getent passwd alfwrapper-loader &&
+        getent passwd alfwrapper-sets; } >/dev/null; then
     systemd-sysusers "$PWD/sysusers/alfwrapper.conf"
-    echo "setup: created the system users alfwrapper and alfwrapper-loader"
+    echo "setup: created the system users alfwrapper, alfwrapper-loader and alfwrapper-sets"
 fi
 
 venv

@@ -947,6 +947,27 @@ MUTATIONS += [
         (SETS_TEST + "test_allow_sets",),
     ),
     Mutation(
+        "bouncer-keeps-what-the-lapi-does-not",
+        "alfwrapper/lifecycle/bouncer.py",
+        "        remove = {prefix for prefix, _ in sets.entries(config.set)} - set(hold)\n",
+        "        remove = set()\n",
+        ("tests/integration/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
+    ),
+    Mutation(
+        "bouncer-ignores-deletions",
+        "alfwrapper/policy/crowdsec.py",
+        "            self.decisions.pop(ident, None)\n",
+        "            pass\n",
+        ("tests/integration/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
+    ),
+    Mutation(
+        "bouncer-sends-no-key",
+        "alfwrapper/lifecycle/bouncer.py",
+        '{"X-Api-Key": config.key, ',
+        "{",
+        ("tests/integration/test_crowdsec.py::test_once_says_what_it_found",),
+    ),
+    Mutation(
         "set-hosts-pinned-first",
         "alfwrapper/sets.py",
         "zip(reversed(made), reversed(SET_ROLES), strict=True)",

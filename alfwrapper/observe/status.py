@@ -191,7 +191,38 @@ def prometheus(report: dict[str, object]) -> str:
                 f'socket="{_label(s["name"])}",protocol="{_label(s["protocol"])}",'
                 f'port="{_label(s["port"])}"}} {len(s["runtime"])}'
             )
-    return "\n".join(out) + "\n"
+    return "\n".join(out + crowdsec_metrics()) + "\n"
+
+
+# The bouncer's counters (lifecycle/bouncer.py: Counters), as Prometheus names them.
+_BOUNCER = (
+    ("polls", "counter", "polls_total", "Polls of the CrowdSec LAPI's decision stream."),
+    ("failures", "counter", "failures_total", "Polls that failed (the next one resyncs)."),
+    ("resyncs", "counter", "resyncs_total", "Full resyncs (startup=true answers applied)."),
+    ("added", "counter", "entries_added_total", "Set entries held or extended."),
+    ("removed", "counter", "entries_removed_total", "Set entries removed."),
+    ("skipped", "counter", "decisions_skipped_total", "Decisions not bans of an Ip or Range."),
+    ("entries", "gauge", "entries", "Entries the set holds for the LAPI's bans."),
+    ("last_success", "gauge", "last_success_seconds", "When a poll last succeeded (Unix time)."),
+    ("apply_seconds", "gauge", "apply_seconds", "Seconds the last answer took to apply."),
+)
+
+
+def crowdsec_metrics() -> list[str]:
+    """alfwrapper_crowdsec_*, if the bouncer runs here (its metrics file)."""
+    from alfwrapper.lifecycle.bouncer import read_metrics  # noqa: PLC0415
+
+    counts = read_metrics()
+    if counts is None:
+        return []
+    out = []
+    for key, kind, name, text in _BOUNCER:
+        value = counts.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out += [f"# HELP alfwrapper_crowdsec_{name} {text}",
+                    f"# TYPE alfwrapper_crowdsec_{name} {kind}",
+                    f"alfwrapper_crowdsec_{name} {value}"]  # fmt: skip
+    return out
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 from guest import (
     ALLOW4,
@@ -38,12 +39,14 @@ EXPOSURE = {
     "alfwrapper-proxy.service": 2.3,
     "alfwrapper@.service": 2.3,
     "alfwrapper-loader.service": 1.8,
+    "alfwrapper-crowdsec.service": 3.0,
     "alfwrapper-metrics.service": 2.2,
     "alfwrapper-tftp.service": 5.5,
     "alfwrapper-git@.service": 4.1,
     "alfwrapper-sshd@.service": 9.6,
 }
 GALLERY = "/usr/share/alfwrapper/units"
+HERE = Path(__file__).resolve().parent
 
 
 def test_the_package_installs_offline_and_doctor_passes(guest: Guest) -> None:
@@ -165,6 +168,47 @@ def test_the_template_with_an_instance_file(guest: Guest) -> None:
 
 def test_a_named_set_under_the_template(guest: Guest) -> None:
     a_named_set_under_the_template(guest, 8086, FIRST)
+
+
+def test_the_crowdsec_bouncer_as_shipped(guest: Guest) -> None:
+    """alfwrapper-crowdsec.service as shipped (its own user, CAP_BPF alone, the key as a
+    credential, the sets' tree bound in) fills a set a service denies from, against a
+    stand-in LAPI in the guest (stand_in_lapi.py; the real one: test_crowdsec.py)."""
+    guest.put(HERE / "stand_in_lapi.py", "/root/stand_in_lapi.py")
+    key = "0123456789abcdef0123456789abcdef"
+    guest.run(
+        "mkdir -p /etc/alfwrapper && umask 077 && "
+        f"printf '%s\\n' {key} > /etc/alfwrapper/crowdsec.key && printf '%s\\n' "
+        "'lapi-url = \"http://127.0.0.1:18080/\"' 'api-key-file = \"/nonexistent\"' "
+        "'set = \"crowdsec-boot\"' 'poll-interval = 1' > /etc/alfwrapper/crowdsec.toml && "
+        "chmod 644 /etc/alfwrapper/crowdsec.toml && "
+        f"systemd-run --quiet --unit=alf-lapi python3 /root/stand_in_lapi.py 18080 {key} "
+        f"{ALLOW4} && systemctl start alfwrapper-crowdsec.service"
+    )
+    try:
+        guest.wait(f"alfwrapper set list crowdsec-boot | grep -q '^{ALLOW4}/32'", seconds=120)
+        owner = guest.run("stat -c %U /sys/fs/bpf/alfwrapper-sets /sys/fs/bpf/alfwrapper-sets/*")
+        assert set(owner.split()) == {"alfwrapper-sets"}, owner
+        guest.run(
+            "printf '[Socket]\\nListenStream=8087\\n' > "
+            "/etc/systemd/system/alfwrapper@8087.socket && printf "
+            + shlex.quote(
+                "ALF_RULES=--deny-set crowdsec-boot\n"
+                "ALF_COMMAND=/usr/bin/python3 /usr/share/alfwrapper/echo_server.py\n"
+            )
+            + " > /etc/alfwrapper/8087.env && systemctl daemon-reload && "
+            "systemctl start alfwrapper@8087.socket"
+        )
+        expect(guest, "alfwrapper@8087.service", "answered", "tcp", ALLOW6, GUEST6, "8087", FIRST)
+        expect(guest, "alfwrapper@8087.service", "timeout", "tcp", ALLOW4, GUEST4, "8087", "2")
+        metrics = guest.run("alfwrapper status --prometheus")
+        assert "alfwrapper_crowdsec_entries 1" in metrics, metrics
+    finally:
+        print(guest.journal("alfwrapper-crowdsec.service"))
+        stop(guest, "alfwrapper@8087.socket", "alfwrapper@8087.service",
+             "alfwrapper-crowdsec.service", "alf-lapi")  # fmt: skip
+        guest.run("alfwrapper set destroy crowdsec-boot; rm -f /etc/alfwrapper/crowdsec.*",
+                  check=False)  # fmt: skip
 
 
 def test_an_ordinary_user_filters_a_service_through_the_loader(guest: Guest) -> None:

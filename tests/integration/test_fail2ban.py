@@ -1,5 +1,5 @@
-"""The shipped fail2ban action, driven by fail2ban's own server and client: a ban denies
-live, an unban revokes."""
+"""The shipped fail2ban actions, driven by fail2ban's own server and client: a ban denies
+live, an unban revokes; through the service's runtime rules, or a named set."""
 
 from __future__ import annotations
 
@@ -15,16 +15,23 @@ from hosts import Network, Probe, Service, check_policy
 from support import ECHO_SERVER, ROOT, WRAPPER
 
 
+@pytest.mark.parametrize("mode", ["runtime", "set"])
 def test_fail2ban_bans_and_unbans_through_alfwrapper(
-    network: Network, services: list[Service], tmp_path: Path
+    network: Network, services: list[Service], tmp_path: Path, mode: str
 ) -> None:
     if shutil.which("fail2ban-server") is None:
         pytest.fail("fail2ban is missing: `make setup` installs it")
     a, b = network.allowed, network.denied
+    service, named = f"f2b-{mode}", f"f2b{os.getpid()}"
+    action, options, banned = "alfwrapper", [], lambda: "deny 198.51.100.2/32" in run_show(service)
+    if mode == "set":
+        action, options = "alfwrapper-set", ["--deny-set", named]
+        banned = lambda: "198.51.100.2/32" in run([*WRAPPER, "set", "list", named])  # noqa: E731
+        run([*WRAPPER, "set", "create", named])
     svc = Service(
         network.server,
-        [*WRAPPER, "--service", "f2b", "--listen", "[::]:8080", "--deny", "203.0.113.0/24",
-         "--", *ECHO_SERVER],
+        [*WRAPPER, "--service", service, "--listen", "[::]:8080", "--deny", "203.0.113.0/24",
+         *options, "--", *ECHO_SERVER],
     )  # fmt: skip
     services.append(svc)
     svc.wait_for(r"^ready ")
@@ -32,7 +39,7 @@ def test_fail2ban_bans_and_unbans_through_alfwrapper(
     conf = tmp_path / "fail2ban"
     (conf / "action.d").mkdir(parents=True)
     (conf / "filter.d").mkdir()
-    shutil.copy(ROOT / "examples/fail2ban/alfwrapper.conf", conf / "action.d/alfwrapper.conf")
+    shutil.copy(ROOT / f"examples/fail2ban/{action}.conf", conf / f"action.d/{action}.conf")
     app_log = tmp_path / "app.log"
     app_log.write_text("")
     (conf / "fail2ban.conf").write_text(
@@ -45,7 +52,11 @@ def test_fail2ban_bans_and_unbans_through_alfwrapper(
     (conf / "jail.conf").write_text(
         "[DEFAULT]\nbackend = polling\n\n[app]\nenabled = true\nfilter = app\n"
         f"logpath = {app_log}\nmaxretry = 2\nfindtime = 600\nbantime = 600\n"
-        "action = alfwrapper[service=f2b]\n"
+        + (
+            f"action = alfwrapper[service={service}]\n"
+            if mode == "runtime"
+            else f"action = alfwrapper-set[set={named}]\n"
+        )  # fmt: skip
     )
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     server = subprocess.Popen(
@@ -63,7 +74,7 @@ def test_fail2ban_bans_and_unbans_through_alfwrapper(
         with app_log.open("a") as log:
             log.write("bad login from 198.51.100.2\nbad login from 198.51.100.2\n")
         deadline = time.monotonic() + 30
-        while "deny 198.51.100.2/32" not in run_show():
+        while not banned():
             assert time.monotonic() < deadline, (tmp_path / "fail2ban.log").read_text()
             time.sleep(0.2)
         check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
@@ -71,7 +82,7 @@ def test_fail2ban_bans_and_unbans_through_alfwrapper(
                              capture_output=True, text=True, timeout=60)  # fmt: skip
         assert out.returncode == 0, out.stderr
         deadline = time.monotonic() + 30
-        while "deny 198.51.100.2/32" in run_show():
+        while banned():
             assert time.monotonic() < deadline, (tmp_path / "fail2ban.log").read_text()
             time.sleep(0.2)
         check_policy(svc, served=[Probe(b, "tcp", 4, 8080)], dropped=[])
@@ -82,9 +93,13 @@ def test_fail2ban_bans_and_unbans_through_alfwrapper(
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        if mode == "set":
+            run([*WRAPPER, "set", "destroy", named])
 
 
-def run_show() -> str:
-    return subprocess.run(
-        [*WRAPPER, "show", "f2b"], capture_output=True, text=True, timeout=60
-    ).stdout
+def run(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
+
+
+def run_show(service: str) -> str:
+    return run([*WRAPPER, "show", service])

@@ -15,7 +15,7 @@ import pytest
 from hosts import Network, Probe, Service, all_probes, check_policy, start_echo
 from support import ECHO_SERVER, WRAPPER
 
-SETS = Path("/sys/fs/bpf/alfwrapper/%sets")
+SETS = Path("/sys/fs/bpf/alfwrapper-sets")
 LISTS = Path("/etc/alfwrapper/sets")
 
 

@@ -153,3 +153,53 @@ def test_a_set_driven_by_the_changes_holds_what_the_book_holds(ops: list[Any]) -
         held.update(changes.hold)
         in_force = {net: until for net, until in held.items() if until > now}
         assert in_force == book.entries(now)
+
+
+# -- the bouncer's config file (lifecycle/bouncer.py) --------------------------
+
+
+def config_file(tmp_path, text: str, key: str = "k3y\n"):  # type: ignore[no-untyped-def]
+    (tmp_path / "key").write_text(key)
+    path = tmp_path / "crowdsec.toml"
+    path.write_text(text.replace("KEY", str(tmp_path / "key")))
+    return str(path)
+
+
+def test_a_config_with_every_key(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from alfwrapper.lifecycle.bouncer import read_config  # noqa: PLC0415
+
+    config = read_config(config_file(tmp_path, (
+        'lapi-url = "http://192.0.2.10:8080"\napi-key-file = "KEY"\nset = "fleet"\n'
+        'scopes = ["ip"]\npoll-interval = 2.5\ntimeout = 60\nmetrics-file = "/run/x.json"\n'
+    )))  # fmt: skip
+    assert (config.url, config.key, config.set, config.scopes) == (
+        "http://192.0.2.10:8080/",
+        "k3y",
+        "fleet",
+        ("ip",),
+    )
+    assert (config.interval, config.timeout, config.metrics) == (2.5, 60.0, "/run/x.json")
+    assert "k3y" not in repr(config)  # the key is never printed
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "needle"),
+    [
+        ('api-key-file = "KEY"\nextra = 1\n', "k", "unknown key 'extra'"),
+        ('lapi-url = "ftp://x"\napi-key-file = "KEY"\n', "k", "is not an http(s) URL"),
+        ("set = 1\n", "k", "has no api-key-file"),
+        ('api-key-file = "KEY"\n', "\n", "holds no key"),
+        ('api-key-file = "KEY"\nset = "a.b"\n', "k", "is not a set name"),
+        ('api-key-file = "KEY"\nscopes = ["country"]\n', "k", "are not a list of ip and range"),
+        ('api-key-file = "KEY"\npoll-interval = 0\n', "k", "poll-interval '0' is out of range"),
+        ('api-key-file = "KEY"\npoll-interval = true\n', "k", "out of range"),
+        ('api-key-file = "KEY"\nmetrics-file = "m.json"\n', "k", "not an absolute path"),
+        ("lapi-url = [\n", "k", "is not TOML"),
+    ],
+)
+def test_config_mistakes(tmp_path, text: str, key: str, needle: str) -> None:  # type: ignore[no-untyped-def]
+    from alfwrapper.lifecycle.bouncer import read_config  # noqa: PLC0415
+
+    with pytest.raises(AlfError) as caught:
+        read_config(config_file(tmp_path, text, key))
+    assert needle in str(caught.value) and caught.value.exit_code == 78, caught.value

@@ -1,0 +1,228 @@
+"""The CrowdSec bouncer against a real Local API (Debian's crowdsec package, run here
+offline with a private configuration and database): bans reach a service's deny set,
+deletions lift them, and LAPI restarts and bouncer crashes lose nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hosts import Network, Probe, Service, check_policy, start_echo
+from support import WRAPPER
+
+from alfwrapper import sets
+from alfwrapper.lifecycle.bouncer import METRICS
+from alfwrapper.policy.prefixes import parse_prefix
+
+PACKAGE_CONFIG = Path("/etc/crowdsec/config.yaml")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Lapi:
+    """crowdsec -no-cs (the Local API alone) on 127.0.0.1, from a copy of the package's
+    configuration and database (which knows the local machine cscli logs in as)."""
+
+    def __init__(self, folder: Path) -> None:
+        import yaml  # noqa: PLC0415  (python3-yaml, which crowdsec's tests need alone)
+
+        self.folder, self.port = folder, free_port()
+        data = folder / "data"
+        data.mkdir(parents=True)
+        shutil.copy("/var/lib/crowdsec/data/crowdsec.db", data / "crowdsec.db")
+        cfg = yaml.safe_load(PACKAGE_CONFIG.read_text())
+        cfg["common"].update(daemonize=False, log_media="stdout", log_level="warning")
+        cfg["config_paths"]["data_dir"] = str(data)
+        cfg["db_config"]["db_path"] = str(data / "crowdsec.db")
+        creds = yaml.safe_load(Path("/etc/crowdsec/local_api_credentials.yaml").read_text())
+        creds["url"] = f"http://127.0.0.1:{self.port}"
+        (folder / "credentials.yaml").write_text(yaml.safe_dump(creds))
+        cfg["api"]["client"]["credentials_path"] = str(folder / "credentials.yaml")
+        cfg["api"]["server"]["listen_uri"] = f"127.0.0.1:{self.port}"
+        cfg["api"]["server"].pop("online_client", None)  # no Central API: offline
+        cfg["prometheus"]["enabled"] = False
+        self.config = folder / "config.yaml"
+        self.config.write_text(yaml.safe_dump(cfg))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.folder / "lapi.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(["crowdsec", "-c", str(self.config), "-no-cs"],
+                                     stdout=log, stderr=log)  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                assert self.proc.poll() is None, (self.folder / "lapi.log").read_text()
+                time.sleep(0.1)
+        raise AssertionError("the LAPI did not listen within 30 s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(20)
+
+    def cscli(self, *argv: str) -> str:
+        out = subprocess.run(["cscli", "-c", str(self.config), *argv], capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 0, (argv, out.stderr)
+        return out.stdout
+
+
+@pytest.fixture
+def lapi(tmp_path: Path) -> Iterator[Lapi]:
+    if shutil.which("crowdsec") is None or not PACKAGE_CONFIG.exists():
+        pytest.fail("crowdsec is missing: `make setup` installs it")
+    server = Lapi(tmp_path / "lapi")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Bouncer:
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        argv = [*WRAPPER, "crowdsec", "--config", str(self.config)]
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def bouncer_config(lapi: Lapi, key: Path, name: str, interval: float, metrics: str) -> str:
+    return (
+        f'lapi-url = "http://127.0.0.1:{lapi.port}"\napi-key-file = "{key}"\nset = "{name}"\n'
+        f'poll-interval = {interval}\nmetrics-file = "{metrics}"\n'
+    )
+
+
+def held(name: str, address: str) -> bool:
+    prefix = parse_prefix(address)
+    return sets.holding(name, prefix.family, prefix.value) is not None
+
+
+def until(check: Callable[[], bool], seconds: float, what: str) -> float:
+    """Seconds until check() holds (an AssertionError past ``seconds``)."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < seconds, what
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_bans_reach_a_service_and_survive_restarts(
+    network: Network, services: list[Service], lapi: Lapi, tmp_path: Path
+) -> None:
+    a = network.allowed
+    name = f"cs{os.getpid()}"
+    key = tmp_path / "key"
+    key.write_text(lapi.cscli("bouncers", "add", f"alfw{os.getpid()}", "-o", "raw"))
+    config = tmp_path / "bouncer.toml"
+    Path(METRICS).parent.mkdir(exist_ok=True)
+    config.write_text(bouncer_config(lapi, key, name, 0.5, METRICS))
+    bouncer = Bouncer(config)
+    try:
+        # A ban made before the bouncer starts comes in its startup answer.
+        lapi.cscli("decisions", "add", "--range", "2001:db8:a::/48", "--duration", "1h")
+        bouncer.start()
+        until(lambda: sets.exists(name) and held(name, a.v6), 30, "the startup answer")
+        svc = start_echo(network, services, f"{name}-svc", "--deny-set", name)
+        check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(a, "tcp", 6, 8080)])
+        lapi.cscli("decisions", "add", "--ip", a.v4, "--duration", "1h")
+        took = until(lambda: held(name, a.v4), 10, "a new ban")
+        print(f"a ban reached the set {took:.3f} s after cscli returned (poll 0.5 s)")
+        check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 4, 8081)])
+        lapi.cscli("decisions", "delete", "--ip", a.v4)
+        until(lambda: not held(name, a.v4), 10, "a deletion")
+        check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(a, "tcp", 6, 8080)])
+        # The LAPI restarts: polls fail meanwhile, and the set keeps what it had.
+        lapi.stop()
+        time.sleep(1.5)
+        assert held(name, a.v6)
+        lapi.start()
+        lapi.cscli("decisions", "add", "--ip", a.v4, "--duration", "1h")
+        until(lambda: held(name, a.v4), 15, "a ban after the LAPI restarted")
+        # The bouncer is killed; a ban is lifted meanwhile; a new bouncer resyncs.
+        bouncer.kill()
+        lapi.cscli("decisions", "delete", "--range", "2001:db8:a::/48")
+        assert held(name, a.v6)  # nobody has told the set yet
+        bouncer.start()
+        until(lambda: not held(name, a.v6), 30, "the resync after a crash")
+        check_policy(svc, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
+        metrics = subprocess.run([*WRAPPER, "status", "--prometheus"], capture_output=True,
+                                 text=True, timeout=60).stdout  # fmt: skip
+        assert "alfwrapper_crowdsec_resyncs_total 1" in metrics, metrics  # the new bouncer's
+        assert "alfwrapper_crowdsec_entries 1" in metrics, metrics
+    finally:
+        bouncer.kill()
+        output = bouncer.proc.stdout.read() if bouncer.proc and bouncer.proc.stdout else ""
+        print(output, file=sys.stderr)
+        subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60)
+        Path(METRICS).unlink(missing_ok=True)
+    assert "cannot be reached" in output or "in step" in output, output
+
+
+def test_a_wrong_key_is_said_and_changes_nothing(lapi: Lapi, tmp_path: Path) -> None:
+    name = f"csk{os.getpid()}"
+    key = tmp_path / "key"
+    key.write_text("not-a-key\n")
+    config = tmp_path / "bouncer.toml"
+    config.write_text(bouncer_config(lapi, key, name, 0.2, f"{tmp_path}/m"))
+    try:
+        out = subprocess.run(["timeout", "-s", "INT", "3", *WRAPPER, "crowdsec", "--config",
+                              str(config)], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "refused the bouncer's key (check api-key-file)" in out.stderr, out.stderr
+        assert out.stderr.count("\n") == 1, out.stderr  # said once, not every poll
+        assert sets.entries(name) == []
+    finally:
+        subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60)
+
+
+def test_once_says_what_it_found(lapi: Lapi, tmp_path: Path) -> None:
+    """--once: one resync and its exit code: 0; 78 for a key the LAPI refuses; 76 for
+    a LAPI that is not there (each error one line)."""
+    name = f"cso{os.getpid()}"
+    key = tmp_path / "key"
+    key.write_text(lapi.cscli("bouncers", "add", f"once{os.getpid()}", "-o", "raw"))
+    lapi.cscli("decisions", "add", "--ip", "192.0.2.99", "--duration", "1h")
+    config = tmp_path / "bouncer.toml"
+    config.write_text(bouncer_config(lapi, key, name, 1, f"{tmp_path}/m"))
+    once = [*WRAPPER, "crowdsec", "--once", "--config", str(config)]
+    try:
+        out = subprocess.run(once, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "holds the 1 bans" in out.stdout, out
+        assert held(name, "192.0.2.99")
+        key.write_text("wrong\n")
+        out = subprocess.run(once, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 78 and "refused the bouncer's key" in out.stderr, out
+        lapi.stop()
+        out = subprocess.run(once, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 76 and "cannot be reached" in out.stderr, out
+        assert len(out.stderr.splitlines()) == 1, out.stderr
+        assert held(name, "192.0.2.99")  # the set keeps what it had
+    finally:
+        subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60)
