@@ -199,6 +199,25 @@ def map_memory(loaded: compiler.LoadedFilter, prefix: str) -> int:
     return sum(bpf_calls.fd_memlock(fd) for name, fd in maps.items() if name.startswith(prefix))
 
 
+def chase_program(memory: int, rng: random.Random) -> compiler.LoadedFilter:
+    """The pointer chase over at least ``memory`` bytes: one dependent miss a run."""
+    lines = 1 << max(10, (memory // 64 - 1).bit_length())  # a power of two at least
+    chase = load_text(CHASE, (("CHASE_LINES", str(lines)),), "bench_lookup")
+    order = list(range(lines))
+    for i in range(lines - 1, 0, -1):  # Sattolo: one cycle through every line
+        j = rng.randrange(i)
+        order[i], order[j] = order[j], order[i]
+    cycle = chase.tables[b"chase"]
+    chunk = min(lines, 1 << 16)  # both powers of two
+    for start in range(0, lines, chunk):
+        keys = (cycle.Key * chunk)(*range(start, start + chunk))
+        lines_out = (cycle.Leaf * chunk)()
+        for k in range(chunk):
+            lines_out[k].next = order[start + k]
+        cycle.items_update_batch(keys, lines_out)
+    return chase
+
+
 def run_cost(fd: int, repeat: int, rounds: int) -> float:
     frame = udp_frame(4, 0xC0000202)  # not read: the source comes from the walk
     return statistics.median(prog_test_run(fd, frame, repeat).duration_ns for _ in range(rounds))
@@ -235,20 +254,7 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
     assert prog_test_run(lpm.fd, udp_frame(4, 0), walk_size).retval == 1
     lpm_memory = map_memory(lpm, "lpm4" if family == 4 else "lpm6")
 
-    lines = 1 << max(10, (ours_memory // 64 - 1).bit_length())  # a power of two at least
-    chase = load_text(CHASE, (("CHASE_LINES", str(lines)),), "bench_lookup")
-    order = list(range(lines))
-    for i in range(lines - 1, 0, -1):  # Sattolo: one cycle through every line
-        j = rng.randrange(i)
-        order[i], order[j] = order[j], order[i]
-    cycle = chase.tables[b"chase"]
-    chunk = min(lines, 1 << 16)  # both powers of two
-    for start in range(0, lines, chunk):
-        keys = (cycle.Key * chunk)(*range(start, start + chunk))
-        lines_out = (cycle.Leaf * chunk)()
-        for k in range(chunk):
-            lines_out[k].next = order[start + k]
-        cycle.items_update_batch(keys, lines_out)
+    chase = chase_program(ours_memory, rng)
 
     figures: dict[str, list[float]] = {"floor": [], "ours": [], "lpm": [], "chase": []}
     for _ in range(rounds):  # interleaved, so that drift hits all alike

@@ -203,3 +203,39 @@ def test_config_mistakes(tmp_path, text: str, key: str, needle: str) -> None:  #
     with pytest.raises(AlfError) as caught:
         read_config(config_file(tmp_path, text, key))
     assert needle in str(caught.value) and caught.value.exit_code == 78, caught.value
+
+
+@given(
+    st.integers(0, 10**6), st.integers(0, 59), st.integers(0, 59),
+    st.text("0123456789", max_size=9), st.booleans(), st.integers(0, 2),
+)  # fmt: skip
+def test_the_lapis_form_reads_as_the_general_way_reads_it(
+    hours: int, minutes: int, seconds: int, fraction: str, minus: bool, shape: int
+) -> None:
+    """duration_ns's one-match reading of what the LAPI writes, held to the general one."""
+    from alfwrapper.policy.crowdsec import _general_duration_ns  # noqa: PLC0415
+
+    tail = f"{seconds}.{fraction}s" if fraction else f"{seconds}s"
+    text = ("-" if minus else "") + (
+        f"{hours}h{minutes}m{tail}" if shape == 0 else f"{minutes}m{tail}" if shape == 1 else tail
+    )
+    assert duration_ns(text) == _general_duration_ns(text)
+
+
+@given(st.integers(0, 2**32 - 1) | st.integers(2**32, 2**128 - 1), st.booleans())
+def test_an_address_reads_as_ipaddress_reads_it(value: int, mapped: bool) -> None:
+    """The inet_pton reading of an Ip decision's value, held to ipaddress's."""
+    import ipaddress  # noqa: PLC0415
+
+    from alfwrapper.policy.crowdsec import _network  # noqa: PLC0415
+
+    if value < 2**32 and mapped:
+        text = f"::ffff:{ipaddress.IPv4Address(value)}"
+    else:
+        text = str(ipaddress.ip_address(value if value >= 2**32 else value))
+    network = ipaddress.ip_network(text)
+    if isinstance(network, ipaddress.IPv6Network) and network.network_address.ipv4_mapped:
+        expected = Prefix(4, int(network.network_address.ipv4_mapped), 32)
+    else:
+        expected = Prefix(network.version, int(network.network_address), network.prefixlen)
+    assert _network("ip", text) == expected
