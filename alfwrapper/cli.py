@@ -756,8 +756,8 @@ def set_main(argv: Sequence[str]) -> int:
     if not wants_cidrs and args.cidrs and verb != "create":
         raise AlfError(f"set {verb} {name}", "takes no CIDR", f"alfwrapper set {verb} NAME",
                        EX_USAGE)  # fmt: skip
-    if args.timeout and verb != "add" or not 0 <= args.timeout <= 1e8:
-        raise AlfError("--timeout", "is for set add, 0 to 100000000 seconds",
+    if args.timeout and verb != "add" or not (args.timeout == 0 or 0.001 <= args.timeout <= 1e8):
+        raise AlfError("--timeout", "is for set add, 0.001 to 100000000 seconds",
                        "give it to set add", EX_USAGE)  # fmt: skip
     if verb == "create":
         if len(args.cidrs) > 1:

@@ -57,6 +57,10 @@ MOST_SIZE = 1 << 24
 LOCK_SECONDS = 10.0
 BATCH = 65536  # entries in one batch update
 NO_PREALLOC = 1  # BPF_F_NO_PREALLOC: memory for the entries there, not for the room
+_SHAPES = {  # each map's type and key size (its values: SET_EXPIRY)
+    "hosts": (bpf_calls.BPF_MAP_TYPE_HASH, SET_HOST.size),
+    "ranges": (bpf_calls.BPF_MAP_TYPE_LPM_TRIE, SET_RANGE.size),
+}
 
 
 def use_root(path: Path) -> None:
@@ -107,7 +111,7 @@ def open_role(name: str, role: str) -> int:
     """An fd of one of the set's maps (FillEnv.open_set)."""
     path = folder(name) / role
     try:
-        return bpf_calls.obj_get(str(path))
+        fd = bpf_calls.obj_get(str(path))
     except OSError as err:
         if err.errno == errno.ENOENT:
             raise AlfError(
@@ -117,6 +121,22 @@ def open_role(name: str, role: str) -> int:
                 EX_CONFIG,
             ) from None
         raise _fail(f"named set {name} ({path})", err) from None
+    # Whoever owns the tree could have pinned any map here: one of another shape
+    # would be read past its end by the fixed-size buffers below.
+    kind, key = _SHAPES[role]
+    try:
+        shape = bpf_calls.map_shape(fd)[:3]
+    except OSError:
+        shape = (0, 0, 0)
+    if shape != (kind, key, SET_EXPIRY.size):
+        os.close(fd)
+        raise AlfError(
+            f"named set {name}",
+            f"its {role} map ({path}) is not a set's",
+            f"remove the set and make it again: alfwrapper set destroy {name}",
+            EX_CONFIG,
+        )
+    return fd
 
 
 @contextmanager
@@ -137,7 +157,7 @@ def _opened(name: str) -> Iterator[tuple[int, int]]:
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """flock(2) on a set's folder, waited for at most LOCK_SECONDS."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         deadline = time.monotonic() + LOCK_SECONDS
         while True:
@@ -170,6 +190,8 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
     state.trusted_dir(where, create=True)
     with _locked(where):
         if exists(name):
+            if os.geteuid() == 0:  # a make killed before it gave the set away: now
+                state.own(where)
             return False
         made = []
         try:
@@ -194,10 +216,7 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
 
 
 def _new_map(name: str, role: str, size: int) -> int:
-    kind, key = {
-        "hosts": (bpf_calls.BPF_MAP_TYPE_HASH, SET_HOST.size),
-        "ranges": (bpf_calls.BPF_MAP_TYPE_LPM_TRIE, SET_RANGE.size),
-    }[role]
+    kind, key = _SHAPES[role]
     label = "set." + name.replace("-", "_")  # a map's name: letters, digits, _ and .
     return bpf_calls.map_create(kind, label[:15], key, SET_EXPIRY.size, size, NO_PREALLOC)
 
@@ -258,12 +277,24 @@ def _prefix(role: str, key: bytes) -> Prefix:
     return Prefix(family, int.from_bytes(raw[: width // 8], "big"), length)
 
 
+def _value(prefix: Prefix, expiry: int) -> bytes:
+    """An entry's value (sets.c): its expiry; a range's rounded up to 256 ns, with its
+    prefix length in the low 8 bits (the kernel looks past a lapsed range by it)."""
+    if prefix.length == FAMILY_BITS[prefix.family]:
+        return SET_EXPIRY.pack(expiry)
+    return SET_EXPIRY.pack(((expiry + 0xFF) & ~0xFF) | prefix.length)
+
+
+def _expiry(role: str, raw: bytes) -> int:
+    value = int(SET_EXPIRY.unpack(raw)[0])
+    return value if role == "hosts" else value & ~0xFF
+
+
 def _put(name: str, hosts: int, ranges: int, prefixes: Sequence[Prefix], expiry: int) -> None:
-    value = SET_EXPIRY.pack(expiry)
     fds = {"hosts": hosts, "ranges": ranges}
     for prefix in prefixes:
         role, key = _key(prefix)
-        _update(name, fds[role], role, key, value)
+        _update(name, fds[role], role, key, _value(prefix, expiry))
 
 
 def _update(name: str, fd: int, role: str, key: bytes, value: bytes) -> None:
@@ -290,9 +321,20 @@ def _sweep(fd: int, role: str) -> int:
     now, gone = now_ns(), 0
     for key in bpf_calls.map_keys(fd, size):
         found = bpf_calls.map_lookup(fd, key, SET_EXPIRY.size)
-        if found is not None and 0 < SET_EXPIRY.unpack(found)[0] <= now:
+        if found is not None and 0 < _expiry(role, found) <= now:
             gone += bpf_calls.map_delete(fd, key)
     return gone
+
+
+def sweep(name: str, roles: Sequence[str] = SET_ROLES) -> int:
+    """Remove the set's lapsed entries (of these maps); how many.  Lapsed ranges are
+    best gone soon: the kernel looks past at most ALF_SET_NEST nested ones."""
+    with _opened(name) as (hosts, ranges):
+        fds = {"hosts": hosts, "ranges": ranges}
+        try:
+            return sum(_sweep(fds[role], role) for role in roles)
+        except OSError as err:
+            raise _fail(f"sweeping set {name}", err) from None
 
 
 def add(name: str, prefixes: Sequence[Prefix], timeout: float = 0.0) -> None:
@@ -314,7 +356,7 @@ def hold(name: str, entries: dict[Prefix, int]) -> None:
     for prefix, until in entries.items():
         role, key = _key(prefix)
         by_role[role][0].append(key)
-        by_role[role][1].append(SET_EXPIRY.pack(until))
+        by_role[role][1].append(_value(prefix, until))
     with _opened(name) as (hosts, ranges):
         try:
             keys, values = by_role["hosts"]
@@ -356,7 +398,7 @@ def entries(name: str) -> list[tuple[Prefix, int]]:
             for key in bpf_calls.map_keys(fd, size):
                 found = bpf_calls.map_lookup(fd, key, SET_EXPIRY.size)
                 if found is not None:
-                    out.append((_prefix(role, key), SET_EXPIRY.unpack(found)[0]))
+                    out.append((_prefix(role, key), _expiry(role, found)))
     return sorted(out, key=lambda e: (e[0].family, e[0].value, e[0].length))
 
 
@@ -380,7 +422,10 @@ def destroy(name: str) -> bool:
     with _locked(where):
         for role in SET_ROLES:
             (where / role).unlink(missing_ok=True)
-    where.rmdir()
+        try:
+            where.rmdir()
+        except OSError as err:  # a create made it again meanwhile
+            raise _fail(f"removing set {name}", err) from None
     return True
 
 
@@ -404,7 +449,7 @@ def holding(name: str, family: int, value: int) -> tuple[Prefix, int] | None:
             found.append(("ranges", ranges, longest))
         for role, fd, k in found:
             raw = bpf_calls.map_lookup(fd, k, SET_EXPIRY.size)
-            expiry = None if raw is None else SET_EXPIRY.unpack(raw)[0]
+            expiry = None if raw is None else _expiry(role, raw)
             if expiry is not None and (expiry == 0 or expiry > now_ns()):
                 return _prefix(role, k), expiry
     return None

@@ -9,7 +9,11 @@
  *
  * Each value is the entry's expiry on the kernel's monotonic clock in ns, 0 for
  * never: an entry past it no longer matches, so a timeout needs no timer (user
- * space removes lapsed entries at leisure).  A program reaches its sets through
+ * space removes lapsed entries at leisure).  A range's value holds its prefix
+ * length in its low 8 bits (the expiry is rounded up to 256 ns): an LPM trie
+ * gives only the longest match, so past a lapsed range the lookup is made again
+ * one bit shorter, for the range it was nested in, up to ALF_SET_NEST times; a
+ * source still behind lapsed ranges after that counts as unreadable.  A program reaches its sets through
  * two arrays of maps, filled when it is loaded: deny sets at indexes 0 to
  * ALF_DENY_SETS - 1, allow sets after them.  A slot left empty fails closed: a
  * deny set that cannot be read drops, an allow set that cannot be read allows
@@ -44,6 +48,34 @@ static __always_inline int set_standing(const u64 *expiry)
     return until == 0 || until > bpf_ktime_get_coarse_ns();
 }
 
+#define ALF_SET_NEST 4
+
+/* 1 if the ranges hold the source (the range key prepared by the caller), 0 if not,
+ * -1 if lapsed ranges nested ALF_SET_NEST deep hide what is behind them. */
+static __always_inline int set_range_holds(void *ranges, const u64 *range)
+{
+    u64 key[3]; /* a copy, stored a word at a time (common.h) */
+    key[0] = range[0];
+    key[1] = range[1];
+    key[2] = range[2];
+    u64 *found = bpf_map_lookup_elem(ranges, key);
+#pragma unroll
+    for (int step = 0; step < ALF_SET_NEST; step++) {
+        if (!found)
+            return 0;
+        u64 value = *found;
+        u64 until = value & ~0xffULL;
+        if (until == 0 || until > bpf_ktime_get_coarse_ns())
+            return 1;
+        u64 length = value & 0xff;
+        if (length == 0)
+            return 0;
+        key[0] = (32 + length - 1) | (key[0] & 0xffffffff00000000ULL);
+        found = bpf_map_lookup_elem(ranges, key);
+    }
+    return found ? -1 : 0;
+}
+
 /* 1 if set number i holds the source (host and range keys prepared by the
  * caller), 0 if not, -1 if the set cannot be read. */
 static __always_inline int set_holds(u32 i, const u64 *host, const u64 *range)
@@ -55,7 +87,7 @@ static __always_inline int set_holds(u32 i, const u64 *host, const u64 *range)
         return -1;
     if (set_standing(bpf_map_lookup_elem(hosts, host)))
         return 1;
-    return set_standing(bpf_map_lookup_elem(ranges, range));
+    return set_range_holds(ranges, range);
 }
 
 /* ALF_SET_DENY, ALF_SET_ALLOW or 0: what the sets say of the packet's source. */

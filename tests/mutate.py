@@ -968,6 +968,13 @@ MUTATIONS += [
         ("tests/integration/test_crowdsec.py::test_once_says_what_it_found",),
     ),
     Mutation(
+        "set-lapsed-range-hides-wider",
+        "filters/sets.c",
+        "        if (length == 0)\n",
+        "        if (1)\n",
+        (SETS_TEST + "test_a_lapsed_range_does_not_hide_the_range_it_is_nested_in",),
+    ),
+    Mutation(
         "set-hosts-pinned-first",
         "alfwrapper/sets.py",
         "zip(reversed(made), reversed(SET_ROLES), strict=True)",

@@ -209,10 +209,12 @@ def _from_cache(plan: ProgramPlan, entry: cache.Entry) -> LoadedFilter | None:
     if [p.name for p in entry.programs] != list(plan.programs):
         return None
     try:
-        for spec in entry.maps:
+        # An array of maps is made after the map whose shape its maps take.
+        for spec in sorted(entry.maps, key=lambda s: s.name in INNER_MAPS):
             name = object_name(plan.label, spec.name) if plan.label else spec.name
+            inner = tables[INNER_MAPS[spec.name]].map_fd if spec.name in INNER_MAPS else 0
             fd = bpf_calls.map_create(spec.kind, name, spec.key_size, spec.value_size,
-                                      spec.entries, spec.flags)  # fmt: skip
+                                      spec.entries, spec.flags, inner)  # fmt: skip
             owner.fds.append(fd)
             tables[spec.name] = Table(spec, fd)
         loaded_tables = Tables(tables, owner)

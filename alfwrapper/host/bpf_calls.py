@@ -326,9 +326,16 @@ class _MapCreateOpts(ctypes.Structure):
 
 
 def map_create(
-    kind: int, name: str, key_size: int, value_size: int, entries: int, flags: int = 0
+    kind: int,
+    name: str,
+    key_size: int,
+    value_size: int,
+    entries: int,
+    flags: int = 0,
+    inner_fd: int = 0,
 ) -> int:
-    opts = _MapCreateOpts(sz=ctypes.sizeof(_MapCreateOpts), map_flags=flags)
+    """A new map; an array of maps needs ``inner_fd``, a map of its maps' shape."""
+    opts = _MapCreateOpts(sz=ctypes.sizeof(_MapCreateOpts), map_flags=flags, inner_map_fd=inner_fd)
     fd = libbpf().bpf_map_create(
         kind, name.encode()[:15], key_size, value_size, entries, ctypes.byref(opts)
     )

@@ -36,7 +36,7 @@ CONFIG = "/etc/alfwrapper/crowdsec.toml"
 METRICS = "/run/alfwrapper-crowdsec/metrics.json"
 CONFIG_LIMIT = 64 << 10
 KEY_LIMIT = 4096
-ANSWER_LIMIT = 512 << 20  # bytes of one answer: 2,000,000 decisions at ~250 bytes
+ANSWER_LIMIT = 256 << 20  # bytes of one answer: a million decisions at ~250 bytes
 SCOPES = ("ip", "range")
 
 
@@ -123,6 +123,7 @@ class Counters(Record, frozen=False):
     added: int = 0  # entries held or extended
     removed: int = 0
     skipped: int = 0  # decisions that are not bans of an Ip or a Range
+    malformed: int = 0  # decisions that could not be read (left out)
     entries: int = 0
     last_success: float = 0.0  # wall-clock seconds
     apply_seconds: float = 0.0  # the last answer's, from its arrival to the set changed
@@ -143,6 +144,10 @@ def fetch(session: Any, config: Config, startup: bool) -> bytes:
     params = {"startup": "true" if startup else "false", "scopes": ",".join(config.scopes)}
     timeouts = (min(10.0, config.timeout), config.timeout)
     url = f"{config.url}v1/decisions/stream"
+    # requests' timeouts bound each wait for a byte, not the answer: a LAPI that sends
+    # a byte a minute is stopped by the clock (SIGALRM; the bouncer's one thread).
+    previous = signal.signal(signal.SIGALRM, _too_slow)
+    signal.setitimer(signal.ITIMER_REAL, config.timeout)
     try:
         with session.get(url, params=params, stream=True, timeout=timeouts) as answer:
             if answer.status_code in (401, 403):
@@ -150,7 +155,7 @@ def fetch(session: Any, config: Config, startup: bool) -> bytes:
             if answer.status_code != 200:
                 raise lapi(f"answered HTTP {answer.status_code}", "check the LAPI's log")
             body = bytearray()
-            for chunk in answer.iter_content(1 << 20):
+            for chunk in answer.iter_content(1 << 16):
                 body += chunk
                 if len(body) > ANSWER_LIMIT or time.monotonic() > deadline:
                     raise lapi(
@@ -162,7 +167,20 @@ def fetch(session: Any, config: Config, startup: bool) -> bytes:
         raise lapi(
             f"cannot be reached ({err})", "is it running? the set keeps what it had"
         ) from None
+    except _TooSlow:
+        raise lapi(f"took more than {config.timeout:g} s to answer", "check the LAPI") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
     return bytes(body)
+
+
+class _TooSlow(Exception):
+    pass
+
+
+def _too_slow(signum: int, frame: object) -> None:
+    raise _TooSlow
 
 
 def poll_once(session: Any, config: Config, book: Book, synced: bool, counts: Counters) -> None:
@@ -183,11 +201,13 @@ def poll_once(session: Any, config: Config, book: Book, synced: bool, counts: Co
 def _apply(data: bytes, config: Config, book: Book, synced: bool, counts: Counters) -> None:
     try:
         parsed = json.loads(data)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise lapi_error(config, f"sent no JSON ({err})", "check lapi-url") from None
     now = sets.now_ns()
     answer = read_answer(parsed, now)
     counts.skipped += answer.skipped
+    counts.malformed += answer.malformed
+    sets.sweep(config.set, ("ranges",))  # lapsed ranges hide those they are nested in
     if synced:
         changes = book.delta(answer, now)
         hold, remove = changes.hold, set(changes.remove)
@@ -227,7 +247,9 @@ def run(config: Config, once: bool = False) -> int:
 
     sets.create(config.set)  # nothing if it exists
     session = requests.Session()
-    session.headers.update({"X-Api-Key": config.key, "User-Agent": "alfwrapper-crowdsec"})
+    # identity: a compressed answer could grow past ANSWER_LIMIT a chunk at a time.
+    session.headers.update({"X-Api-Key": config.key, "User-Agent": "alfwrapper-crowdsec",
+                            "Accept-Encoding": "identity"})  # fmt: skip
     book, synced, counts = Book.empty(), False, Counters()
     stopping = False
 
@@ -254,8 +276,11 @@ def run(config: Config, once: bool = False) -> int:
                       f"entries", flush=True)  # fmt: skip
             synced = True
             counts.last_success = time.time()
-        except AlfError as err:
+        except Exception as err:  # noqa: BLE001  (said, then a full resync: never a stop)
             counts.failures += 1
+            if not isinstance(err, AlfError):
+                err = AlfError("alfwrapper crowdsec", f"{type(err).__name__}: {err}",
+                               "a bug? report it; the next poll resyncs")  # fmt: skip
             if synced or counts.failures == 1 or counts.failures % 60 == 0:
                 print(f"alfwrapper crowdsec: {err.line().removeprefix('alfwrapper: ')}",
                       file=sys.stderr, flush=True)  # fmt: skip

@@ -202,6 +202,7 @@ _BOUNCER = (
     ("added", "counter", "entries_added_total", "Set entries held or extended."),
     ("removed", "counter", "entries_removed_total", "Set entries removed."),
     ("skipped", "counter", "decisions_skipped_total", "Decisions not bans of an Ip or Range."),
+    ("malformed", "counter", "decisions_malformed_total", "Decisions that could not be read."),
     ("entries", "gauge", "entries", "Entries the set holds for the LAPI's bans."),
     ("last_success", "gauge", "last_success_seconds", "When a poll last succeeded (Unix time)."),
     ("apply_seconds", "gauge", "apply_seconds", "Seconds the last answer took to apply."),

@@ -34,7 +34,8 @@ from alfwrapper.errors import EX_PROTOCOL, AlfError, excerpt
 from alfwrapper.policy.prefixes import Prefix
 from alfwrapper.record import Record
 
-DECISIONS_LIMIT = 2_000_000  # decisions in one answer (a community blocklist is ~30,000)
+DECISIONS_LIMIT = 1_000_000  # decisions in one answer (a community blocklist is ~30,000)
+LONGEST_NS = 100 * 365 * 86400 * 10**9  # a longer ban is kept this long
 VALUE_LIMIT = 64  # characters of an address or range
 SCOPES = ("ip", "range")
 _SCOPES = {"Ip": "ip", "Range": "range"}  # as the LAPI spells them
@@ -107,13 +108,12 @@ class Answer(Record):
     new: tuple[Decision, ...]
     ended: tuple[int, ...]
     skipped: int
+    malformed: int = 0  # decisions that could not be read: left out, counted
 
 
 def _network(scope: str, value: Any) -> Prefix:
     if not isinstance(value, str) or not 0 < len(value) <= VALUE_LIMIT:
         raise ValueError(f"value {excerpt(repr(value))} is not an address or a range")
-    if scope == "ip" and "/" in value:
-        raise ValueError(f"an Ip decision's value {excerpt(value)} is a range")
     if "/" not in value:  # an address, as most are: libc's inet_pton, ten times faster
         six = ":" in value
         try:
@@ -154,9 +154,9 @@ def read_answer(answer: Any, now: int) -> Answer:
         raise _bad(f"more than {DECISIONS_LIMIT:,} decisions in one answer")
     new: list[Decision] = []
     ended: list[int] = []
-    skipped = 0
+    skipped = malformed = 0
     for key, items in zip(("new", "deleted"), lists, strict=True):
-        for index, item in enumerate(items):
+        for item in items:
             try:
                 if type(item) is not dict:
                     raise ValueError("not a JSON object")
@@ -177,10 +177,14 @@ def read_answer(answer: Any, now: int) -> Answer:
                 if left <= 0:
                     ended.append(ident)  # in force no longer
                     continue
+                left = min(left, LONGEST_NS)  # an expiry must fit the map's u64
                 new.append(Decision(ident, _network(scope, item.get("value")), now + left))
-            except ValueError as err:
-                raise _bad(f'decision {index} of "{key}": {err}') from None
-    return Answer(tuple(new), tuple(ended), skipped)
+            except ValueError:
+                # One decision the LAPI should not have sent: left out and counted, so
+                # that it does not keep every other ban out (a deletion left out
+                # lapses by its expiry).
+                malformed += 1
+    return Answer(tuple(new), tuple(ended), skipped, malformed)
 
 
 def _bad(why: str) -> AlfError:

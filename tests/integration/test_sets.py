@@ -234,3 +234,28 @@ def test_an_accepted_connection_with_a_set_never_starts_its_command(
         svc.errors()
     )
     assert not marker.exists()
+
+
+def test_a_lapsed_range_does_not_hide_the_range_it_is_nested_in(
+    network: Network, services: list[Service], set_name: str
+) -> None:
+    """An LPM trie gives the longest match alone: past a lapsed one the filter looks one
+    bit shorter (4 deep at most; deeper, the source is unreadable, which an allow set
+    does not pass until the lapsed ranges are swept)."""
+    a = network.allowed  # 192.0.2.2
+    ok("set", "create", set_name)
+    deny = start(network, services, f"{set_name}-n", 8080, "--deny-set", set_name)
+    allow = start(network, services, f"{set_name}-m", 9090, "--allow-set", set_name)
+    ok("set", "add", set_name, "192.0.2.0/24")
+    ok("set", "add", set_name, "192.0.2.0/28", "--timeout", "1")
+    time.sleep(1.2)
+    check_policy(deny, served=[], dropped=[Probe(a, "tcp", 4, 8080)])
+    check_policy(allow, served=[Probe(a, "tcp", 4, 9090)], dropped=[Probe(a, "tcp", 6, 9090)])
+    # Five lapsed ranges deep: unreadable, and an allow set does not pass it...
+    ok("set", "add", set_name, *[f"192.0.2.0/{n}" for n in range(25, 30)], "--timeout", "1")
+    time.sleep(1.2)
+    check_policy(deny, served=[], dropped=[Probe(a, "tcp", 4, 8080)])
+    check_policy(allow, served=[], dropped=[Probe(a, "tcp", 4, 9090)])
+    # ...until the lapsed ones are swept (set list does).
+    assert ok("set", "list", set_name).split() == ["192.0.2.0/24"]
+    check_policy(allow, served=[Probe(a, "tcp", 4, 9090)], dropped=[])

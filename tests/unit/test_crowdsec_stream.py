@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alfwrapper.errors import EX_PROTOCOL, AlfError
+from alfwrapper.policy import crowdsec
 from alfwrapper.policy.crowdsec import Book, Changes, duration_ns, read_answer
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 
@@ -76,25 +77,42 @@ def test_an_answer_is_read_whole() -> None:
     assert answer.ended == (7,) and answer.skipped == 2
 
 
-@pytest.mark.parametrize(
-    "answer",
-    [
-        [],
-        {"new": {}},
-        {"new": [ban(1, "192.0.2.300")]},
-        {"new": [ban(1, "192.0.2.0/24", scope="Ip")]},  # an Ip decision names one address
-        {"new": [ban(True, "192.0.2.1")]},  # a JSON true is not an id
-        {"new": [ban(1, "192.0.2.1", duration="soon")]},
-        {"new": [ban(1, "x" * 100)]},
-        {"new": ["192.0.2.1"]},
-        {"deleted": [{"value": "192.0.2.1"}]},
-    ],
-)
+@pytest.mark.parametrize("answer", [[], {"new": {}}, {"deleted": "x"}, "null"])
 def test_a_malformed_answer_is_one_error_and_nothing_of_it_is_used(answer: Any) -> None:
     with pytest.raises(AlfError) as err:
         read_answer(answer, now=0)
     assert err.value.exit_code == EX_PROTOCOL
     assert err.value.line().startswith("alfwrapper: the CrowdSec LAPI's decisions stream: ")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ban(1, "192.0.2.300"),
+        ban(True, "192.0.2.1"),  # a JSON true is not an id
+        ban(1, "192.0.2.1", duration="soon"),
+        ban(1, "x" * 100),
+        "192.0.2.1",
+        {"value": "192.0.2.1"},
+    ],
+)
+def test_a_malformed_decision_is_left_out_and_the_others_are_read(bad: Any) -> None:
+    """One decision that cannot be read must not keep every other ban out."""
+    answer = read_answer({"new": [bad, ban(9, "198.51.100.9")], "deleted": None}, now=0)
+    assert [str(d.network) for d in answer.new] == ["198.51.100.9/32"]
+    assert answer.malformed == 1 and answer.ended == ()
+    # A deletion needs its id alone; one without is left out (its entry lapses).
+    answer = read_answer({"deleted": [{"value": "192.0.2.1"}, "x", {"id": 3}]}, now=0)
+    assert answer.ended == (3,) and answer.malformed == 2
+
+
+def test_an_ip_decision_on_a_range_and_a_ban_for_ages() -> None:
+    answer = read_answer(
+        {"new": [ban(1, "192.0.2.0/24", scope="Ip"), ban(2, "192.0.2.1", duration="9" * 12 + "h")]},
+        now=5,
+    )
+    assert str(answer.new[0].network) == "192.0.2.0/24"  # the range it names
+    assert answer.new[1].until == 5 + crowdsec.LONGEST_NS  # fits the map's u64
 
 
 def test_overlapping_decisions_and_repeated_deletions() -> None:
