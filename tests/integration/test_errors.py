@@ -11,6 +11,7 @@ import pytest
 from support import NO_CAPS, ROOT, WRAPPER
 from wrapping import assert_one_line, run
 
+from alfwrapper.bpf.parts import Subnets
 from alfwrapper.bpf.subnet_table import SMALL_RULES
 
 
@@ -174,9 +175,8 @@ def test_check_print_filter_compiles_what_it_prints(bpf_root: None, tmp_path: Pa
     # One block split by the /25: a 16-bit first level and one leaf of 8 KiB.
     assert "#define V4_ROOT_BITS 16\n#define V4_LEAVES 1\n#define V4_LEAF_BYTES 8192" in out.stdout
     assert "#define SUBNET_NODES 1\n" in out.stdout
-    assert "if (!(alf_rt == ALF_RUNTIME_ALLOW || subnets_pass(pkt.family, pkt.addr)))" in (
-        out.stdout
-    )
+    assert f"if (!({Subnets.condition}))" in out.stdout  # the subnet part's own test
+    assert "sets_verdict" not in out.stdout  # no named set, no sets part
     assert "knock_pass" not in out.stdout.split("alfwrapper-composed.c")[-1]
     # What it prints is compiled: a filter that does not compile fails the check.
     broken = ROOT / "tests/data/broken.c"
