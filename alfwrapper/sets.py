@@ -140,7 +140,10 @@ def open_role(name: str, role: str) -> int:
 
 
 @contextmanager
-def _opened(name: str) -> Iterator[tuple[int, int]]:
+def _opened(name: str, changing: bool = True) -> Iterator[tuple[int, int]]:
+    """The set's two maps; ``changing``: under the set's lock, so that a sweep, which
+    reads an entry as lapsed and then deletes it, never deletes what another process
+    wrote in between (a deny entry lost)."""
     hosts = open_role(name, "hosts")
     try:
         ranges = open_role(name, "ranges")
@@ -148,7 +151,11 @@ def _opened(name: str) -> Iterator[tuple[int, int]]:
         os.close(hosts)
         raise
     try:
-        yield hosts, ranges
+        if changing:
+            with _locked(folder(name)):
+                yield hosts, ranges
+        else:
+            yield hosts, ranges
     finally:
         os.close(hosts)
         os.close(ranges)
@@ -441,7 +448,7 @@ def names() -> list[str]:
 def holding(name: str, family: int, value: int) -> tuple[Prefix, int] | None:
     """The standing entry of the set that holds an address (the address itself, else
     the longest range), with its expiry, for `explain`."""
-    with _opened(name) as (hosts, ranges):
+    with _opened(name, changing=False) as (hosts, ranges):
         _, key = _key(Prefix(family, value, FAMILY_BITS[family]))
         found = [("hosts", hosts, key)]
         longest = _longest(ranges, family, value)

@@ -975,6 +975,13 @@ MUTATIONS += [
         (SETS_TEST + "test_a_lapsed_range_does_not_hide_the_range_it_is_nested_in",),
     ),
     Mutation(
+        "set-changes-unlocked",
+        "alfwrapper/sets.py",
+        "def _opened(name: str, changing: bool = True)",
+        "def _opened(name: str, changing: bool = False)",
+        (SETS_TEST + "test_a_change_to_a_set_waits_for_its_lock",),
+    ),
+    Mutation(
         "set-hosts-pinned-first",
         "alfwrapper/sets.py",
         "zip(reversed(made), reversed(SET_ROLES), strict=True)",

@@ -259,3 +259,23 @@ def test_a_lapsed_range_does_not_hide_the_range_it_is_nested_in(
     # ...until the lapsed ones are swept (set list does).
     assert ok("set", "list", set_name).split() == ["192.0.2.0/24"]
     check_policy(allow, served=[Probe(a, "tcp", 4, 9090)], dropped=[])
+
+
+def test_a_change_to_a_set_waits_for_its_lock(set_name: str) -> None:
+    """Every change (and a sweep, which reads an entry as lapsed, then deletes it) holds
+    the set's lock: a sweep never deletes what another process just wrote."""
+    import fcntl  # noqa: PLC0415
+
+    ok("set", "create", set_name)
+    fd = os.open(SETS / set_name, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        adding = subprocess.Popen([*WRAPPER, "set", "add", set_name, "192.0.2.9"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        time.sleep(1.5)
+        assert adding.poll() is None, "the add did not wait for the set's lock"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        assert adding.wait(30) == 0
+    finally:
+        os.close(fd)
+    assert ok("set", "list", set_name).split() == ["192.0.2.9/32"]
