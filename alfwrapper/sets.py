@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from alfwrapper import state
-from alfwrapper.bpf.parts import SET_EXPIRY, SET_HOST, SET_RANGE, SET_ROLES, FillEnv
+from alfwrapper.bpf.parts import SET_EXPIRY, SET_FLAGS, SET_HOST, SET_RANGE, SET_ROLES, FillEnv
 from alfwrapper.errors import (
     EX_CONFIG,
     EX_NOINPUT,
@@ -56,7 +56,6 @@ DEFAULT_SIZE = 65536  # entries each map may hold (its most: `set create --size`
 MOST_SIZE = 1 << 24
 LOCK_SECONDS = 10.0
 BATCH = 65536  # entries in one batch update
-NO_PREALLOC = 1  # BPF_F_NO_PREALLOC: memory for the entries there, not for the room
 _SHAPES = {  # each map's type and key size (its values: SET_EXPIRY)
     "hosts": (bpf_calls.BPF_MAP_TYPE_HASH, SET_HOST.size),
     "ranges": (bpf_calls.BPF_MAP_TYPE_LPM_TRIE, SET_RANGE.size),
@@ -107,11 +106,12 @@ def exists(name: str) -> bool:
     return all((folder(name) / role).exists() for role in SET_ROLES)
 
 
-def open_role(name: str, role: str) -> int:
-    """An fd of one of the set's maps (FillEnv.open_set)."""
+def open_role(name: str, role: str, read_only: bool = False) -> int:
+    """An fd of one of the set's maps; ``read_only``: one that cannot change it, all a
+    program's filling needs (FillEnv.open_set), and all the loader can open."""
     path = folder(name) / role
     try:
-        fd = bpf_calls.obj_get(str(path))
+        fd = bpf_calls.obj_get(str(path), read_only)
     except OSError as err:
         if err.errno == errno.ENOENT:
             raise AlfError(
@@ -125,10 +125,10 @@ def open_role(name: str, role: str) -> int:
     # would be read past its end by the fixed-size buffers below.
     kind, key = _SHAPES[role]
     try:
-        shape = bpf_calls.map_shape(fd)[:3]
+        shape = bpf_calls.map_shape(fd)
     except OSError:
-        shape = (0, 0, 0)
-    if shape != (kind, key, SET_EXPIRY.size):
+        shape = (0, 0, 0, 0, 0)
+    if shape[:3] + shape[4:] != (kind, key, SET_EXPIRY.size, SET_FLAGS):
         os.close(fd)
         raise AlfError(
             f"named set {name}",
@@ -185,15 +185,27 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def make_tree() -> None:
+    """The sets' tree, made if missing, and, as root, given to its owner with the modes
+    that let its group (the loader's) read it (state.modes): also a tree an older
+    alfwrapper made, mode 0700."""
+    if root() == state.SETS_ROOT:
+        state.check_bpffs()
+    state.trusted_dir(root(), create=True)
+    if os.geteuid() == 0:
+        try:
+            state.own(root())
+        except OSError as err:
+            raise _fail(f"the sets' tree {root()}", err) from None
+
+
 def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE) -> bool:
     """Make the set, holding ``prefixes``, unless it exists; True if it was made."""
     where = folder(name)
     if not 1 <= size <= MOST_SIZE:
         raise AlfError(f"set {name}", f"size {size} is out of range", f"give 1 to {MOST_SIZE}",
                        EX_USAGE)  # fmt: skip
-    if root() == state.SETS_ROOT:
-        state.check_bpffs()
-    state.trusted_dir(root(), create=True)
+    make_tree()
     state.trusted_dir(where, create=True)
     with _locked(where):
         if exists(name):
@@ -225,7 +237,7 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
 def _new_map(name: str, role: str, size: int) -> int:
     kind, key = _SHAPES[role]
     label = "set." + name.replace("-", "_")  # a map's name: letters, digits, _ and .
-    return bpf_calls.map_create(kind, label[:15], key, SET_EXPIRY.size, size, NO_PREALLOC)
+    return bpf_calls.map_create(kind, label[:15], key, SET_EXPIRY.size, size, SET_FLAGS)
 
 
 def ensure(names: Sequence[str]) -> None:
@@ -243,10 +255,16 @@ def fill_env(env: FillEnv, rules: Iterable[SocketRules]) -> FillEnv:
     """``env`` able to open the sets these rules name, each made from its list file
     first where it does not exist (ensure)."""
     wanted = sorted({n for r in rules for n in (*r.deny_sets, *r.allow_sets)})
-    if not wanted:
-        return env
+    if not wanted or not state.store().opens_sets:
+        return env  # a user's service: the loader opens root's sets (open_sets there)
     ensure(wanted)
-    return replace(env, open_set=open_role)
+    return replace(env, open_set=read_only)
+
+
+def read_only(name: str, role: str) -> int:
+    """FillEnv.open_set: an fd that reads the set's map (a program's filling puts it in
+    the program's arrays of maps, and no program may write into a set)."""
+    return open_role(name, role, read_only=True)
 
 
 def check_env(env: FillEnv) -> FillEnv:
@@ -256,7 +274,7 @@ def check_env(env: FillEnv) -> FillEnv:
 
     def open_set(name: str, role: str) -> int:
         if exists(name) or not list_file(name).exists():
-            return open_role(name, role)
+            return read_only(name, role)
         try:
             return _new_map(name, role, 1)
         except OSError as err:

@@ -117,8 +117,19 @@ def see_sets_tree(at: Path) -> None:
     _SETS_VIEWS.append(at)
 
 
+def _in_sets_tree(path: Path | None) -> bool:
+    return path is not None and any(path.is_relative_to(v) for v in _SETS_VIEWS)
+
+
+def modes(path: Path) -> tuple[int, int]:
+    """The modes of the folders and the pins at ``path``: the owner's alone (0700,
+    0600), but in the sets' tree, which its group reads too (0750, 0640): the loader
+    runs in the group, and opens a set's maps read-only for a user's service."""
+    return (0o750, 0o640) if _in_sets_tree(path) else (0o700, 0o600)
+
+
 def owner_name(path: Path | None = None) -> str:
-    if path is not None and any(path.is_relative_to(v) for v in _SETS_VIEWS):
+    if _in_sets_tree(path):
         return SETS_OWNER
     users = path is not None and any(path.is_relative_to(v) for v in _USERS_VIEWS)
     return LOADER_OWNER if users else OWNER
@@ -175,6 +186,7 @@ def trusted_dir(path: Path, create: bool) -> None:
         if create:
             try:
                 path.mkdir(mode=0o700)
+                _chmod(str(path), modes(path)[0])  # while ours: no CAP_FOWNER needed
                 os.chown(path, uid, gid)
             except FileExistsError:
                 pass
@@ -199,18 +211,19 @@ def trusted_dir(path: Path, create: bool) -> None:
             create
             and stat.S_ISDIR(info.st_mode)
             and info.st_uid != uid
-            and not info.st_mode & 0o077  # as mkdir(0o700) makes it, before its chown
+            and not info.st_mode & ~modes(path)[0] & 0o777  # as made, before its chown
         )
         if not handing_over or time.monotonic() >= deadline:
             break
         time.sleep(0.01)
     if not stat.S_ISDIR(info.st_mode):
         raise AlfError(f"{path}", "is not a directory", f"remove it as root: rm {path}", EX_CONFIG)
-    if info.st_uid != uid or info.st_mode & 0o077:
+    mode = modes(path)[0]
+    if info.st_uid != uid or info.st_mode & ~mode & 0o777:
         raise AlfError(
             f"{path}",
             f"belongs to uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):o}, not to "
-            f"{owner_name(path)} with mode 700: someone else may have made it",
+            f"{owner_name(path)} with mode {mode:o}: someone else may have made it",
             f"inspect it, then remove it as root (rm -r {path})",
             EX_CONFIG,
         )
@@ -315,13 +328,32 @@ def own(path: Path) -> None:
     """Give everything below path to the state's owner (BCC pins as whoever loads).
     What a gc removes meanwhile is passed over."""
     uid, gid = owner(path)
+    folder_mode, pin_mode = modes(path)
+    shared = _in_sets_tree(path)  # elsewhere the modes are mkdir's and BPF_OBJ_PIN's
+    if shared:  # before the chown, while this process may own it (no CAP_FOWNER)
+        _chmod(str(path), folder_mode)
     os.chown(path, uid, gid, follow_symlinks=False)
     for folder, dirs, files in os.walk(path):  # listing errors (a folder gone) are skipped
-        for name in dirs + files:
+        for name, mode in [(d, folder_mode) for d in dirs] + [(f, pin_mode) for f in files]:
+            where = os.path.join(folder, name)
             try:
-                os.chown(os.path.join(folder, name), uid, gid, follow_symlinks=False)
+                if shared:
+                    _chmod(where, mode)
+                os.chown(where, uid, gid, follow_symlinks=False)
             except FileNotFoundError:
                 pass
+
+
+def _chmod(path: str, mode: int) -> None:
+    """chmod without following a link: one put in the tree by its owner must not
+    make root open up what it points at."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        now = os.fstat(fd).st_mode
+        if not stat.S_ISLNK(now) and stat.S_IMODE(now) != mode:  # a mode already right
+            os.chmod(f"/proc/self/fd/{fd}", mode)  # is left: its owner may be another
+    finally:
+        os.close(fd)
 
 
 # What a socket's meta holds besides the options and the folder: counts, ids and
@@ -439,6 +471,10 @@ def open_pin(state: SocketState, name: str) -> int:
 
 class Store:
     """One tree of pinned state (``base``: ROOT, or a user's) and what can be done to it."""
+
+    # Does this process open the named sets its filters name (and make a missing one
+    # from its list file)?  Not a user's: the loader opens root's for them, read-only.
+    opens_sets = True
 
     def __init__(self, base: Path = ROOT, top: Path = ROOT) -> None:
         self.base = base

@@ -28,14 +28,18 @@
 #define ALF_SETS_C
 #include "common.h"
 
-#if !defined(ALF_SETS) || !defined(ALF_DENY_SETS) || !defined(ALF_SET_MEMBER)
+#if !defined(ALF_SETS) || !defined(ALF_DENY_SETS) || !defined(ALF_SET_MEMBER) || \
+    !defined(ALF_SET_FLAGS)
 #error "sets.c is compiled by alfwrapper, which defines its settings"
 #endif
 
-/* The inner maps' shapes (struct alf_set_host and alf_set_range are generated
- * from their one definition, bpf/parts.py); a set's own maps are larger. */
-BPF_F_TABLE("hash", struct alf_set_host, u64, alf_set_host_shape, 1, BPF_F_NO_PREALLOC);
-BPF_F_TABLE("lpm_trie", struct alf_set_range, u64, alf_set_range_shape, 1, BPF_F_NO_PREALLOC);
+/* The inner maps' shapes (struct alf_set_host and alf_set_range, and their flags
+ * ALF_SET_FLAGS, come from their one definition, bpf/parts.py); a set's own maps
+ * are larger.  The flags hold BPF_F_RDONLY_PROG: the verifier refuses any program
+ * that would write into a set (a user's filter, through the loader, included),
+ * and a map without it does not fit these arrays. */
+BPF_F_TABLE("hash", struct alf_set_host, u64, alf_set_host_shape, 1, ALF_SET_FLAGS);
+BPF_F_TABLE("lpm_trie", struct alf_set_range, u64, alf_set_range_shape, 1, ALF_SET_FLAGS);
 BPF_ARRAY_OF_MAPS(alf_set_hosts, "alf_set_host_shape", ALF_SETS);
 BPF_ARRAY_OF_MAPS(alf_set_ranges, "alf_set_range_shape", ALF_SETS);
 

@@ -924,6 +924,9 @@ MUTATIONS = [
 ]
 
 SETS_TEST = "tests/integration/test_sets.py::"
+LOADER_SETS_TEST = (
+    "tests/integration/test_loader.py::test_a_users_service_reads_root_sets_and_cannot_change_them"
+)
 MUTATIONS += [
     Mutation(
         "set-lookup-skips-hosts",
@@ -973,6 +976,38 @@ MUTATIONS += [
         "        if (length == 0)\n",
         "        if (1)\n",
         (SETS_TEST + "test_a_lapsed_range_does_not_hide_the_range_it_is_nested_in",),
+    ),
+    Mutation(
+        "set-writable-by-programs",
+        "alfwrapper/bpf/parts.py",
+        "SET_FLAGS = 1 | 1 << 7",
+        "SET_FLAGS = 1",
+        (SETS_TEST + "test_no_filter_may_write_into_a_set", LOADER_SETS_TEST),
+    ),
+    Mutation(
+        "loader-opens-sets-writable",
+        "alfwrapper/loader/server.py",
+        "opened[name, role] = sets.open_role(name, role, read_only=True)",
+        "opened[name, role] = sets.open_role(name, role, read_only=False)",
+        (LOADER_SETS_TEST,),
+    ),
+    Mutation(
+        "sets-tree-not-the-groups",
+        "alfwrapper/state.py",
+        "return (0o750, 0o640) if _in_sets_tree(path) else (0o700, 0o600)",
+        "return (0o700, 0o600)",
+        (SETS_TEST + "test_no_filter_may_write_into_a_set", LOADER_SETS_TEST),
+    ),
+    Mutation(
+        "loader-quota-only-from-its-own-errors",
+        "alfwrapper/loader/server.py",
+        """        if limited() > before:
+            error = quota_reached(limits)""",
+        """        if False:
+            error = quota_reached(limits)""",
+        (
+            "tests/unit/test_loader_protocol.py::test_a_failure_while_memory_is_refused_is_the_quota",
+        ),
     ),
     Mutation(
         "set-changes-unlocked",

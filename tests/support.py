@@ -89,3 +89,26 @@ def host_hold(exclusive: bool) -> Iterator[None]:
         os.close(fd)
         if gate >= 0:
             os.close(gate)
+
+
+def loader_arguments() -> str:
+    """The loader's arguments in the shipped alfwrapper-loader.service's ExecStart=,
+    for a test's drop-in that adds to them."""
+    text = (ROOT / "units" / "alfwrapper-loader.service").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("ExecStart=/usr/bin/alfwrapper "))
+    return line.split(" loader ", 1)[1]
+
+
+# A developer's filter that would change a set it names: it deletes an entry through
+# the program's array of maps (sets.c's alf_set_hosts).
+WRITES_INTO_A_SET = """#include "common.h"
+int filter(struct __sk_buff *skb) {
+    u32 slot = 0;
+    void *hosts = alf_set_hosts.lookup(&slot);
+    if (hosts) {
+        struct alf_set_host key = {};
+        bpf_map_delete_elem(hosts, &key);
+    }
+    return 1;
+}
+"""

@@ -241,6 +241,9 @@ SET_RANGE_C, SET_RANGE = c_struct("alf_set_range", RUNTIME_KEY_FIELDS)
 SET_EXPIRY = struct.Struct("=Q")
 SET_ALLOW, SET_DENY = 1, 2
 SET_ROLES = ("hosts", "ranges")  # a set's pins, in its folder (alfwrapper/sets.py)
+# Both maps' flags: BPF_F_NO_PREALLOC (memory for the entries there, not for the
+# room) and BPF_F_RDONLY_PROG (no program may write into a set: the verifier says so).
+SET_FLAGS = 1 | 1 << 7
 # sets.c's arrays of maps, and the map each takes the shape of its maps from.
 INNER_MAPS = {f"alf_set_{role}": f"alf_set_{role[:-1]}_shape" for role in SET_ROLES}
 
@@ -274,6 +277,7 @@ class Sets(Part):
             # are the allow list, and the subnet rules (deny only) still judge.
             ("ALF_SET_MEMBER", "ALF_SET_ALLOW" if allow_rules else "0"),
             ("ALF_SET_OTHERS", "0" if allow_rules else "ALF_SET_DENY"),
+            ("ALF_SET_FLAGS", str(SET_FLAGS)),
         )
         return PartPlan(self, defines, SET_HOST_C + SET_RANGE_C)
 

@@ -54,6 +54,7 @@ def libbpf() -> ctypes.CDLL:
         lib.bpf_obj_get_info_by_fd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.bpf_obj_pin.argtypes = [ctypes.c_int, ctypes.c_char_p]
         lib.bpf_obj_get.argtypes = [ctypes.c_char_p]
+        lib.bpf_obj_get_opts.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
         lib.bpf_map_create.argtypes = [
             ctypes.c_int,
             ctypes.c_char_p,
@@ -289,6 +290,9 @@ BPF_MAP_TYPE_LRU_HASH = 9
 BPF_MAP_TYPE_LPM_TRIE = 11
 
 
+BPF_MAP_TYPE_ARRAY_OF_MAPS = 12
+
+
 BPF_MAP_TYPE_RINGBUF = 27
 
 
@@ -302,9 +306,23 @@ def obj_pin(fd: int, path: str) -> None:
     bpf_check(libbpf().bpf_obj_pin(fd, path.encode()), "BPF_OBJ_PIN", path)
 
 
-def obj_get(path: str) -> int:
-    """An fd of a pinned map or program (needs read and write permission on the pin)."""
-    fd = libbpf().bpf_obj_get(path.encode())
+BPF_F_RDONLY = 1 << 3  # an fd that reads a map, and cannot change it
+
+
+class _ObjGetOpts(ctypes.Structure):
+    # struct bpf_obj_get_opts, libbpf's bpf.h (1.0 and later)
+    _fields_ = [("sz", ctypes.c_size_t), ("file_flags", ctypes.c_uint32)]
+
+
+def obj_get(path: str, read_only: bool = False) -> int:
+    """An fd of a pinned map or program: one that reads and writes, which needs read
+    and write permission on the pin, or, ``read_only``, one that only reads (read
+    permission), through which the map cannot be changed."""
+    if read_only:
+        opts = _ObjGetOpts(ctypes.sizeof(_ObjGetOpts), BPF_F_RDONLY)
+        fd = libbpf().bpf_obj_get_opts(path.encode(), ctypes.byref(opts))
+    else:
+        fd = libbpf().bpf_obj_get(path.encode())
     bpf_check(fd, "BPF_OBJ_GET", path)
     return int(fd)
 

@@ -38,6 +38,8 @@ from alfwrapper.policy.rules import SocketRules
 class Broker(state.Store):
     """The pinned state of this user's services, through the loader."""
 
+    opens_sets = False
+
     def __init__(self, path: str = "") -> None:
         super().__init__(state.user_base(os.getuid()))
         self.path = path or socket_path()

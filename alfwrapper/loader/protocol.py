@@ -22,7 +22,15 @@ from alfwrapper.errors import (
 )
 from alfwrapper.host import bpf_calls
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
-from alfwrapper.policy.rules import CustomFilter, KnockRules, MapSetting, SocketRules, SubnetRules
+from alfwrapper.policy.rules import (
+    SET_NAME_RULE,
+    CustomFilter,
+    KnockRules,
+    MapSetting,
+    SocketRules,
+    SubnetRules,
+    valid_set_name,
+)
 
 SOCKET_PATH = "/run/alfwrapper/loader.sock"
 
@@ -146,19 +154,14 @@ def encode_rules(rules: SocketRules) -> dict[str, Any]:
     knock secret), nothing for the loader to open."""
     from alfwrapper.policy.prefix_list import PrefixList  # noqa: PLC0415
 
-    named = (*rules.deny_sets, *rules.allow_sets)
-    if named:
-        raise AlfError(
-            f"named set {named[0]}",
-            "sets are root's: a service whose filters come from the loader cannot name one",
-            "give the service CAP_BPF (run it as root's), or write the set's entries as "
-            "allow or deny rules",
-            EX_USAGE,
-        )
     out: dict[str, Any] = {
         key: {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}
         for key, prefixes in (("allow", rules.subnets.allow), ("deny", rules.subnets.deny))
     }
+    # Named sets by name: the loader opens root's, read-only (loader/server.py).
+    for key, names in (("allow_sets", rules.allow_sets), ("deny_sets", rules.deny_sets)):
+        if names:
+            out[key] = list(names)
     out["log_rate"] = rules.log_rate
     if rules.interfaces:
         out["interfaces"] = list(rules.interfaces)
@@ -236,7 +239,8 @@ def decode_rules(d: Any) -> SocketRules:
 
     if not isinstance(d, dict):
         raise bad_request("'rules' must be an object")
-    allowed = {"allow", "deny", "log_rate", "interfaces", "knock", "filter"}
+    allowed = {"allow", "deny", "allow_sets", "deny_sets", "log_rate", "interfaces", "knock",
+               "filter"}  # fmt: skip
     if set(d) - allowed:
         raise bad_request(f"unknown rule keys {sorted(set(d) - allowed)}")
     prefixes: dict[str, Sequence[Prefix]] = {}
@@ -283,9 +287,26 @@ def decode_rules(d: Any) -> SocketRules:
                    len(x) < 4096 for x in s) for s in sets):  # fmt: skip
             raise bad_request("'filter.sets' must be [map, key, value] strings")
         custom = CustomFilter(name, tuple(MapSetting(*s) for s in sets), source)
-    return SocketRules(
-        SubnetRules(prefixes["allow"], prefixes["deny"]), (), knock, custom, log_rate
-    )
+    named = {key: _set_names(d, key) for key in ("allow_sets", "deny_sets")}
+    rules = SocketRules(
+        SubnetRules(prefixes["allow"], prefixes["deny"]), (), knock, custom, log_rate,
+        named["allow_sets"], named["deny_sets"],
+    )  # fmt: skip
+    if rules.sets_conflict:
+        raise bad_request("a socket with allow sets may have allow rules or deny rules, not both")
+    return rules
+
+
+MOST_SETS = 64  # names in allow_sets, and in deny_sets, of one request
+
+
+def _set_names(d: dict[str, Any], key: str) -> tuple[str, ...]:
+    names = request_field(d, key, list, [])
+    if len(names) > MOST_SETS or not all(valid_set_name(n) for n in names):
+        raise bad_request(f"'{key}' must be at most {MOST_SETS} set names ({SET_NAME_RULE})")
+    if len(set(names)) != len(names):
+        raise bad_request(f"'{key}' names a set twice")
+    return tuple(names)
 
 
 def to_wire(value: Any) -> Any:

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from alfwrapper import state
+from alfwrapper.bpf.parts import SET_ROLES, FillEnv
 from alfwrapper.errors import (
+    EX_CONFIG,
     EX_DATAERR,
     EX_NOPERM,
     EX_SOFTWARE,
@@ -60,7 +62,7 @@ from alfwrapper.loader.quota import (
     record_program,
     services_of,
 )
-from alfwrapper.policy.rules import check_service
+from alfwrapper.policy.rules import SocketRules, check_service
 from alfwrapper.record import replace
 
 WORKERS = 8  # connections served at once
@@ -87,12 +89,14 @@ MAP_TYPES = frozenset({
     bpf_calls.BPF_MAP_TYPE_HASH, bpf_calls.BPF_MAP_TYPE_ARRAY, bpf_calls.BPF_MAP_TYPE_PROG_ARRAY,
     bpf_calls.BPF_MAP_TYPE_PERCPU_ARRAY, bpf_calls.BPF_MAP_TYPE_LRU_HASH,
     bpf_calls.BPF_MAP_TYPE_LPM_TRIE, bpf_calls.BPF_MAP_TYPE_RINGBUF,
+    bpf_calls.BPF_MAP_TYPE_ARRAY_OF_MAPS,  # named sets (sets.c)
 })  # fmt: skip
 
 
-# Those whose values are data (not fds: a program array's value, written, names an
-# fd of whoever makes the call): the ones an "fd" request may write.
-DATA_MAP_TYPES = MAP_TYPES - {bpf_calls.BPF_MAP_TYPE_PROG_ARRAY, bpf_calls.BPF_MAP_TYPE_RINGBUF}
+# Those whose values are data (not fds: a program array's or an array of maps' value,
+# written, names an fd of whoever makes the call): the ones an "fd" request may write.
+DATA_MAP_TYPES = MAP_TYPES - {bpf_calls.BPF_MAP_TYPE_PROG_ARRAY, bpf_calls.BPF_MAP_TYPE_RINGBUF,
+                              bpf_calls.BPF_MAP_TYPE_ARRAY_OF_MAPS}  # fmt: skip
 
 
 PROG_ARRAY = bpf_calls.BPF_MAP_TYPE_PROG_ARRAY
@@ -296,8 +300,13 @@ def _refuse(conn: socket.socket, what: str, why: str, hint: str, code: int = EX_
 
 
 def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
-    """One connection: one request, one answer.  Every failure is an answer."""
+    """One connection: one request, one answer.  Every failure is an answer; one in a
+    request during which the kernel refused the user memory (their memory cgroup
+    reached its limit) is the quota's, whatever it surfaced as (a map or a program
+    refused, a helper's error path), and says so."""
     fds: list[int] = []
+    limited = limits.memory.watch(who.uid) if limits.memory is not None else lambda: 0
+    before = limited()  # the file is open now: read again after confine() too
     try:
         message, fds = receive(conn, REQUEST_LIMIT, READ_SECONDS, 2)
         if message.get("op") == "load" and _compile_apart(conn, who, limits):
@@ -309,18 +318,25 @@ def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
         except OSError:
             pass  # the caller left; what was made for it goes with this process
     except AlfError as err:
-        _refuse(conn, err.what, err.why, err.hint, err.exit_code)
+        said = quota_reached(limits) if limited() > before else err
+        _refuse(conn, said.what, said.why, said.hint, said.exit_code)
     except Exception as err:  # noqa: BLE001  (hostile input must not end the loader)
-        import traceback  # noqa: PLC0415
-
-        where = traceback.extract_tb(err.__traceback__)[-1]
+        where = err.__traceback__
+        while where is not None and where.tb_next is not None:
+            where = where.tb_next
+        place = f"{Path(where.tb_frame.f_code.co_filename).name}:{where.tb_lineno}" if where else ""
         print(
             f"alfwrapper loader: request of uid {who.uid}: internal error: "
-            f"{type(err).__name__}: {err} ({Path(where.filename).name}:{where.lineno})",
+            f"{type(err).__name__}: {err} ({place})",
             file=sys.stderr,
             flush=True,
         )
-        _refuse(conn, "loader", f"internal error: {type(err).__name__}", "report it", EX_SOFTWARE)
+        if limited() > before:
+            error = quota_reached(limits)
+            _refuse(conn, error.what, error.why, error.hint, error.exit_code)
+        else:
+            _refuse(conn, "loader", f"internal error: {type(err).__name__}", "report it",
+                    EX_SOFTWARE)  # fmt: skip
     finally:
         for fd in fds:
             try:
@@ -552,17 +568,17 @@ def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) 
     check_quota(who, limits, extra_programs=0 if where is not None else 1)
     probe = _fresh_map_id()
     ledger = open_ledger(who, limits)  # before confine(): written after the load
-    limited = limits.memory.watch(who.uid) if limits.memory is not None else lambda: 0
-    before = limited()
     if limits.memory is not None and limits.memory.current(who.uid) >= limits.map_memory:
         raise quota_reached(limits)
-    confine(tree, rules.custom is not None)
+    opened = open_sets(rules)  # before confine(): root's sets, read-only
     try:
-        loaded = tree.load_filter(rules, where, label, cookies)
-    except AlfError:
-        if limited() > before:  # the kernel refused an allocation over the quota
-            raise quota_reached(limits) from None
-        raise
+        confine(tree, rules.custom is not None)
+        env = FillEnv(open_set=lambda name, role: os.dup(opened[name, role]))
+        # A failure while the kernel refuses the user memory is the quota's (serve_one).
+        loaded = tree.load_filter(rules, where, label, cookies, env=env)
+    finally:
+        for fd in opened.values():
+            os.close(fd)
     maps = loaded.tables.fds()
     info = bpf_calls.prog_info(loaded.fd)
     _check_objects(maps, loaded.fd, probe, set(_pinned_ids(where)) if where else set())
@@ -570,6 +586,39 @@ def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) 
     record_program(who, limits, ledger, cookie, size)
     _KEPT.append(loaded)  # its fds close with it: kept until the answer carries them
     return {"program": info.id, "map_bytes": size}, [loaded.fd]
+
+
+def open_sets(rules: SocketRules) -> dict[tuple[str, str], int]:
+    """The maps of the named sets these rules name, by (name, role): root's sets, which
+    a user's service may read and never change.  The loader's fds only read (its
+    group reads the sets' tree, mode 0750 and 0640; BPF_F_RDONLY), no program may
+    write into a set (its maps' BPF_F_RDONLY_PROG, which the verifier enforces), and
+    the loader makes no set: it reads no list file of root's."""
+    from alfwrapper import sets  # noqa: PLC0415
+
+    opened: dict[tuple[str, str], int] = {}
+    try:
+        for name in (*rules.deny_sets, *rules.allow_sets):
+            for role in SET_ROLES:
+                try:
+                    opened[name, role] = sets.open_role(name, role, read_only=True)
+                except AlfError as err:
+                    missing = err.exit_code == EX_CONFIG and "does not exist" in err.why
+                    raise AlfError(
+                        f"named set {name}",
+                        f"{err.why} (sets are root's)" if missing else err.why,
+                        "ask the administrator to make it: alfwrapper set create NAME"
+                        if missing
+                        else "the loader reads root's sets in the group alfwrapper-sets, as "
+                        "its unit runs it (SupplementaryGroups=); restart it to have "
+                        "`alfwrapper loader --prepare` give the tree that group",
+                        err.exit_code,
+                    ) from None
+    except BaseException:
+        for fd in opened.values():
+            os.close(fd)
+        raise
+    return opened
 
 
 def _fresh_map_id() -> int:
@@ -681,9 +730,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help=f"per user, in MiB (default {DEFAULT_MAP_MEMORY >> 20})")  # fmt: skip
     p.add_argument("--pins", metavar="DIR", default=str(state.USERS_ROOT),
                    help=f"where {state.USERS_ROOT} is seen (the unit binds it there)")  # fmt: skip
+    p.add_argument("--sets", metavar="DIR", default=str(state.SETS_ROOT),
+                   help=f"where {state.SETS_ROOT} is seen (the unit binds it there, "
+                        "read-only)")  # fmt: skip
     p.add_argument("--prepare", action="store_true",
-                   help=f"as root, before the loader starts: make {state.ROOT} and "
-                        f"{state.USERS_ROOT}")  # fmt: skip
+                   help=f"as root, before the loader starts: make {state.ROOT}, "
+                        f"{state.USERS_ROOT} and {state.SETS_ROOT}")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
@@ -693,6 +745,9 @@ def main(args: argparse.Namespace) -> int:
         if not state.hidden(state.ROOT):
             state.Store().root(create=True)
         state.Store(state.USERS_ROOT, state.USERS_ROOT).root(create=True)
+        from alfwrapper import sets  # noqa: PLC0415
+
+        sets.make_tree()  # for the unit's BindReadOnlyPaths=, which needs it there
         return 0
     if os.geteuid() == 0:
         raise AlfError(
@@ -702,6 +757,9 @@ def main(args: argparse.Namespace) -> int:
             EX_USAGE,
         )
     state.see_users_tree(Path(args.pins))
+    from alfwrapper import sets  # noqa: PLC0415
+
+    sets.use_root(Path(args.sets))
     limits = Limits(
         args.max_programs,
         args.max_map_memory << 20,

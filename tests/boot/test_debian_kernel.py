@@ -22,6 +22,7 @@ from guest import (
     served_and_dropped,
     stop,
 )
+from support import loader_arguments
 
 from alfwrapper.loader.quota import DEFAULT_MAP_MEMORY
 
@@ -104,7 +105,7 @@ def test_the_loaders_quota_counts_what_a_user_holds(guest61: Guest) -> None:
     g.put(HOARD, "/var/tmp/hoard.py")
     dropin = "/etc/systemd/system/alfwrapper-loader.service.d"
     g.run(f"mkdir -p {dropin} && printf '[Service]\\nExecStart=\\nExecStart=/usr/bin/alfwrapper "
-          f"loader --pins /run/alfwrapper-loader/pins --max-map-memory {QUOTA}\\n' "
+          f"loader {loader_arguments()} --max-map-memory {QUOTA}\\n' "
           f"> {dropin}/quota.conf && systemctl daemon-reload && "
           "systemctl restart alfwrapper-loader.socket")  # fmt: skip
     try:  # one request alone: what it peaks at, its compile included, fits the default
@@ -129,7 +130,7 @@ def test_the_loaders_quota_counts_what_a_user_holds(guest61: Guest) -> None:
             f"{(x['counted'] - first['counted']) / 1024:+.0f} MiB"
             for i, x in enumerate(loads)))  # fmt: skip
         refused = [x["answer"]["error"] for x in loads if "error" in x["answer"]]
-        assert refused and refused[0]["code"] == 77 and "quota" in refused[0]["what"], out
+        assert refused and refused[0]["code"] == 77 and "quota" in refused[0]["what"], out + log
         assert sum("error" not in x["answer"] for x in loads) >= 1, out
         assert MOST * loads[0]["answer"]["map_bytes"] > 2**30, out  # uncounted: over 1 GiB
         assert int(g.run(f"cat {cgroup}/memory.max")) == QUOTA << 20

@@ -212,24 +212,34 @@ def test_the_crowdsec_bouncer_as_shipped(guest: Guest) -> None:
 
 
 def test_an_ordinary_user_filters_a_service_through_the_loader(guest: Guest) -> None:
+    """The user's own service, with no capability at all, its filter made by the
+    loader as shipped, naming root's deny set, which root then changes: the loader
+    reads the set (the unit's bind and group) and the service follows it."""
+    app, name = "alfcheck-app.service", "boot-loader"
     guest.run("id alfcheck >/dev/null 2>&1 || useradd -m alfcheck")
-    guest.run("systemctl start alfwrapper-loader.socket")
+    guest.run(f"alfwrapper set create {name} && systemctl start alfwrapper-loader.socket")
     try:
         code, out = guest.status("cd / && runuser -u alfcheck -- alfwrapper doctor")
         assert code == 0 and "through the loader" in out, out
-        # The user's own service: no capability at all, its filter made by the loader.
         guest.run(
             "systemd-run --quiet --uid=alfcheck --unit=alfcheck-app "
             "--property=NoNewPrivileges=yes /usr/bin/alfwrapper --service alfcheck-app "
-            "--listen :8090 --allow 192.0.2.0/24 --allow 2001:db8:a::/48 -- "
-            "/usr/bin/python3 /usr/share/alfwrapper/echo_server.py"
+            f"--listen :8090 --allow 192.0.2.0/24 --allow 2001:db8:a::/48 --deny-set {name} "
+            "-- /usr/bin/python3 /usr/share/alfwrapper/echo_server.py"
         )
         guest.wait("ss -Hltn 'sport = :8090' | grep -q LISTEN", seconds=60)  # bound once filtered
-        served_and_dropped(guest, "alfcheck-app.service", 8090, udp=False)
+        served_and_dropped(guest, app, 8090, udp=False)
         status = guest.run("cd / && runuser -u alfcheck -- alfwrapper status alfcheck-app")
         assert "alfcheck-app" in status, status
+        guest.run(f"alfwrapper set add {name} {ALLOW4}")
+        expect(guest, app, "timeout", "tcp", ALLOW4, GUEST4, "8090", "2")
+        expect(guest, app, "answered", "tcp", ALLOW6, GUEST6, "8090", "20")
+        guest.run(f"alfwrapper set del {name} {ALLOW4}")
+        expect(guest, app, "answered", "tcp", ALLOW4, GUEST4, "8090", "20")
     finally:
+        print(guest.journal("alfwrapper-loader.service"))
         stop(guest, "alfcheck-app", "alfwrapper-loader.socket", "alfwrapper-loader.service")
+        guest.run(f"alfwrapper set destroy {name}", check=False)
 
 
 def test_the_metrics_timer_writes_the_counters(guest: Guest) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hosts import Host, Service
-from support import ROOT
+from support import ROOT, loader_arguments
 
 UNITS = ROOT / "units"
 ALFWRAPPER = str(Path(sys.executable).parent / "alfwrapper")
@@ -141,10 +141,10 @@ def start_loader(manager: UserManager, copy: Path, options: str = "") -> Path:
     dropin = manager.units / "alfwrapper-loader.service.d"
     dropin.mkdir(exist_ok=True)
     log = manager.logs / "alfwrapper-loader.log"
-    pins = "/run/alfwrapper-loader/pins"
+    shipped = loader_arguments()
     text = (
         f"[Service]\nStandardError=append:{log}\nEnvironment=PYTHONPATH={copy}\n"
-        f"ExecStart=\nExecStart=/usr/bin/python3 -m alfwrapper loader --pins {pins} {options}\n"
+        f"ExecStart=\nExecStart=/usr/bin/python3 -m alfwrapper loader {shipped} {options}\n"
     )
     (dropin / "here.conf").write_text(text)
     manager.run("daemon-reload")

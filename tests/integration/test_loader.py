@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from hosts import Network, Probe, Service, all_probes, check_policy
 from managers import OwnManager, UnitLog, UserManager, ordinary_user, start_loader, wait_until
-from support import ECHO_SERVER, ROOT, WRAPPER
+from support import ECHO_SERVER, ROOT, WRAPPER, WRITES_INTO_A_SET
 
 from alfwrapper import state
 from alfwrapper.bpf import compiler
@@ -204,6 +204,60 @@ def test_ordinary_users_service_behind_their_own_policy(
     tree = PINS / str(own.uid) / "app"
     assert len(list(tree.glob("sock-*"))) == 2
     assert tree.stat().st_uid != own.uid and tree.stat().st_mode & 0o077 == 0
+
+
+def root_set(*argv: str) -> str:
+    out = subprocess.run([*WRAPPER, "set", *argv], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, (argv, out.stderr)
+    return out.stdout
+
+
+def test_a_users_service_reads_root_sets_and_cannot_change_them(
+    network: Network, manager: UserManager, users: Callable[[str], OwnManager],
+    readable_copy: Path,
+) -> None:  # fmt: skip
+    """A user's service names root's deny set (through the loader, on a kernel before
+    6.5): root's `set add` drops the next connection, `set del` serves it again, and
+    the service never restarts.  The user can change the set neither with `alfwrapper
+    set` nor with a filter of their own (the verifier refuses a write into a set); a
+    set that does not exist is an error, and the loader makes none, not even from the
+    list file that a root service's start would make it from."""
+    a, b = network.allowed, network.denied
+    name, missing = f"alfu{os.getpid()}", f"alfu{os.getpid()}-missing"
+    listed = Path("/etc/alfwrapper/sets") / f"{missing}.list"
+    root_set("create", name)
+    try:
+        own = users(USER_A)
+        app = service_units(own, readable_copy, "app", "ListenStream=8080\n",
+                            f"{ECHO_RULES} --deny-set {name}", old_kernel=True)  # fmt: skip
+        assert a.probe("tcp", 4, 8080, "first", timeout=30) == "echo", app.output()
+        pid = own.run("show", "-p", "MainPID", "--value", "app.service").stdout
+        root_set("add", name, a.v4)
+        check_policy(app, served=[Probe(a, "tcp", 6, 8080)],
+                     dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)])  # fmt: skip
+        root_set("del", name, a.v4)
+        check_policy(app, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 6, 8080)])
+        assert own.run("show", "-p", "MainPID", "--value", "app.service").stdout == pid
+        # The user's own attempts: the command, and a filter that deletes from the set.
+        out = as_user(own, readable_copy, "set", "add", name, b.v4)
+        assert out.returncode == 77 and "Permission denied" in out.stderr, out.stderr
+        rules = {"filter": {"name": "x.c", "source": WRITES_INTO_A_SET}, "deny_sets": [name]}
+        evil = {"op": "load", "label": "x_u1", "rules": rules}
+        got = raw(own, readable_copy, evil, "--socket", "udp")
+        assert got["fds"] == [], got
+        assert "write into map forbidden" in got["answer"]["error"]["why"], got
+        # A set that does not exist: refused, and not made from its list file.
+        listed.parent.mkdir(parents=True, exist_ok=True)
+        listed.write_text(f"{b.v4}\n")
+        nothing = {"op": "load", "label": "x_u1", "rules": {"deny_sets": [missing]}}
+        got = raw(own, readable_copy, nothing, "--socket", "udp")
+        error = got["answer"]["error"]
+        assert error["code"] == 78 and "does not exist (sets are root's)" in error["why"], got
+        assert not (state.SETS_ROOT / missing).exists()
+        assert root_set("list", name) == ""
+    finally:
+        listed.unlink(missing_ok=True)
+        subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60)
 
 
 def test_one_user_cannot_touch_anothers_service(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from hosts import Network, Probe, Service, all_probes, check_policy, start_echo
-from support import ECHO_SERVER, WRAPPER
+from support import ECHO_SERVER, WRAPPER, WRITES_INTO_A_SET
 
 SETS = Path("/sys/fs/bpf/alfwrapper-sets")
 LISTS = Path("/etc/alfwrapper/sets")
@@ -279,3 +279,24 @@ def test_a_change_to_a_set_waits_for_its_lock(set_name: str) -> None:
     finally:
         os.close(fd)
     assert ok("set", "list", set_name).split() == ["192.0.2.9/32"]
+
+
+def test_no_filter_may_write_into_a_set(set_name: str, tmp_path: Path) -> None:
+    """A set's maps are read-only to every program (BPF_F_RDONLY_PROG): a filter that
+    would delete from one is refused by the verifier, even as root, and the set keeps
+    its entries.  Its folder and pins are its group's to read (0750 and 0640): the
+    loader reads them so, for a user's service (test_loader.py)."""
+    ok("set", "create", set_name)
+    ok("set", "add", set_name, "192.0.2.1")
+    evil = tmp_path / "evil.c"
+    evil.write_text(WRITES_INTO_A_SET)
+    out = cli("check", "--deny-set", set_name, "--filter", str(evil))
+    assert out.returncode != 0 and "write into map forbidden" in out.stderr, out.stderr
+    assert ok("set", "list", set_name).split() == ["192.0.2.1/32"]
+    import grp  # noqa: PLC0415
+
+    group = grp.getgrnam("alfwrapper-sets").gr_gid
+    for path, mode in ((SETS, 0o750), (SETS / set_name, 0o750), (SETS / set_name / "hosts", 0o640),
+                       (SETS / set_name / "ranges", 0o640)):  # fmt: skip
+        info = path.stat()
+        assert (info.st_mode & 0o777, info.st_gid) == (mode, group), (path, oct(info.st_mode))

@@ -81,6 +81,14 @@ HOSTILE: list[Any] = [
     {"filter": {"name": 7, "source": "int filter;"}},
     {"filter": {"name": "x.c", "source": "int filter;", "sets": [["m", "1"]]}},
     {"filter": {"name": "x.c", "source": "int filter;", "sets": [[1, 2, 3]]}},
+    {"deny_sets": "crowdsec"},
+    {"deny_sets": ["../alfwrapper/x"]},
+    {"deny_sets": ["a.b"]},
+    {"allow_sets": [""]},
+    {"allow_sets": ["x" * 65]},
+    {"deny_sets": [7]},
+    {"deny_sets": ["a", "a"]},
+    {"deny_sets": [f"s{i}" for i in range(65)]},
 ]
 
 
@@ -141,13 +149,58 @@ def test_a_loader_that_does_not_answer_in_time_is_named_as_such(tmp_path: Any, s
     )
 
 
-def test_a_request_never_names_a_root_set() -> None:
-    """Sets are root's, out of the loader's reach: a user's rules naming one are refused
-    before anything is sent."""
-    from alfwrapper.loader.protocol import encode_rules  # noqa: PLC0415
-    from alfwrapper.policy.rules import SocketRules  # noqa: PLC0415
+def test_named_sets_travel_by_name() -> None:
+    """A user's rules may name root's sets: their names travel (the loader opens the
+    sets, read-only), in order, and an allow set beside allow and deny rules is
+    refused as the policy refuses it."""
+    from alfwrapper.policy.prefixes import parse_prefix  # noqa: PLC0415
+    from alfwrapper.policy.rules import SubnetRules  # noqa: PLC0415
 
-    for rules in (SocketRules(deny_sets=("blocklist",)), SocketRules(allow_sets=("office",))):
-        with pytest.raises(AlfError) as caught:
-            encode_rules(rules)
-        assert caught.value.exit_code == 64 and "cannot name one" in str(caught.value)
+    rules = SocketRules(SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)),
+                        allow_sets=("office",), deny_sets=("crowdsec", "drop"))  # fmt: skip
+    wire = protocol.encode_rules(rules)
+    assert wire["deny_sets"] == ["crowdsec", "drop"] and wire["allow_sets"] == ["office"]
+    assert protocol.decode_rules(json.loads(json.dumps(wire))) == rules
+    assert "deny_sets" not in protocol.encode_rules(SocketRules())
+    both = dict(wire, deny=wire["allow"])
+    with pytest.raises(AlfError, match="allow rules or deny rules, not both"):
+        protocol.decode_rules(both)
+
+
+class _Events:
+    """A user's memory cgroup's limit events, as cgroups.UserMemory.watch reads them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def watch(self, uid: int) -> Any:
+        return lambda: self.count
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["limit reached", "no limit"])
+def test_a_failure_while_memory_is_refused_is_the_quota(monkeypatch: Any, refused: bool) -> None:
+    """Whatever a request fails with (here a PermissionError from deep in a load, as
+    a refused allocation surfaced once on Debian's 6.1), the answer is the quota's
+    (77) if the user's memory cgroup reached its limit meanwhile, else an internal
+    error (70); both name no more than they should."""
+    from alfwrapper.loader import server  # noqa: PLC0415
+    from alfwrapper.loader.quota import Caller, Limits  # noqa: PLC0415
+
+    events = _Events()
+
+    def failing(*args: Any) -> Any:
+        events.count += refused
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(server, "handle", failing)
+    a, b = socket.socketpair()
+    with a, b:
+        protocol.send(b, {"op": "limits"})
+        server.serve_one(a, Caller(1, 4242, 4242), Limits(memory=events))  # type: ignore[arg-type]
+        answer, _ = protocol.receive(b, protocol.REQUEST_LIMIT, 5, 1)
+    error = answer["error"]
+    if refused:
+        assert error["code"] == 77 and error["what"] == "loader quota", error
+    else:
+        assert error == {"what": "loader", "why": "internal error: PermissionError",
+                         "hint": "report it", "code": 70}  # fmt: skip
