@@ -373,33 +373,72 @@ def add(name: str, prefixes: Sequence[Prefix], timeout: float = 0.0) -> None:
             raise _fail(f"adding to set {name}", err) from None
 
 
-def hold(name: str, entries: dict[Prefix, int]) -> None:
-    """Put each prefix in the set until its own expiry (monotonic ns; 0: never): whole
-    addresses in one batch update (Linux 5.6), shorter prefixes one by one (an LPM
-    trie has no batch update)."""
-    by_role: dict[str, tuple[list[bytes], list[bytes]]] = {"hosts": ([], []), "ranges": ([], [])}
+Keyed = dict[str, tuple[list[bytes], list[bytes]]]  # role -> keys, values
+
+
+def _keyed(entries: dict[Prefix, int]) -> Keyed:
+    """Each entry's key and value (_key, _value), by map; whole IPv4 addresses, nearly
+    all of a CrowdSec answer, the short way (struct pads the address with zeros)."""
+    by_role: Keyed = {"hosts": ([], []), "ranges": ([], [])}
+    host_keys, host_values = by_role["hosts"]
+    pack, expiry = SET_HOST.pack, SET_EXPIRY.pack
     for prefix, until in entries.items():
+        if prefix.family == 4 and prefix.length == 32:
+            host_keys.append(pack(32, 4, b"", prefix.value.to_bytes(4, "big")))
+            host_values.append(expiry(until))
+            continue
         role, key = _key(prefix)
         by_role[role][0].append(key)
         by_role[role][1].append(_value(prefix, until))
+    return by_role
+
+
+def hold(name: str, entries: dict[Prefix, int]) -> None:
+    """Put each prefix in the set until its own expiry (monotonic ns; 0: never)."""
+    by_role = _keyed(entries)
     with _opened(name) as (hosts, ranges):
-        try:
-            keys, values = by_role["hosts"]
-            for start in range(0, len(keys), BATCH):
-                part = slice(start, start + BATCH)
-                try:
-                    bpf_calls.map_update_batch(hosts, b"".join(keys[part]), b"".join(values[part]),
-                                               len(keys[part]))  # fmt: skip
-                except OSError as err:
-                    if err.errno != errno.E2BIG:
-                        raise
-                    _sweep(hosts, "hosts")  # then one by one, saying which did not fit
-                    for key, value in zip(keys[part], values[part], strict=True):
-                        _update(name, hosts, "hosts", key, value)
-            for key, value in zip(*by_role["ranges"], strict=True):
-                _update(name, ranges, "ranges", key, value)
-        except OSError as err:
-            raise _fail(f"adding to set {name}", err) from None
+        _hold_keyed(name, hosts, ranges, by_role)
+
+
+def assign(name: str, entries: dict[Prefix, int]) -> int:
+    """Make the set hold these entries and nothing else (a resync); how many of what
+    it held were removed.  Under one lock: no change of another process falls between
+    the removal and the holding."""
+    by_role = _keyed(entries)
+    with _opened(name) as (hosts, ranges):
+        removed = 0
+        for role, fd in (("hosts", hosts), ("ranges", ranges)):
+            wanted = set(by_role[role][0])
+            size = (SET_HOST if role == "hosts" else SET_RANGE).size
+            try:
+                for key in [k for k in bpf_calls.map_keys(fd, size) if k not in wanted]:
+                    removed += bpf_calls.map_delete(fd, key)
+            except OSError as err:
+                raise _fail(f"removing from set {name}", err) from None
+        _hold_keyed(name, hosts, ranges, by_role)
+    return removed
+
+
+def _hold_keyed(name: str, hosts: int, ranges: int, by_role: Keyed) -> None:
+    """Whole addresses in one batch update (Linux 5.6), shorter prefixes one by one
+    (an LPM trie has no batch update)."""
+    try:
+        keys, values = by_role["hosts"]
+        for start in range(0, len(keys), BATCH):
+            part = slice(start, start + BATCH)
+            try:
+                bpf_calls.map_update_batch(hosts, b"".join(keys[part]), b"".join(values[part]),
+                                           len(keys[part]))  # fmt: skip
+            except OSError as err:
+                if err.errno != errno.E2BIG:
+                    raise
+                _sweep(hosts, "hosts")  # then one by one, saying which did not fit
+                for key, value in zip(keys[part], values[part], strict=True):
+                    _update(name, hosts, "hosts", key, value)
+        for key, value in zip(*by_role["ranges"], strict=True):
+            _update(name, ranges, "ranges", key, value)
+    except OSError as err:
+        raise _fail(f"adding to set {name}", err) from None
 
 
 def delete(name: str, prefixes: Sequence[Prefix]) -> int:

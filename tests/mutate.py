@@ -951,10 +951,27 @@ MUTATIONS += [
     ),
     Mutation(
         "bouncer-keeps-what-the-lapi-does-not",
-        "alfwrapper/lifecycle/bouncer.py",
-        "        remove = {prefix for prefix, _ in sets.entries(config.set)} - set(hold)\n",
-        "        remove = set()\n",
+        "alfwrapper/sets.py",
+        "for key in [k for k in bpf_calls.map_keys(fd, size) if k not in wanted]:",
+        "for key in []:",
         ("tests/integration/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
+    ),
+    Mutation(
+        "bouncer-delta-forgets-a-replaced-decision",
+        "alfwrapper/policy/crowdsec.py",
+        "for ident in (*answer.ended, *(d.id for d in answer.new)):",
+        "for ident in answer.ended:",
+        (
+            "tests/unit/test_crowdsec_stream.py::"
+            "test_a_set_driven_by_the_changes_holds_what_the_book_holds",
+        ),
+    ),
+    Mutation(
+        "set-keys-short-way-wrong",
+        "alfwrapper/sets.py",
+        'host_keys.append(pack(32, 4, b"", prefix.value.to_bytes(4, "big")))',
+        'host_keys.append(pack(32, 4, b"", prefix.value.to_bytes(4, "little")))',
+        ("tests/unit/test_set_keys.py::test_many_keys_are_each_ones",),
     ),
     Mutation(
         "bouncer-ignores-deletions",

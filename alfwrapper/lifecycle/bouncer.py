@@ -210,20 +210,18 @@ def _apply(data: bytes, config: Config, book: Book, synced: bool, counts: Counte
     sets.sweep(config.set, ("ranges",))  # lapsed ranges hide those they are nested in
     if synced:
         changes = book.delta(answer, now)
-        hold, remove = changes.hold, set(changes.remove)
-        standing = len(book.entries(now))
+        if changes.remove:
+            counts.removed += sets.delete(config.set, sorted(changes.remove))
+        if changes.hold:
+            sets.hold(config.set, changes.hold)
+            counts.added += len(changes.hold)
+        counts.entries = book.networks(now)
     else:
-        book.snapshot(answer, now)
-        hold = book.entries(now)
-        remove = {prefix for prefix, _ in sets.entries(config.set)} - set(hold)
-        standing = len(hold)
-        counts.resyncs += 1
-    if remove:
-        counts.removed += sets.delete(config.set, sorted(remove))
-    if hold:
-        sets.hold(config.set, hold)
+        hold = book.snapshot(answer, now)
+        counts.removed += sets.assign(config.set, hold)
         counts.added += len(hold)
-    counts.entries = standing
+        counts.entries = len(hold)
+        counts.resyncs += 1
 
 
 def write_metrics(path: str, counts: Counters) -> None:

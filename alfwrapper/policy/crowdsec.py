@@ -28,6 +28,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+from collections.abc import Container
 from typing import Any, NamedTuple
 
 from alfwrapper.errors import EX_PROTOCOL, AlfError, excerpt
@@ -214,34 +215,48 @@ class Book(Record, frozen=False):
     def empty(cls) -> Book:
         return cls({})
 
-    def entries(self, now: int) -> dict[Prefix, int]:
-        """Each network held, until when (decisions lapsed by ``now`` left out)."""
+    def entries(self, now: int, networks: Container[Prefix] | None = None) -> dict[Prefix, int]:
+        """Each network held (of ``networks``, if given), until when (decisions lapsed
+        by ``now`` left out)."""
         held: dict[Prefix, int] = {}
         for decision in self.decisions.values():
-            if decision.until > now and decision.until > held.get(decision.network, 0):
-                held[decision.network] = decision.until
+            network, until = decision.network, decision.until
+            if until > now and until > held.get(network, 0):
+                if networks is None or network in networks:
+                    held[network] = until
         return held
 
-    def snapshot(self, answer: Answer, now: int) -> Changes:
-        """A startup answer: the book becomes what it says, and the set with it."""
-        before, ended = self.entries(now), set(answer.ended)
+    def snapshot(self, answer: Answer, now: int) -> dict[Prefix, int]:
+        """A startup answer: the book becomes what it says; what the set must hold,
+        whole (the caller makes the set equal to it)."""
+        ended = set(answer.ended)
         self.decisions = {d.id: d for d in answer.new if d.id not in ended}
-        return _difference(before, self.entries(now))
+        return self.entries(now)
 
     def delta(self, answer: Answer, now: int) -> Changes:
-        """A later answer: deletions first (idempotent), then the new bans."""
-        before = self.entries(now)
+        """A later answer: deletions first (idempotent), then the new bans.  Only the
+        networks they name can change: those alone are looked at, before and after."""
+        touched = {d.network for d in answer.new}
+        for ident in (*answer.ended, *(d.id for d in answer.new)):  # a new one may replace
+            gone = self.decisions.get(ident)
+            if gone is not None:
+                touched.add(gone.network)
+        before = self.entries(now, touched)
         for ident in answer.ended:
             self.decisions.pop(ident, None)
         for decision in answer.new:
             self.decisions[decision.id] = decision
         self.lapse(now)
-        return _difference(before, self.entries(now))
+        return _difference(before, self.entries(now, touched))
 
     def lapse(self, now: int) -> None:
         """Forget decisions whose time has passed (their entries lapse by themselves)."""
         for ident in [i for i, d in self.decisions.items() if d.until <= now]:
             del self.decisions[ident]
+
+    def networks(self, now: int) -> int:
+        """How many networks the book holds now."""
+        return len({d.network for d in self.decisions.values() if d.until > now})
 
 
 def _difference(before: dict[Prefix, int], after: dict[Prefix, int]) -> Changes:
