@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -162,8 +163,9 @@ def _opened(name: str, changing: bool = True) -> Iterator[tuple[int, int]]:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """flock(2) on a set's folder, waited for at most LOCK_SECONDS."""
+def _locked(path: Path) -> Iterator[int]:
+    """flock(2) on a set's folder, waited for at most LOCK_SECONDS; the folder's fd,
+    which names its pins where a name might be swapped for a link (_at)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         deadline = time.monotonic() + LOCK_SECONDS
@@ -180,7 +182,27 @@ def _locked(path: Path) -> Iterator[None]:
                         EX_TEMPFAIL,
                     ) from None
                 time.sleep(0.01)
-        yield
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _at(folder: int, role: str) -> str:
+    """A pin's path through its folder's fd: what the kernel resolves is the folder
+    this process opened (no link followed), wherever its name now points."""
+    return f"/proc/self/fd/{folder}/{role}"
+
+
+def _give_pin(folder: int, role: str) -> None:
+    """A pin just made, to the sets' owner, readable by its group (state.modes), by a
+    descriptor of the pin itself: nothing the tree's owner swaps in is followed."""
+    uid, gid = state.owner(root())
+    fd = os.open(role, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{role} is not a pin")
+        os.chmod(f"/proc/self/fd/{fd}", state.modes(root())[1])  # while ours
+        os.chown(f"/proc/self/fd/{fd}", uid, gid)
     finally:
         os.close(fd)
 
@@ -191,12 +213,12 @@ def make_tree() -> None:
     alfwrapper made, mode 0700."""
     if root() == state.SETS_ROOT:
         state.check_bpffs()
-    state.trusted_dir(root(), create=True)
-    if os.geteuid() == 0:
-        try:
-            state.own(root())
+    if os.geteuid() == 0 and root().is_dir() and not root().is_symlink():
+        try:  # its parent is root's: nothing can be swapped in for it
+            state.give_dir(root(), *state.owner(root()), state.modes(root())[0])
         except OSError as err:
             raise _fail(f"the sets' tree {root()}", err) from None
+    state.trusted_dir(root(), create=True)
 
 
 def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE) -> bool:
@@ -207,10 +229,15 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
                        EX_USAGE)  # fmt: skip
     make_tree()
     state.trusted_dir(where, create=True)
-    with _locked(where):
+    with _locked(where) as at:
         if exists(name):
-            if os.geteuid() == 0:  # a make killed before it gave the set away: now
-                state.own(where)
+            if os.geteuid() == 0:  # a make killed before it gave the set away (or an
+                try:  # older alfwrapper's set, 0700 and 0600): given now, by fds
+                    os.fchmod(at, state.modes(where)[0])
+                    for role in SET_ROLES:
+                        _give_pin(at, role)
+                except OSError as err:
+                    raise _fail(f"set {name} in {where}", err) from None
             return False
         made = []
         try:
@@ -219,13 +246,15 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
             _put(name, made[0], made[1], prefixes, 0)
             # Ranges first: the hosts pin says the set is whole (exists()), and a
             # crash between the two leaves a ranges pin that the next create replaces.
+            # Each is named through the folder's fd, and given away by its own.
             for fd, role in zip(reversed(made), reversed(SET_ROLES), strict=True):
-                path = where / role
-                if path.exists():
-                    path.unlink()
-                bpf_calls.obj_pin(fd, str(path))
+                try:
+                    os.unlink(role, dir_fd=at)
+                except FileNotFoundError:
+                    pass
+                bpf_calls.obj_pin(fd, _at(at, role))
+                _give_pin(at, role)
                 crash_point(f"set-{role}-pinned")
-            state.own(where)
         except OSError as err:
             raise _fail(f"creating set {name} in {where}", err) from None
         finally:
@@ -483,9 +512,12 @@ def destroy(name: str) -> bool:
     where = folder(name)
     if not where.exists():
         return False
-    with _locked(where):
+    with _locked(where) as at:
         for role in SET_ROLES:
-            (where / role).unlink(missing_ok=True)
+            try:
+                os.unlink(role, dir_fd=at)
+            except FileNotFoundError:
+                pass
         try:
             where.rmdir()
         except OSError as err:  # a create made it again meanwhile

@@ -123,9 +123,10 @@ def _in_sets_tree(path: Path | None) -> bool:
 
 def modes(path: Path) -> tuple[int, int]:
     """The modes of the folders and the pins at ``path``: the owner's alone (0700,
-    0600), but in the sets' tree, which its group reads too (0750, 0640): the loader
-    runs in the group, and opens a set's maps read-only for a user's service."""
-    return (0o750, 0o640) if _in_sets_tree(path) else (0o700, 0o600)
+    0600), but in the sets' tree, whose group may pass through its folders (not list
+    them) and read its pins (0710, 0640): the loader runs in the group, and opens a
+    set's maps read-only for a user's service."""
+    return (0o710, 0o640) if _in_sets_tree(path) else (0o700, 0o600)
 
 
 def owner_name(path: Path | None = None) -> str:
@@ -186,8 +187,8 @@ def trusted_dir(path: Path, create: bool) -> None:
         if create:
             try:
                 path.mkdir(mode=0o700)
-                _chmod(str(path), modes(path)[0])  # while ours: no CAP_FOWNER needed
-                os.chown(path, uid, gid)
+                crash_point("folder-made")
+                give_dir(path, uid, gid, modes(path)[0])
             except FileExistsError:
                 pass
             except FileNotFoundError as err:
@@ -328,30 +329,25 @@ def own(path: Path) -> None:
     """Give everything below path to the state's owner (BCC pins as whoever loads).
     What a gc removes meanwhile is passed over."""
     uid, gid = owner(path)
-    folder_mode, pin_mode = modes(path)
-    shared = _in_sets_tree(path)  # elsewhere the modes are mkdir's and BPF_OBJ_PIN's
-    if shared:  # before the chown, while this process may own it (no CAP_FOWNER)
-        _chmod(str(path), folder_mode)
     os.chown(path, uid, gid, follow_symlinks=False)
     for folder, dirs, files in os.walk(path):  # listing errors (a folder gone) are skipped
-        for name, mode in [(d, folder_mode) for d in dirs] + [(f, pin_mode) for f in files]:
-            where = os.path.join(folder, name)
+        for name in dirs + files:
             try:
-                if shared:
-                    _chmod(where, mode)
-                os.chown(where, uid, gid, follow_symlinks=False)
+                os.chown(os.path.join(folder, name), uid, gid, follow_symlinks=False)
             except FileNotFoundError:
                 pass
 
 
-def _chmod(path: str, mode: int) -> None:
-    """chmod without following a link: one put in the tree by its owner must not
-    make root open up what it points at."""
-    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+def give_dir(path: Path, uid: int, gid: int, mode: int) -> None:
+    """A folder just made, given away by its fd: whoever can write its parent (the
+    sets' tree belongs to the bouncer's user) may swap a link in for it, which a
+    chown by name would follow.  Its mode first, while this process owns it (no
+    CAP_FOWNER needed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        now = os.fstat(fd).st_mode
-        if not stat.S_ISLNK(now) and stat.S_IMODE(now) != mode:  # a mode already right
-            os.chmod(f"/proc/self/fd/{fd}", mode)  # is left: its owner may be another
+        if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+            os.fchmod(fd, mode)
+        os.fchown(fd, uid, gid)
     finally:
         os.close(fd)
 

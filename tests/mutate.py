@@ -1011,20 +1011,47 @@ MUTATIONS += [
     Mutation(
         "sets-tree-not-the-groups",
         "alfwrapper/state.py",
-        "return (0o750, 0o640) if _in_sets_tree(path) else (0o700, 0o600)",
+        "return (0o710, 0o640) if _in_sets_tree(path) else (0o700, 0o600)",
         "return (0o700, 0o600)",
         (SETS_TEST + "test_no_filter_may_write_into_a_set", LOADER_SETS_TEST),
     ),
     Mutation(
         "loader-quota-only-from-its-own-errors",
         "alfwrapper/loader/server.py",
-        """        if limited() > before:
-            error = quota_reached(limits)""",
-        """        if False:
-            error = quota_reached(limits)""",
+        "if limited() > before and isinstance(err, OSError) and err.errno in _REFUSED:",
+        "if False:",
         (
             "tests/unit/test_loader_protocol.py::test_a_failure_while_memory_is_refused_is_the_quota",
         ),
+    ),
+    Mutation(
+        "set-folder-given-by-name",
+        "alfwrapper/state.py",
+        "fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)\n"
+        "    try:\n        if stat.S_IMODE",
+        "fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)\n"
+        "    try:\n        if stat.S_IMODE",
+        (SETS_TEST + "test_the_trees_owner_cannot_turn_roots_make_elsewhere",),
+    ),
+    Mutation(
+        "set-pins-named-by-path",
+        "alfwrapper/sets.py",
+        """                try:
+                    os.unlink(role, dir_fd=at)
+                except FileNotFoundError:
+                    pass
+                bpf_calls.obj_pin(fd, _at(at, role))""",
+        """                if (where / role).exists():
+                    (where / role).unlink()
+                bpf_calls.obj_pin(fd, str(where / role))""",
+        (SETS_TEST + "test_the_trees_owner_cannot_turn_roots_make_elsewhere",),
+    ),
+    Mutation(
+        "loader-compiles-filters-beside-sets",
+        "alfwrapper/loader/protocol.py",
+        "    if not named or rules.custom is None:\n        return None",
+        "    if True:\n        return None",
+        ("tests/unit/test_loader_protocol.py::test_named_sets_travel_by_name", LOADER_SETS_TEST),
     ),
     Mutation(
         "set-changes-unlocked",

@@ -154,6 +154,9 @@ def encode_rules(rules: SocketRules) -> dict[str, Any]:
     knock secret), nothing for the loader to open."""
     from alfwrapper.policy.prefix_list import PrefixList  # noqa: PLC0415
 
+    refused = sets_beside_a_filter(rules)
+    if refused is not None:
+        raise refused
     out: dict[str, Any] = {
         key: {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}
         for key, prefixes in (("allow", rules.subnets.allow), ("deny", rules.subnets.deny))
@@ -294,7 +297,27 @@ def decode_rules(d: Any) -> SocketRules:
     )  # fmt: skip
     if rules.sets_conflict:
         raise bad_request("a socket with allow sets may have allow rules or deny rules, not both")
+    if set(rules.allow_sets) & set(rules.deny_sets):
+        raise bad_request("a set is named both to allow and to deny")
+    refused = sets_beside_a_filter(rules)
+    if refused is not None:
+        raise refused
     return rules
+
+
+def sets_beside_a_filter(rules: SocketRules) -> AlfError | None:
+    """Root's sets are opened for a compile of alfwrapper's own C alone: a compiler
+    taken over by a user's own C must never hold their descriptors (it could pin one
+    in the user's tree and open the pin read-write)."""
+    named = (*rules.deny_sets, *rules.allow_sets)
+    if not named or rules.custom is None:
+        return None
+    return AlfError(
+        f"named set {named[0]}",
+        "a developer's filter is not compiled beside root's sets through the loader",
+        "leave out the filter or the sets, or run the service with CAP_BPF",
+        EX_USAGE,
+    )
 
 
 MOST_SETS = 64  # names in allow_sets, and in deny_sets, of one request

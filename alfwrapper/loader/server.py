@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from alfwrapper import state
-from alfwrapper.bpf.parts import SET_ROLES, FillEnv
+from alfwrapper.bpf.parts import INNER_MAPS, SET_ROLES, FillEnv
 from alfwrapper.errors import (
     EX_CONFIG,
     EX_DATAERR,
@@ -299,6 +299,10 @@ def _refuse(conn: socket.socket, what: str, why: str, hint: str, code: int = EX_
         pass
 
 
+# What a refused allocation surfaces as, where it is not an AlfError already.
+_REFUSED = frozenset({errno.ENOMEM, errno.EPERM, errno.EACCES})
+
+
 def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
     """One connection: one request, one answer.  Every failure is an answer; one in a
     request during which the kernel refused the user memory (their memory cgroup
@@ -331,7 +335,7 @@ def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
             file=sys.stderr,
             flush=True,
         )
-        if limited() > before:
+        if limited() > before and isinstance(err, OSError) and err.errno in _REFUSED:
             error = quota_reached(limits)
             _refuse(conn, error.what, error.why, error.hint, error.exit_code)
         else:
@@ -654,7 +658,9 @@ def _check_objects(maps: dict[str, int], prog: int, probe: int, own: set[int]) -
         raise AlfError("loader", "only socket filters are loaded", "", EX_NOPERM)
     for name, fd in maps.items():
         kind = bpf_calls.map_shape(fd)[0]
-        if kind not in MAP_TYPES:
+        # Arrays of maps: the sets part's alone, never one a developer's filter declares.
+        outer = kind == bpf_calls.BPF_MAP_TYPE_ARRAY_OF_MAPS and name not in INNER_MAPS
+        if kind not in MAP_TYPES or outer:
             raise AlfError(
                 f"map {name}", f"its type ({kind}) is not one the loader makes", "", EX_NOPERM
             )

@@ -5,6 +5,7 @@ from namespace hosts; and what the application received."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -284,8 +285,8 @@ def test_a_change_to_a_set_waits_for_its_lock(set_name: str) -> None:
 def test_no_filter_may_write_into_a_set(set_name: str, tmp_path: Path) -> None:
     """A set's maps are read-only to every program (BPF_F_RDONLY_PROG): a filter that
     would delete from one is refused by the verifier, even as root, and the set keeps
-    its entries.  Its folder and pins are its group's to read (0750 and 0640): the
-    loader reads them so, for a user's service (test_loader.py)."""
+    its entries.  Its group may pass through its folders and read its pins (0710 and
+    0640): the loader reads them so, for a user's service (test_loader.py)."""
     ok("set", "create", set_name)
     ok("set", "add", set_name, "192.0.2.1")
     evil = tmp_path / "evil.c"
@@ -296,7 +297,60 @@ def test_no_filter_may_write_into_a_set(set_name: str, tmp_path: Path) -> None:
     import grp  # noqa: PLC0415
 
     group = grp.getgrnam("alfwrapper-sets").gr_gid
-    for path, mode in ((SETS, 0o750), (SETS / set_name, 0o750), (SETS / set_name / "hosts", 0o640),
+    for path, mode in ((SETS, 0o710), (SETS / set_name, 0o710), (SETS / set_name / "hosts", 0o640),
                        (SETS / set_name / "ranges", 0o640)):  # fmt: skip
         info = path.stat()
         assert (info.st_mode & 0o777, info.st_gid) == (mode, group), (path, oct(info.st_mode))
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.parametrize("point", ["folder-made", "set-ranges-pinned"])
+def test_the_trees_owner_cannot_turn_roots_make_elsewhere(
+    set_name: str, tmp_path: Path, point: str
+) -> None:
+    """The sets' tree belongs to the bouncer's user, which may rename and link in it:
+    stopped right after root made the set's folder, or pinned into it
+    (ALFWRAPPER_PAUSE_AT), the folder is moved away and a link to a folder of root's
+    put in its name.  Root's make never follows it: the folder the link names keeps
+    its owner, its mode and its file."""
+    from alfwrapper.host import faults  # noqa: PLC0415
+
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    (victim / "hosts").write_text("root's\n")
+    moved = SETS / f"{set_name}-moved"
+    made = subprocess.Popen(
+        [*WRAPPER, "set", "create", set_name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, faults.PAUSE_VARIABLE: point},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _stopped(made.pid):
+            assert made.poll() is None and time.monotonic() < deadline, made.communicate()
+            time.sleep(0.01)
+        os.rename(SETS / set_name, moved)
+        os.symlink(victim, SETS / set_name)
+        os.kill(made.pid, signal.SIGCONT)
+        out, err = made.communicate(timeout=60)
+        info = victim.stat()
+        assert (info.st_uid, info.st_gid, info.st_mode & 0o7777) == (0, 0, 0o700), (out, err)
+        assert [p.name for p in victim.iterdir()] == ["hosts"], (out, err)
+        assert (victim / "hosts").read_text() == "root's\n" and (
+            victim / "hosts"
+        ).stat().st_uid == 0
+        if point == "folder-made":  # the folder it made is gone: refused, nothing made
+            assert made.returncode == 71 and "Not a directory" in err, err  # O_NOFOLLOW
+        else:  # it finished in the folder it made, wherever that went
+            assert made.returncode == 0, err
+            assert sorted(p.name for p in moved.iterdir()) == ["hosts", "ranges"]
+    finally:
+        if made.poll() is None:
+            made.kill()
+        (SETS / set_name).unlink(missing_ok=True)
+        for pin in moved.iterdir() if moved.exists() else ():
+            pin.unlink()
+        if moved.exists():
+            moved.rmdir()

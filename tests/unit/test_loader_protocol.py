@@ -89,6 +89,7 @@ HOSTILE: list[Any] = [
     {"deny_sets": [7]},
     {"deny_sets": ["a", "a"]},
     {"deny_sets": [f"s{i}" for i in range(65)]},
+    {"allow_sets": ["a"], "deny_sets": ["a"]},
 ]
 
 
@@ -165,6 +166,14 @@ def test_named_sets_travel_by_name() -> None:
     both = dict(wire, deny=wire["allow"])
     with pytest.raises(AlfError, match="allow rules or deny rules, not both"):
         protocol.decode_rules(both)
+    # A developer's filter beside root's sets: refused by the client and by the loader.
+    custom = SocketRules(deny_sets=("crowdsec",), custom=CustomFilter("f.c", (), "int filter;"))
+    with pytest.raises(AlfError, match="not compiled beside root's sets") as caught:
+        protocol.encode_rules(custom)
+    assert caught.value.exit_code == 64
+    wire = {"deny_sets": ["crowdsec"], "filter": {"name": "f.c", "source": "int filter;"}}
+    with pytest.raises(AlfError, match="not compiled beside root's sets"):
+        protocol.decode_rules(wire)
 
 
 class _Events:
@@ -177,12 +186,19 @@ class _Events:
         return lambda: self.count
 
 
-@pytest.mark.parametrize("refused", [True, False], ids=["limit reached", "no limit"])
-def test_a_failure_while_memory_is_refused_is_the_quota(monkeypatch: Any, refused: bool) -> None:
-    """Whatever a request fails with (here a PermissionError from deep in a load, as
-    a refused allocation surfaced once on Debian's 6.1), the answer is the quota's
-    (77) if the user's memory cgroup reached its limit meanwhile, else an internal
-    error (70); both name no more than they should."""
+@pytest.mark.parametrize(
+    ("refused", "error"),
+    [(True, PermissionError(13, "Permission denied")), (False, PermissionError(13, "x")),
+     (True, ValueError("not memory"))],
+    ids=["limit reached", "no limit", "limit reached, not an allocation's error"],
+)  # fmt: skip
+def test_a_failure_while_memory_is_refused_is_the_quota(
+    monkeypatch: Any, refused: bool, error: Exception
+) -> None:
+    """An allocation's error from deep in a load (a PermissionError, as a refused
+    allocation surfaced once on Debian's 6.1) is the quota's answer (77) if the user's
+    memory cgroup reached its limit meanwhile, else an internal error (70), as is
+    any other error: the user's own limit never relabels a bug."""
     from alfwrapper.loader import server  # noqa: PLC0415
     from alfwrapper.loader.quota import Caller, Limits  # noqa: PLC0415
 
@@ -190,7 +206,7 @@ def test_a_failure_while_memory_is_refused_is_the_quota(monkeypatch: Any, refuse
 
     def failing(*args: Any) -> Any:
         events.count += refused
-        raise PermissionError(13, "Permission denied")
+        raise error
 
     monkeypatch.setattr(server, "handle", failing)
     a, b = socket.socketpair()
@@ -198,9 +214,9 @@ def test_a_failure_while_memory_is_refused_is_the_quota(monkeypatch: Any, refuse
         protocol.send(b, {"op": "limits"})
         server.serve_one(a, Caller(1, 4242, 4242), Limits(memory=events))  # type: ignore[arg-type]
         answer, _ = protocol.receive(b, protocol.REQUEST_LIMIT, 5, 1)
-    error = answer["error"]
-    if refused:
-        assert error["code"] == 77 and error["what"] == "loader quota", error
+    said = answer["error"]
+    if refused and isinstance(error, OSError):
+        assert said["code"] == 77 and said["what"] == "loader quota", said
     else:
-        assert error == {"what": "loader", "why": "internal error: PermissionError",
-                         "hint": "report it", "code": 70}  # fmt: skip
+        assert said == {"what": "loader", "why": f"internal error: {type(error).__name__}",
+                        "hint": "report it", "code": 70}  # fmt: skip
