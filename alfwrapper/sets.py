@@ -208,9 +208,9 @@ def _give_pin(folder: int, role: str) -> None:
 
 
 def make_tree() -> None:
-    """The sets' tree, made if missing, and, as root, given to its owner with the modes
-    that let its group (the loader's) read it (state.modes): also a tree an older
-    alfwrapper made, mode 0700."""
+    """The sets' tree, made if missing, and, as root, its top folder given to its owner
+    with the mode that lets its group (the loader's) pass through (state.modes): also
+    one an older alfwrapper made, mode 0700.  Nothing below it is walked as root."""
     if root() == state.SETS_ROOT:
         state.check_bpffs()
     if os.geteuid() == 0 and root().is_dir() and not root().is_symlink():

@@ -174,15 +174,15 @@ def test_a_folder_a_gc_removes_between_mkdir_and_chown_is_made_again(
     """The race the next test found under load, made certain: a gc removes the empty
     service folder a start has just made, before the start gives it to its owner."""
     folder = tmp_path / "svc"
-    chown, removed = os.chown, []
+    give, removed = state.give_dir, []
 
-    def gc_first(path: object, uid: int, gid: int) -> None:
+    def gc_first(path: Path, uid: int, gid: int, mode: int) -> None:
         if not removed:
             removed.append(path)
             folder.rmdir()  # what a gc beside the start does to an empty folder
-        chown(path, uid, gid)  # type: ignore[arg-type]
+        give(path, uid, gid, mode)
 
-    monkeypatch.setattr(state.os, "chown", gc_first)
+    monkeypatch.setattr(state, "give_dir", gc_first)
     state.trusted_dir(folder, True)
     assert removed == [folder] and folder.is_dir()
     assert folder.stat().st_uid == state.owner(folder)[0]
