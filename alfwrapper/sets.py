@@ -8,13 +8,19 @@ what it reads from the network reaches the sets and nothing of the services':
     /sys/fs/bpf/alfwrapper-sets/NAME/
       hosts     HASH: whole addresses (/32 and /128) -> expiry
       ranges    LPM_TRIE: every shorter prefix -> expiry
+      sieve     ARRAY: a Bloom filter of the whole addresses, a word each (sets.c)
 
-Every program that names the set holds these two maps (sets.c reads them through
-its arrays of maps), so a change here reaches every such service at its next
-packet, and twenty services share one copy.  An expiry is the kernel's monotonic
-clock in ns (what bpf_ktime_get_coarse_ns() reads), 0 for none: an entry lapses
-without a timer, and `set list` and the next add past a full map remove lapsed
-entries.
+Every program that names the set holds these maps (sets.c reads them through its
+arrays of maps), so a change here reaches every such service at its next packet,
+and twenty services share one copy.  The sieve is what keeps a set cheap for a
+packet: an address's two bits go in before its entry does, and are taken out only
+by a rebuild from what the hash holds (a resync, a flush, a sweep, or after as many
+removals as the sieve has words), so no entry ever lacks its bits; a removed
+entry's bits left in place cost an address that shares them a hash lookup.
+
+An expiry is the kernel's monotonic clock in ns (what bpf_ktime_get_coarse_ns()
+reads), 0 for none: an entry lapses without a timer, and `set list` and the next
+add past a full map remove lapsed entries.
 
 A set comes from `alfwrapper set create NAME [FILE]`, or, the first time a service
 names it, from /etc/alfwrapper/sets/NAME.list (one CIDR a line, # comments) if
@@ -26,15 +32,34 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 import stat
+import struct
 import time
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 from alfwrapper import state
-from alfwrapper.bpf.parts import SET_EXPIRY, SET_FLAGS, SET_HOST, SET_RANGE, SET_ROLES, FillEnv
+from alfwrapper.bpf.parts import (
+    SET_EXPIRY,
+    SET_FLAGS,
+    SET_HOST,
+    SET_RANGE,
+    SET_ROLES,
+    SIEVE_BIT1,
+    SIEVE_BIT2,
+    SIEVE_FLAGS,
+    SIEVE_MIX,
+    SIEVE_MULTIPLIER,
+    SIEVE_RANGE_BITS,
+    SIEVE_WORD,
+    FillEnv,
+    sieve_shift,
+)
 from alfwrapper.errors import (
     EX_CONFIG,
     EX_NOINPUT,
@@ -57,10 +82,14 @@ DEFAULT_SIZE = 65536  # entries each map may hold (its most: `set create --size`
 MOST_SIZE = 1 << 24
 LOCK_SECONDS = 10.0
 BATCH = 65536  # entries in one batch update
-_SHAPES = {  # each map's type and key size (its values: SET_EXPIRY)
-    "hosts": (bpf_calls.BPF_MAP_TYPE_HASH, SET_HOST.size),
-    "ranges": (bpf_calls.BPF_MAP_TYPE_LPM_TRIE, SET_RANGE.size),
+_INDEX = struct.Struct("=I")  # an array's key
+_SHAPES = {  # each map's type, key size, value size and flags
+    "hosts": (bpf_calls.BPF_MAP_TYPE_HASH, SET_HOST.size, SET_EXPIRY.size, SET_FLAGS),
+    "ranges": (bpf_calls.BPF_MAP_TYPE_LPM_TRIE, SET_RANGE.size, SET_EXPIRY.size, SET_FLAGS),
+    "sieve": (bpf_calls.BPF_MAP_TYPE_ARRAY, _INDEX.size, SIEVE_WORD.size, SIEVE_FLAGS),
 }
+SIEVE_BITS_AN_ENTRY = 32  # the sieve's size: about 0.5% of sources sent on to the hash
+_M64 = (1 << 64) - 1
 
 
 def use_root(path: Path) -> None:
@@ -124,12 +153,11 @@ def open_role(name: str, role: str, read_only: bool = False) -> int:
         raise _fail(f"named set {name} ({path})", err) from None
     # Whoever owns the tree could have pinned any map here: one of another shape
     # would be read past its end by the fixed-size buffers below.
-    kind, key = _SHAPES[role]
     try:
         shape = bpf_calls.map_shape(fd)
     except OSError:
         shape = (0, 0, 0, 0, 0)
-    if shape[:3] + shape[4:] != (kind, key, SET_EXPIRY.size, SET_FLAGS):
+    if shape[:3] + shape[4:] != _SHAPES[role]:
         os.close(fd)
         raise AlfError(
             f"named set {name}",
@@ -140,26 +168,26 @@ def open_role(name: str, role: str, read_only: bool = False) -> int:
     return fd
 
 
+Maps = dict[str, int]  # a set's maps' fds, by role
+
+
 @contextmanager
-def _opened(name: str, changing: bool = True) -> Iterator[tuple[int, int]]:
-    """The set's two maps; ``changing``: under the set's lock, so that a sweep, which
+def _opened(name: str, changing: bool = True) -> Iterator[Maps]:
+    """The set's maps; ``changing``: under the set's lock, so that a sweep, which
     reads an entry as lapsed and then deletes it, never deletes what another process
-    wrote in between (a deny entry lost)."""
-    hosts = open_role(name, "hosts")
+    wrote in between (a deny entry lost), and no two change the sieve at once."""
+    fds: Maps = {}
     try:
-        ranges = open_role(name, "ranges")
-    except BaseException:
-        os.close(hosts)
-        raise
-    try:
+        for role in SET_ROLES:
+            fds[role] = open_role(name, role)
         if changing:
             with _locked(folder(name)):
-                yield hosts, ranges
+                yield fds
         else:
-            yield hosts, ranges
+            yield fds
     finally:
-        os.close(hosts)
-        os.close(ranges)
+        for fd in fds.values():
+            os.close(fd)
 
 
 @contextmanager
@@ -230,43 +258,79 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
     make_tree()
     state.trusted_dir(where, create=True)
     with _locked(where) as at:
-        if exists(name):
-            if os.geteuid() == 0:  # a make killed before it gave the set away (or an
-                try:  # older alfwrapper's set, 0700 and 0600): given now, by fds
-                    os.fchmod(at, state.modes(where)[0])
-                    for role in SET_ROLES:
+        if (where / "hosts").exists():
+            try:
+                if not (where / "sieve").exists():  # an older alfwrapper's set
+                    _add_sieve(name, at)
+                if os.geteuid() == 0:  # a make killed before it gave the set away (or an
+                    os.fchmod(at, state.modes(where)[0])  # older set, 0700 and 0600):
+                    for role in SET_ROLES:  # given now, by fds
                         _give_pin(at, role)
-                except OSError as err:
-                    raise _fail(f"set {name} in {where}", err) from None
+            except OSError as err:
+                raise _fail(f"set {name} in {where}", err) from None
             return False
-        made = []
+        made: Maps = {}
         try:
-            made.append(_new_map(name, "hosts", size))
-            made.append(_new_map(name, "ranges", size))
-            _put(name, made[0], made[1], prefixes, 0)
-            # Ranges first: the hosts pin says the set is whole (exists()), and a
-            # crash between the two leaves a ranges pin that the next create replaces.
-            # Each is named through the folder's fd, and given away by its own.
-            for fd, role in zip(reversed(made), reversed(SET_ROLES), strict=True):
-                try:
-                    os.unlink(role, dir_fd=at)
-                except FileNotFoundError:
-                    pass
-                bpf_calls.obj_pin(fd, _at(at, role))
-                _give_pin(at, role)
+            for role in SET_ROLES:
+                made[role] = _new_map(name, role, size)
+            _put(name, made, prefixes, 0)
+            # The hosts pin last: it says the set is whole, and a crash before it
+            # leaves pins that the next create replaces.  Each is named through the
+            # folder's fd, and given away by its own.
+            for role in reversed(SET_ROLES):
+                _pin(made[role], at, role)
                 crash_point(f"set-{role}-pinned")
         except OSError as err:
             raise _fail(f"creating set {name} in {where}", err) from None
         finally:
-            for fd in made:
+            for fd in made.values():
                 os.close(fd)
     return True
 
 
+def _pin(fd: int, at: int, role: str) -> None:
+    """Pin a map as the role's, in the folder open at ``at``, and give it away."""
+    try:
+        os.unlink(role, dir_fd=at)
+    except FileNotFoundError:
+        pass
+    bpf_calls.obj_pin(fd, _at(at, role))
+    _give_pin(at, role)
+
+
+def _add_sieve(name: str, at: int) -> None:
+    """An older alfwrapper's set (hosts and ranges, no sieve) given its sieve, made
+    from what it holds, under its lock (``at``: its folder's fd)."""
+    hosts = open_role(name, "hosts")
+    try:
+        size = bpf_calls.map_shape(hosts)[3]
+        sieve = _new_map(name, "sieve", size)
+        try:
+            ranges = open_role(name, "ranges")
+            try:
+                _resieve({"hosts": hosts, "ranges": ranges, "sieve": sieve})
+            finally:
+                os.close(ranges)
+            _pin(sieve, at, "sieve")
+        finally:
+            os.close(sieve)
+    finally:
+        os.close(hosts)
+
+
+def sieve_words(size: int) -> int:
+    """How many words (besides its header) the sieve of a set of ``size`` has: a
+    power of two, SIEVE_BITS_AN_ENTRY bits for each entry it may hold, 64 at least."""
+    bits = max(size, 1) * SIEVE_BITS_AN_ENTRY
+    return 1 << max(6, (bits // 64 - 1).bit_length())
+
+
 def _new_map(name: str, role: str, size: int) -> int:
-    kind, key = _SHAPES[role]
+    kind, key, value, flags = _SHAPES[role]
     label = "set." + name.replace("-", "_")  # a map's name: letters, digits, _ and .
-    return bpf_calls.map_create(kind, label[:15], key, SET_EXPIRY.size, size, SET_FLAGS)
+    if role != "sieve":
+        return bpf_calls.map_create(kind, label[:15], key, value, size, flags)
+    return bpf_calls.map_create(kind, label[:15], key, value, 1 + sieve_words(size), flags)
 
 
 def ensure(names: Sequence[str]) -> None:
@@ -344,8 +408,10 @@ def _expiry(role: str, raw: bytes) -> int:
     return value if role == "hosts" else value & ~0xFF
 
 
-def _put(name: str, hosts: int, ranges: int, prefixes: Sequence[Prefix], expiry: int) -> None:
-    fds = {"hosts": hosts, "ranges": ranges}
+def _put(name: str, fds: Maps, prefixes: Sequence[Prefix], expiry: int) -> None:
+    sieve = fds["sieve"]
+    _sieve_add(sieve, sieved(_shift(sieve), prefixes))  # before the entries (module doc)
+    crash_point("set-bits-set")
     for prefix in prefixes:
         role, key = _key(prefix)
         _update(name, fds[role], role, key, _value(prefix, expiry))
@@ -380,13 +446,16 @@ def _sweep(fd: int, role: str) -> int:
     return gone
 
 
-def sweep(name: str, roles: Sequence[str] = SET_ROLES) -> int:
+def sweep(name: str, roles: Sequence[str] = ("hosts", "ranges")) -> int:
     """Remove the set's lapsed entries (of these maps); how many.  Lapsed ranges are
-    best gone soon: the kernel looks past at most ALF_SET_NEST nested ones."""
-    with _opened(name) as (hosts, ranges):
-        fds = {"hosts": hosts, "ranges": ranges}
+    best gone soon: the kernel looks past at most ALF_SET_NEST nested ones.  A sweep
+    of the hosts rebuilds the sieve without the bits of what it removed."""
+    with _opened(name) as fds:
         try:
-            return sum(_sweep(fds[role], role) for role in roles)
+            gone = sum(_sweep(fds[role], role) for role in roles)
+            if "hosts" in roles:
+                _resieve(fds)
+            return gone
         except OSError as err:
             raise _fail(f"sweeping set {name}", err) from None
 
@@ -395,9 +464,9 @@ def add(name: str, prefixes: Sequence[Prefix], timeout: float = 0.0) -> None:
     """Put prefixes in the set, each lapsing after ``timeout`` seconds (0: never); an
     entry already there takes the new expiry."""
     expiry = now_ns() + int(timeout * 1e9) if timeout else 0
-    with _opened(name) as (hosts, ranges):
+    with _opened(name) as fds:
         try:
-            _put(name, hosts, ranges, prefixes, expiry)
+            _put(name, fds, prefixes, expiry)
         except OSError as err:
             raise _fail(f"adding to set {name}", err) from None
 
@@ -405,52 +474,82 @@ def add(name: str, prefixes: Sequence[Prefix], timeout: float = 0.0) -> None:
 Keyed = dict[str, tuple[list[bytes], list[bytes]]]  # role -> keys, values
 
 
-def _keyed(entries: dict[Prefix, int]) -> Keyed:
-    """Each entry's key and value (_key, _value), by map; whole IPv4 addresses, nearly
-    all of a CrowdSec answer, the short way (struct pads the address with zeros)."""
+def _keyed(entries: dict[Prefix, int], shift: int) -> tuple[Keyed, Sieved]:
+    """Each entry's key and value (_key, _value), by map, and their bits in a sieve
+    of this shift (sieved); whole IPv4 addresses, nearly all of a CrowdSec answer,
+    the short way, in one pass (struct pads the address with zeros)."""
     by_role: Keyed = {"hosts": ([], []), "ranges": ([], [])}
     host_keys, host_values = by_role["hosts"]
     pack, expiry = SET_HOST.pack, SET_EXPIRY.pack
+    found: Spots = {}
+    get, bit, times, one, two = found.get, _BIT, SIEVE_MULTIPLIER, SIEVE_BIT1, SIEVE_BIT2
+    others = []
     for prefix, until in entries.items():
         if prefix.family == 4 and prefix.length == 32:
-            host_keys.append(pack(32, 4, b"", prefix.value.to_bytes(4, "big")))
+            value = prefix.value
+            host_keys.append(pack(32, 4, b"", value.to_bytes(4, "big")))
             host_values.append(expiry(until))
+            h = value * times & _M64  # _spot, inline
+            index = 1 + (h >> shift)
+            found[index] = (
+                get(index, 0) | bit[(h >> one & 0x3FFF) % 62] | bit[(h >> two & 0x7FFF) % 62]
+            )
             continue
         role, key = _key(prefix)
         by_role[role][0].append(key)
         by_role[role][1].append(_value(prefix, until))
-    return by_role
+        others.append(prefix)
+    rest = sieved(shift, others)
+    for index, bits in rest.spots.items():
+        found[index] = found.get(index, 0) | bits
+    return by_role, Sieved(found, rest.ranges)
+
+
+def _bits_first(name: str, fds: Maps, entries: dict[Prefix, int]) -> tuple[Keyed, Sieved]:
+    """The entries keyed (_keyed), their bits set in the sieve before they go in."""
+    by_role, bits = _keyed(entries, _shift(fds["sieve"]))
+    try:
+        _sieve_add(fds["sieve"], bits)
+    except OSError as err:
+        raise _fail(f"adding to set {name}", err) from None
+    crash_point("set-bits-set")
+    return by_role, bits
 
 
 def hold(name: str, entries: dict[Prefix, int]) -> None:
     """Put each prefix in the set until its own expiry (monotonic ns; 0: never)."""
-    by_role = _keyed(entries)
-    with _opened(name) as (hosts, ranges):
-        _hold_keyed(name, hosts, ranges, by_role)
+    with _opened(name) as fds:
+        by_role, _ = _bits_first(name, fds, entries)
+        _hold_keyed(name, fds, by_role)
 
 
 def assign(name: str, entries: dict[Prefix, int]) -> int:
     """Make the set hold these entries and nothing else (a resync); how many of what
     it held were removed.  Under one lock: no change of another process falls between
     the removal and the holding."""
-    by_role = _keyed(entries)
-    with _opened(name) as (hosts, ranges):
+    with _opened(name) as fds:
+        by_role, bits = _bits_first(name, fds, entries)
         removed = 0
-        for role, fd in (("hosts", hosts), ("ranges", ranges)):
+        for role in ("hosts", "ranges"):
             wanted = set(by_role[role][0])
             size = (SET_HOST if role == "hosts" else SET_RANGE).size
             try:
-                for key in [k for k in bpf_calls.map_keys(fd, size) if k not in wanted]:
-                    removed += bpf_calls.map_delete(fd, key)
+                for key in [k for k in bpf_calls.map_keys(fds[role], size) if k not in wanted]:
+                    removed += bpf_calls.map_delete(fds[role], key)
             except OSError as err:
                 raise _fail(f"removing from set {name}", err) from None
-        _hold_keyed(name, hosts, ranges, by_role)
+        _hold_keyed(name, fds, by_role)
+        try:  # the set holds these alone now: their bits alone
+            _sieve_exact(fds["sieve"], bits)
+        except OSError as err:
+            raise _fail(f"rebuilding the sieve of set {name}", err) from None
     return removed
 
 
-def _hold_keyed(name: str, hosts: int, ranges: int, by_role: Keyed) -> None:
+def _hold_keyed(name: str, fds: Maps, by_role: Keyed) -> None:
     """Whole addresses in one batch update (Linux 5.6), shorter prefixes one by one
-    (an LPM trie has no batch update)."""
+    (an LPM trie has no batch update); their sieve's bits are set already."""
+    hosts, ranges = fds["hosts"], fds["ranges"]
     try:
         keys, values = by_role["hosts"]
         for start in range(0, len(keys), BATCH):
@@ -471,11 +570,13 @@ def _hold_keyed(name: str, hosts: int, ranges: int, by_role: Keyed) -> None:
 
 
 def delete(name: str, prefixes: Sequence[Prefix]) -> int:
-    """Take prefixes out of the set; how many were there."""
-    with _opened(name) as (hosts, ranges):
-        fds = {"hosts": hosts, "ranges": ranges}
+    """Take prefixes out of the set; how many were there.  Their bits stay in the
+    sieve until as many removals as it has words call for a rebuild (_resieve)."""
+    with _opened(name) as fds:
         try:
-            return sum(bpf_calls.map_delete(fds[r], k) for r, k in map(_key, prefixes))
+            gone = sum(bpf_calls.map_delete(fds[r], k) for r, k in map(_key, prefixes))
+            _count_stale(fds, gone)
+            return gone
         except OSError as err:
             raise _fail(f"removing from set {name}", err) from None
 
@@ -484,9 +585,12 @@ def entries(name: str) -> list[tuple[Prefix, int]]:
     """The set's standing entries with their expiries (0: never); lapsed ones are
     removed on the way."""
     out = []
-    with _opened(name) as (hosts, ranges):
-        for role, fd in (("hosts", hosts), ("ranges", ranges)):
-            _sweep(fd, role)
+    with _opened(name) as fds:
+        for role in ("hosts", "ranges"):
+            fd = fds[role]
+            gone = _sweep(fd, role)
+            if role == "hosts":
+                _count_stale(fds, gone)
             size = (SET_HOST if role == "hosts" else SET_RANGE).size
             for key in bpf_calls.map_keys(fd, size):
                 found = bpf_calls.map_lookup(fd, key, SET_EXPIRY.size)
@@ -498,11 +602,12 @@ def entries(name: str) -> list[tuple[Prefix, int]]:
 def flush(name: str) -> int:
     """Empty the set; how many entries it held."""
     gone = 0
-    with _opened(name) as (hosts, ranges):
-        for role, fd in (("hosts", hosts), ("ranges", ranges)):
+    with _opened(name) as fds:
+        for role in ("hosts", "ranges"):
             size = (SET_HOST if role == "hosts" else SET_RANGE).size
-            for key in bpf_calls.map_keys(fd, size):
-                gone += bpf_calls.map_delete(fd, key)
+            for key in bpf_calls.map_keys(fds[role], size):
+                gone += bpf_calls.map_delete(fds[role], key)
+        _sieve_exact(fds["sieve"], Sieved({}, 0))  # nothing left that needs a bit
     return gone
 
 
@@ -537,7 +642,8 @@ def names() -> list[str]:
 def holding(name: str, family: int, value: int) -> tuple[Prefix, int] | None:
     """The standing entry of the set that holds an address (the address itself, else
     the longest range), with its expiry, for `explain`."""
-    with _opened(name, changing=False) as (hosts, ranges):
+    with _opened(name, changing=False) as fds:
+        hosts, ranges = fds["hosts"], fds["ranges"]
         _, key = _key(Prefix(family, value, FAMILY_BITS[family]))
         found = [("hosts", hosts, key)]
         longest = _longest(ranges, family, value)
@@ -562,6 +668,132 @@ def _longest(fd: int, family: int, value: int) -> bytes | None:
             if best is None or entry.length > best[0]:
                 best = (entry.length, key)
     return None if best is None else best[1]
+
+
+# The sieve (sets.c; its layout: SIEVE_* in bpf/parts.py).  Its word 0, which no
+# program reads, counts the entries removed since its last rebuild.
+Spots = dict[int, int]  # a word's index -> the bits its entries set
+_RANGES = {family: 1 << bit for family, bit in SIEVE_RANGE_BITS.items()}
+_CHUNK = 8192  # words compared at once when a sieve is rebuilt
+
+
+class Sieved(NamedTuple):
+    """What some prefixes set in a sieve: their whole addresses' bits by word, and
+    the bits every word holds for the families of their ranges."""
+
+    spots: Spots
+    ranges: int
+
+
+def sieved(shift: int, prefixes: Iterable[Prefix]) -> Sieved:
+    """Where ``prefixes`` set their bits in a sieve of this shift, as sets.c's
+    set_sieve finds them."""
+    found: Spots = {}
+    ranges = 0
+    for p in prefixes:
+        if p.length != FAMILY_BITS[p.family]:
+            ranges |= _RANGES[p.family]
+            continue
+        key = p.value if p.family == 4 else (p.value >> 64) ^ (p.value & _M64) * SIEVE_MIX
+        index, bits = _spot(key, shift)
+        found[index] = found.get(index, 0) | bits
+    return Sieved(found, ranges)
+
+
+def _spot(key: int, shift: int) -> tuple[int, int]:
+    """The word and bits of an address's key (sets.c's set_sieve; _keyed has it inline
+    for whole IPv4 addresses, held to it by tests/unit/test_set_keys.py)."""
+    h = (key * SIEVE_MULTIPLIER) & _M64
+    bits = 1 << (h >> SIEVE_BIT1 & 0x3FFF) % 62 | 1 << (h >> SIEVE_BIT2 & 0x7FFF) % 62
+    return 1 + (h >> shift), bits
+
+
+_BIT = [1 << n for n in range(64)]
+
+
+def _words_of(sieve: int) -> int:
+    return bpf_calls.map_shape(sieve)[3] - 1
+
+
+def _shift(sieve: int) -> int:
+    return sieve_shift(1 + _words_of(sieve))
+
+
+def _write_words(sieve: int, indexes: Sequence[int], values: Sequence[int]) -> None:
+    for start in range(0, len(indexes), BATCH):
+        part = slice(start, start + BATCH)
+        count = len(indexes[part])
+        keys, words = array("I", indexes[part]).tobytes(), array("Q", values[part]).tobytes()
+        bpf_calls.map_update_batch(sieve, keys, words, count)
+
+
+@contextmanager
+def _mapped(sieve: int, words: int) -> Iterator[memoryview]:
+    """The sieve's words, its header first, through a read-only mapping."""
+    length = (1 + words) * SIEVE_WORD.size
+    with (
+        mmap.mmap(sieve, length, mmap.MAP_SHARED, mmap.PROT_READ) as region,
+        memoryview(region) as view,
+        view.cast("Q") as cast,
+    ):
+        yield cast
+
+
+def _sieve_add(sieve: int, bits: Sieved) -> None:
+    """Set these bits (and, in every word, the ranges' families), before the entries
+    that need them go in."""
+    words = _words_of(sieve)
+    found = bits.spots
+    indexes, values = [], []
+    with _mapped(sieve, words) as word:
+        if bits.ranges & ~word[1]:  # a family new to the trie: every word says so first
+            found = {i: found.get(i, 0) | bits.ranges for i in range(1, words + 1)}
+        for index, want in found.items():
+            old = word[index]
+            if old | want != old:
+                indexes.append(index)
+                values.append(old | want)
+    _write_words(sieve, indexes, values)
+
+
+def _sieve_exact(sieve: int, bits: Sieved) -> None:
+    """Make the sieve hold these bits alone, and count nothing stale: called once the
+    set holds no entry that needs any other.  Only the runs of words that differ are
+    written."""
+    words = _words_of(sieve)
+    image = array("Q", [bits.ranges]) * (1 + words)
+    image[0] = 0  # the header: nothing stale
+    for index, want in bits.spots.items():
+        image[index] = want | bits.ranges
+    indexes: list[int] = []
+    with _mapped(sieve, words) as word:
+        for first in range(0, 1 + words, _CHUNK):
+            span = slice(first, min(first + _CHUNK, 1 + words))
+            if word[span] != memoryview(image)[span]:
+                indexes.extend(range(span.start, span.stop))
+    _write_words(sieve, indexes, [image[i] for i in indexes])
+
+
+def _resieve(fds: Maps) -> None:
+    """Rebuild the sieve from what the hash and trie hold."""
+    sieve = fds["sieve"]
+    held = [_prefix("hosts", k) for k in bpf_calls.map_keys(fds["hosts"], SET_HOST.size)]
+    ranges = [_prefix("ranges", k) for k in bpf_calls.map_keys(fds["ranges"], SET_RANGE.size)]
+    _sieve_exact(sieve, sieved(_shift(sieve), held + ranges))
+
+
+def _count_stale(fds: Maps, removed: int) -> None:
+    """Count removals whose bits the sieve keeps; past as many as it has words, it is
+    rebuilt (a CrowdSec set's decisions come and go for as long as the host runs)."""
+    if not removed:
+        return
+    sieve = fds["sieve"]
+    raw = bpf_calls.map_lookup(sieve, _INDEX.pack(0), SIEVE_WORD.size)
+    stale = SIEVE_WORD.unpack(raw or bytes(SIEVE_WORD.size))[0] + removed
+    if stale > _words_of(sieve):
+        _resieve(fds)
+    else:
+        bpf_calls.map_update(sieve, _INDEX.pack(0), SIEVE_WORD.pack(stale))
 
 
 def read_list(path: str) -> Sequence[Prefix]:

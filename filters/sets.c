@@ -6,6 +6,20 @@
  *
  *   hosts   HASH of struct alf_set_host -> u64: whole addresses (/32, /128)
  *   ranges  LPM_TRIE of struct alf_set_range -> u64: every shorter prefix
+ *   sieve   ARRAY of u64: a blocked Bloom filter of the whole addresses (two
+ *           bits of one word each; the layout: SIEVE_* in bpf/parts.py), and in
+ *           each word two bits that say whether the ranges may hold IPv4 and
+ *           IPv6 prefixes
+ *
+ * A source whose block lacks its bits is in no host entry: it costs one cache line
+ * and no hash lookup, and where the ranges hold none of its family, no trie walk.
+ * The program's own alf_set_shifts holds each sieve's shift (from its size, which
+ * never changes; 0 finds no block, and fails closed).
+ * The sieve's lines of every set the program names are read before any of them is
+ * tested, so the sets' misses overlap instead of following each other.  User space
+ * sets an address's bits before its entry goes in, and clears bits only where no
+ * entry still needs them (a resync, a flush), so a bit is never missing for an
+ * entry: the sieve can only send a packet on to the hash for nothing.
  *
  * Each value is the entry's expiry on the kernel's monotonic clock in ns, 0 for
  * never: an entry past it no longer matches, so a timeout needs no timer (user
@@ -29,7 +43,7 @@
 #include "common.h"
 
 #if !defined(ALF_SETS) || !defined(ALF_DENY_SETS) || !defined(ALF_SET_MEMBER) || \
-    !defined(ALF_SET_FLAGS)
+    !defined(ALF_SET_FLAGS) || !defined(ALF_SIEVE_FLAGS) || !defined(ALF_SIEVE_MIX)
 #error "sets.c is compiled by alfwrapper, which defines its settings"
 #endif
 
@@ -40,8 +54,11 @@
  * and a map without it does not fit these arrays. */
 BPF_F_TABLE("hash", struct alf_set_host, u64, alf_set_host_shape, 1, ALF_SET_FLAGS);
 BPF_F_TABLE("lpm_trie", struct alf_set_range, u64, alf_set_range_shape, 1, ALF_SET_FLAGS);
+BPF_F_TABLE("array", u32, u64, alf_set_sieve_shape, 1, ALF_SIEVE_FLAGS);
 BPF_ARRAY_OF_MAPS(alf_set_hosts, "alf_set_host_shape", ALF_SETS);
 BPF_ARRAY_OF_MAPS(alf_set_ranges, "alf_set_range_shape", ALF_SETS);
+BPF_ARRAY_OF_MAPS(alf_set_sieves, "alf_set_sieve_shape", ALF_SETS);
+BPF_ARRAY(alf_set_shifts, u64, ALF_SETS);
 
 /* Does an entry standing until *expiry (0: for ever) still stand? */
 static __always_inline int set_standing(const u64 *expiry)
@@ -80,18 +97,57 @@ static __always_inline int set_range_holds(void *ranges, const u64 *range)
     return found ? -1 : 0;
 }
 
+#define ALF_SIEVE_HOST 1       /* the block has the source's bits: ask the hash */
+#define ALF_SIEVE_RANGE 2      /* the ranges may hold the source's family: ask the trie */
+#define ALF_SIEVE_UNREADABLE 4 /* the set cannot be read */
+/* What set i's sieve said, from sets_verdict's bits a set. */
+#define ALF_SIEVE_SAID(i)                                                         \
+    (((hosts >> (i)) & 1) | ((ranges >> (i)) & 1) << 1 | ((unreadable >> (i)) & 1) << 2)
+
 /* 1 if set number i holds the source (host and range keys prepared by the
- * caller), 0 if not, -1 if the set cannot be read. */
-static __always_inline int set_holds(u32 i, const u64 *host, const u64 *range)
+ * caller), 0 if not, -1 if the set cannot be read; ``sieved``: what its sieve said
+ * (set_sieve). */
+static __always_inline int set_holds(u32 i, u64 sieved, const u64 *host, const u64 *range)
+{
+    if (sieved & ALF_SIEVE_UNREADABLE)
+        return -1;
+    u64 at = i; /* stored whole (common.h) */
+    if (sieved & ALF_SIEVE_HOST) {
+        void *hosts = alf_set_hosts.lookup((u32 *)&at);
+        if (!hosts)
+            return -1;
+        if (set_standing(bpf_map_lookup_elem(hosts, host)))
+            return 1;
+    }
+    if (!(sieved & ALF_SIEVE_RANGE))
+        return 0;
+    void *ranges = alf_set_ranges.lookup((u32 *)&at);
+    if (!ranges)
+        return -1;
+    return set_range_holds(ranges, range);
+}
+
+/* Set number i's sieve, for a source whose key (sets_verdict) is ``key``: ALF_SIEVE_*
+ * bits.  No branch waits for the word's line, only for pointers, so the caller's
+ * next set's line is fetched while this one's is on its way. */
+static __always_inline u64 set_sieve(u32 i, u64 key, u8 family)
 {
     u64 at = i; /* stored whole (common.h) */
-    void *hosts = alf_set_hosts.lookup((u32 *)&at);
-    void *ranges = alf_set_ranges.lookup((u32 *)&at);
-    if (!hosts || !ranges)
-        return -1;
-    if (set_standing(bpf_map_lookup_elem(hosts, host)))
-        return 1;
-    return set_range_holds(ranges, range);
+    void *sieve = alf_set_sieves.lookup((u32 *)&at);
+    u64 *shift = alf_set_shifts.lookup((u32 *)&at);
+    if (!sieve || !shift)
+        return ALF_SIEVE_UNREADABLE;
+    u64 hash = key * ALF_SIEVE_MULTIPLIER;
+    u64 index = 1 + (hash >> (*shift & 63));
+    u64 *word = bpf_map_lookup_elem(sieve, (u32 *)&index);
+    if (!word)
+        return ALF_SIEVE_UNREADABLE;
+    u64 bits = *word;
+    u64 bit1 = ((hash >> ALF_SIEVE_BIT1) & 0x3fff) % 62;
+    u64 bit2 = ((hash >> ALF_SIEVE_BIT2) & 0x7fff) % 62;
+    u64 host = (bits >> bit1) & (bits >> bit2) & ALF_SIEVE_HOST;
+    u64 range = (bits >> (family == 4 ? ALF_SIEVE_RANGE4 : ALF_SIEVE_RANGE6)) & 1;
+    return host | range << 1; /* ALF_SIEVE_RANGE */
 }
 
 /* ALF_SET_DENY, ALF_SET_ALLOW or 0: what the sets say of the packet's source. */
@@ -105,14 +161,34 @@ static __always_inline u32 sets_verdict(const struct alf_packet *pkt, u32 runtim
     range[0] = (u64)(32 + len) | ((u64)pkt->family << 32);
     range[1] = hi;
     range[2] = lo;
+    /* The sieve's key: the address's bits in network order, IPv6 folded. */
+    u64 key = pkt->family == 4 ? (u64)__builtin_bswap32((u32)hi)
+                               : __builtin_bswap64(hi) ^ (__builtin_bswap64(lo) * ALF_SIEVE_MIX);
+    /* Every set's sieve first, so that their misses overlap: what each said, a bit a
+     * set (no array: an unrolled loop's stack stays at fixed offsets). */
+    u64 hosts = 0, ranges = 0, unreadable = 0;
+#pragma unroll
+    for (u32 i = 0; i < ALF_SETS; i++) {
+        u64 said = set_sieve(i, key, pkt->family);
+        hosts |= (said & ALF_SIEVE_HOST) << i;
+        ranges |= ((said & ALF_SIEVE_RANGE) >> 1) << i;
+        unreadable |= ((said & ALF_SIEVE_UNREADABLE) >> 2) << i;
+    }
+#if ALF_SETS > ALF_DENY_SETS
+    if (!(hosts | ranges | unreadable)) /* in no set: quick */
+        return runtime == ALF_RUNTIME_ALLOW ? 0 : ALF_SET_OTHERS;
+#else
+    if (!(hosts | ranges | unreadable))
+        return 0;
+#endif
 #pragma unroll
     for (u32 i = 0; i < ALF_DENY_SETS; i++)
-        if (set_holds(i, host, range))
+        if (set_holds(i, ALF_SIEVE_SAID(i), host, range))
             return ALF_SET_DENY; /* held, or unreadable: fail closed */
 #if ALF_SETS > ALF_DENY_SETS
 #pragma unroll
     for (u32 i = ALF_DENY_SETS; i < ALF_SETS; i++)
-        if (set_holds(i, host, range) > 0)
+        if (set_holds(i, ALF_SIEVE_SAID(i), host, range) > 0)
             return ALF_SET_MEMBER;
     /* A runtime allow (alfwrapper allow) passes as an allow set's entry would. */
     return runtime == ALF_RUNTIME_ALLOW ? 0 : ALF_SET_OTHERS;

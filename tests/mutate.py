@@ -927,11 +927,64 @@ SETS_TEST = "tests/integration/test_sets.py::"
 LOADER_SETS_TEST = (
     "tests/integration/test_loader.py::test_a_users_service_reads_root_sets_and_cannot_change_them"
 )
+SIEVE_TEST = "tests/integration/test_set_sieve.py::"
 MUTATIONS += [
+    Mutation(
+        "sieve-bit-not-the-kernels",
+        "alfwrapper/sets.py",
+        "1 << (h >> SIEVE_BIT2 & 0x7FFF) % 62",
+        "1 << (h >> SIEVE_BIT2 & 0x7FFF) % 61",
+        (SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",),
+    ),
+    Mutation(
+        "sieve-ipv6-folded-wrong",
+        "alfwrapper/sets.py",
+        "(p.value >> 64) ^ (p.value & _M64) * SIEVE_MIX",
+        "(p.value >> 64) ^ (p.value >> 64) * SIEVE_MIX",
+        (SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",),
+    ),
+    Mutation(
+        "sieve-short-way-wrong",
+        "alfwrapper/sets.py",
+        "h = value * times & _M64  # _spot, inline",
+        "h = value * (times + 2) & _M64",
+        ("tests/unit/test_set_keys.py::test_many_keys_are_each_ones",),
+    ),
+    Mutation(
+        "sieve-skips-the-trie",
+        "filters/sets.c",
+        "    return host | range << 1; /* ALF_SIEVE_RANGE */",
+        "    return host;",
+        (SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",),
+    ),
+    Mutation(
+        "sieve-rebuilt-without-ranges",
+        "alfwrapper/sets.py",
+        "sieved(_shift(sieve), held + ranges))",
+        "sieved(_shift(sieve), held))",
+        (SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",),
+    ),
+    Mutation(
+        "sieve-bits-after-the-entry",
+        "alfwrapper/sets.py",
+        """    _sieve_add(sieve, sieved(_shift(sieve), prefixes))  # before the entries (module doc)
+    crash_point("set-bits-set")
+    for prefix in prefixes:
+        role, key = _key(prefix)
+        _update(name, fds[role], role, key, _value(prefix, expiry))
+""",
+        """    for prefix in prefixes:
+        role, key = _key(prefix)
+        _update(name, fds[role], role, key, _value(prefix, expiry))
+    crash_point("set-bits-set")
+    _sieve_add(sieve, sieved(_shift(sieve), prefixes))
+""",
+        (SIEVE_TEST + "test_a_kill_between_the_bits_and_the_entry_leaves_no_entry_unseen",),
+    ),
     Mutation(
         "set-lookup-skips-hosts",
         "filters/sets.c",
-        "    if (set_standing(bpf_map_lookup_elem(hosts, host)))\n        return 1;\n",
+        "        if (set_standing(bpf_map_lookup_elem(hosts, host)))\n            return 1;\n",
         "",
         (SETS_TEST + "test_two_services_share_one_deny_set",),
     ),
@@ -952,7 +1005,7 @@ MUTATIONS += [
     Mutation(
         "bouncer-keeps-what-the-lapi-does-not",
         "alfwrapper/sets.py",
-        "for key in [k for k in bpf_calls.map_keys(fd, size) if k not in wanted]:",
+        "for key in [k for k in bpf_calls.map_keys(fds[role], size) if k not in wanted]:",
         "for key in []:",
         ("tests/integration/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
     ),
@@ -969,8 +1022,8 @@ MUTATIONS += [
     Mutation(
         "set-keys-short-way-wrong",
         "alfwrapper/sets.py",
-        'host_keys.append(pack(32, 4, b"", prefix.value.to_bytes(4, "big")))',
-        'host_keys.append(pack(32, 4, b"", prefix.value.to_bytes(4, "little")))',
+        'host_keys.append(pack(32, 4, b"", value.to_bytes(4, "big")))',
+        'host_keys.append(pack(32, 4, b"", value.to_bytes(4, "little")))',
         ("tests/unit/test_set_keys.py::test_many_keys_are_each_ones",),
     ),
     Mutation(
@@ -1036,14 +1089,11 @@ MUTATIONS += [
     Mutation(
         "set-pins-named-by-path",
         "alfwrapper/sets.py",
-        """                try:
-                    os.unlink(role, dir_fd=at)
-                except FileNotFoundError:
-                    pass
-                bpf_calls.obj_pin(fd, _at(at, role))""",
-        """                if (where / role).exists():
-                    (where / role).unlink()
-                bpf_calls.obj_pin(fd, str(where / role))""",
+        "                _pin(made[role], at, role)\n",
+        """                (where / role).unlink(missing_ok=True)
+                bpf_calls.obj_pin(made[role], str(where / role))
+                _give_pin(at, role)
+""",
         (SETS_TEST + "test_the_trees_owner_cannot_turn_roots_make_elsewhere",),
     ),
     Mutation(
@@ -1063,8 +1113,8 @@ MUTATIONS += [
     Mutation(
         "set-hosts-pinned-first",
         "alfwrapper/sets.py",
-        "zip(reversed(made), reversed(SET_ROLES), strict=True)",
-        "zip(made, SET_ROLES, strict=True)",
+        "            for role in reversed(SET_ROLES):\n",
+        "            for role in SET_ROLES:\n",
         (SETS_TEST + "test_a_crash_while_a_set_is_made_leaves_no_half_set",),
     ),
 ]

@@ -240,12 +240,43 @@ SET_HOST_C, SET_HOST = c_struct("alf_set_host", SET_HOST_FIELDS)
 SET_RANGE_C, SET_RANGE = c_struct("alf_set_range", RUNTIME_KEY_FIELDS)
 SET_EXPIRY = struct.Struct("=Q")
 SET_ALLOW, SET_DENY = 1, 2
-SET_ROLES = ("hosts", "ranges")  # a set's pins, in its folder (alfwrapper/sets.py)
+# A set's pins, in its folder (alfwrapper/sets.py), the last made last: its hosts pin
+# says the set is whole.
+SET_ROLES = ("hosts", "ranges", "sieve")
 # Both maps' flags: BPF_F_NO_PREALLOC (memory for the entries there, not for the
 # room) and BPF_F_RDONLY_PROG (no program may write into a set: the verifier says so).
 SET_FLAGS = 1 | 1 << 7
-# sets.c's arrays of maps, and the map each takes the shape of its maps from.
-INNER_MAPS = {f"alf_set_{role}": f"alf_set_{role[:-1]}_shape" for role in SET_ROLES}
+# A set's sieve (sets.c): an ARRAY of u64 words, a blocked Bloom filter of its whole
+# addresses, so that a source in none of them costs a packet one cache line.  An
+# address is a key (IPv4: its 32 bits; IPv6: its two 64-bit halves folded, the
+# second times SIEVE_MIX), the key times SIEVE_MULTIPLIER (mod 2^64) its hash, the
+# hash's top bits choose a word (the shift: the program's alf_set_shifts, from the
+# sieve's size), and the 14 bits at SIEVE_BIT1 and the 15 at SIEVE_BIT2, each modulo
+# 62, two of its bits.  Bits 62 and 63 of every word say whether the trie may hold
+# ranges of IPv4 and of IPv6 (SIEVE_RANGE_BITS).  Word 0 is user space's (sets.py).
+# Flags: BPF_F_RDONLY_PROG, BPF_F_MMAPABLE (user space reads it mapped, never
+# writes it so: a program's read-only map cannot be) and BPF_F_INNER_MAP (sets
+# differ in size).
+SIEVE_WORD = struct.Struct("=Q")
+SIEVE_FLAGS = 1 << 7 | 1 << 10 | 1 << 12
+SIEVE_MIX = 0xC2B2AE3D27D4EB4F
+SIEVE_MULTIPLIER = 0x9E3779B97F4A7C15  # 2^64 / golden ratio, odd: Fibonacci hashing
+SIEVE_BIT1, SIEVE_BIT2 = 12, 26
+SIEVE_RANGE_BITS = {4: 62, 6: 63}
+# sets.c's arrays of maps, by the role each holds, and the map each takes its shape
+# from (alf_set_hosts: alf_set_host_shape).
+SET_ARRAYS = {"hosts": "alf_set_hosts", "ranges": "alf_set_ranges", "sieve": "alf_set_sieves"}
+INNER_MAPS = {array: f"{array[:-1]}_shape" for array in SET_ARRAYS.values()}
+
+
+def sieve_shift(entries: int) -> int:
+    """The shift to a word's index of a sieve of ``entries`` (a header word, then a
+    power of two of them: sets.sieve_words); 0, which finds no word, for any other
+    size."""
+    words = entries - 1
+    if words < 2 or words & (words - 1):
+        return 0
+    return 64 - (words.bit_length() - 1)
 
 
 class Sets(Part):
@@ -278,6 +309,13 @@ class Sets(Part):
             ("ALF_SET_MEMBER", "ALF_SET_ALLOW" if allow_rules else "0"),
             ("ALF_SET_OTHERS", "0" if allow_rules else "ALF_SET_DENY"),
             ("ALF_SET_FLAGS", str(SET_FLAGS)),
+            ("ALF_SIEVE_FLAGS", str(SIEVE_FLAGS)),
+            ("ALF_SIEVE_MIX", f"{SIEVE_MIX:#x}ULL"),
+            ("ALF_SIEVE_MULTIPLIER", f"{SIEVE_MULTIPLIER:#x}ULL"),
+            ("ALF_SIEVE_BIT1", str(SIEVE_BIT1)),
+            ("ALF_SIEVE_BIT2", str(SIEVE_BIT2)),
+            ("ALF_SIEVE_RANGE4", str(SIEVE_RANGE_BITS[4])),
+            ("ALF_SIEVE_RANGE6", str(SIEVE_RANGE_BITS[6])),
         )
         return PartPlan(self, defines, SET_HOST_C + SET_RANGE_C)
 
@@ -287,7 +325,9 @@ class Sets(Part):
             for role in SET_ROLES:
                 fd = env.open_set(name, role)
                 try:
-                    bpf_map_put_fd(tables[f"alf_set_{role}"].map_fd, index, fd)
+                    if role == "sieve":  # its size is this map's for good
+                        put_shift(tables["alf_set_shifts"].map_fd, index, fd)
+                    bpf_map_put_fd(tables[SET_ARRAYS[role]].map_fd, index, fd)
                 except OSError as err:
                     raise AlfError(
                         f"named set {name}",
@@ -536,6 +576,15 @@ def write_mapped_at(map_fd: int, offset: int, data: bytes | memoryview, name: st
             f"filling map {name}", str(err),
             "check `alfwrapper doctor` (Linux 5.5 or later)", EX_OSERR,
         ) from None  # fmt: skip
+
+
+def put_shift(shifts_fd: int, index: int, sieve_fd: int) -> None:
+    """A set's sieve's shift (sieve_shift, from its size) into a program's
+    alf_set_shifts."""
+    from alfwrapper.host import bpf_calls  # noqa: PLC0415
+
+    shift = sieve_shift(bpf_calls.map_shape(sieve_fd)[3])
+    bpf_calls.map_update(shifts_fd, struct.pack("=I", index), struct.pack("=Q", shift))
 
 
 def bpf_map_put_fd(outer_fd: int, index: int, inner_fd: int) -> None:
