@@ -58,6 +58,8 @@ from alfwrapper.bpf.parts import (
     SIEVE_RANGE_BITS,
     SIEVE_WORD,
     FillEnv,
+    sieve_fits,
+    sieve_header,
     sieve_shift,
 )
 from alfwrapper.errors import (
@@ -157,7 +159,8 @@ def open_role(name: str, role: str, read_only: bool = False) -> int:
         shape = bpf_calls.map_shape(fd)
     except OSError:
         shape = (0, 0, 0, 0, 0)
-    if shape[:3] + shape[4:] != _SHAPES[role]:
+    wrong_size = role == "sieve" and sieve_shift(shape[3]) == 0  # not 1 + 2^k words
+    if shape[:3] + shape[4:] != _SHAPES[role] or wrong_size:
         os.close(fd)
         raise AlfError(
             f"named set {name}",
@@ -182,6 +185,8 @@ def _opened(name: str, changing: bool = True) -> Iterator[Maps]:
             fds[role] = open_role(name, role)
         if changing:
             with _locked(folder(name)):
+                if not sieve_fits(fds["hosts"], fds["sieve"]):  # an older alfwrapper's
+                    _resieve(fds)  # change: rebuilt before anything is added
                 yield fds
         else:
             yield fds
@@ -262,6 +267,7 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
             try:
                 if not (where / "sieve").exists():  # an older alfwrapper's set
                     _add_sieve(name, at)
+                _refit(name)
                 if os.geteuid() == 0:  # a make killed before it gave the set away (or an
                     os.fchmod(at, state.modes(where)[0])  # older set, 0700 and 0600):
                     for role in SET_ROLES:  # given now, by fds
@@ -273,6 +279,7 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
         try:
             for role in SET_ROLES:
                 made[role] = _new_map(name, role, size)
+            _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts"]), 0)
             _put(name, made, prefixes, 0)
             # The hosts pin last: it says the set is whole, and a crash before it
             # leaves pins that the next create replaces.  Each is named through the
@@ -316,6 +323,21 @@ def _add_sieve(name: str, at: int) -> None:
             os.close(sieve)
     finally:
         os.close(hosts)
+
+
+def _refit(name: str) -> None:
+    """Rebuild the set's sieve if it was built for another hosts map (an older
+    alfwrapper destroyed and made the set again beside it); the caller holds the
+    set's lock."""
+    fds: Maps = {}
+    try:
+        for role in SET_ROLES:
+            fds[role] = open_role(name, role)
+        if not sieve_fits(fds["hosts"], fds["sieve"]):
+            _resieve(fds)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def sieve_words(size: int) -> int:
@@ -540,7 +562,7 @@ def assign(name: str, entries: dict[Prefix, int]) -> int:
                 raise _fail(f"removing from set {name}", err) from None
         _hold_keyed(name, fds, by_role)
         try:  # the set holds these alone now: their bits alone
-            _sieve_exact(fds["sieve"], bits)
+            _sieve_exact(fds["sieve"], bits, fds["hosts"])
         except OSError as err:
             raise _fail(f"rebuilding the sieve of set {name}", err) from None
     return removed
@@ -607,7 +629,7 @@ def flush(name: str) -> int:
             size = (SET_HOST if role == "hosts" else SET_RANGE).size
             for key in bpf_calls.map_keys(fds[role], size):
                 gone += bpf_calls.map_delete(fds[role], key)
-        _sieve_exact(fds["sieve"], Sieved({}, 0))  # nothing left that needs a bit
+        _sieve_exact(fds["sieve"], Sieved({}, 0), fds["hosts"])  # nothing needs a bit
     return gone
 
 
@@ -670,8 +692,8 @@ def _longest(fd: int, family: int, value: int) -> bytes | None:
     return None if best is None else best[1]
 
 
-# The sieve (sets.c; its layout: SIEVE_* in bpf/parts.py).  Its word 0, which no
-# program reads, counts the entries removed since its last rebuild.
+# The sieve (sets.c; its layout: SIEVE_* in bpf/parts.py; its word 0, which no
+# program reads: sieve_header).
 Spots = dict[int, int]  # a word's index -> the bits its entries set
 _RANGES = {family: 1 << bit for family, bit in SIEVE_RANGE_BITS.items()}
 _CHUNK = 8192  # words compared at once when a sieve is rebuilt
@@ -720,6 +742,12 @@ def _shift(sieve: int) -> int:
 
 
 def _write_words(sieve: int, indexes: Sequence[int], values: Sequence[int]) -> None:
+    """Write words in batches, word 1 last: _sieve_add reads a family's range bit in
+    word 1 as every word's, so it must not be there before the others' are."""
+    if 1 in indexes:
+        at = indexes.index(1)
+        indexes = [*indexes[:at], *indexes[at + 1 :], 1]
+        values = [*values[:at], *values[at + 1 :], values[at]]
     for start in range(0, len(indexes), BATCH):
         part = slice(start, start + BATCH)
         count = len(indexes[part])
@@ -756,13 +784,13 @@ def _sieve_add(sieve: int, bits: Sieved) -> None:
     _write_words(sieve, indexes, values)
 
 
-def _sieve_exact(sieve: int, bits: Sieved) -> None:
-    """Make the sieve hold these bits alone, and count nothing stale: called once the
-    set holds no entry that needs any other.  Only the runs of words that differ are
-    written."""
+def _sieve_exact(sieve: int, bits: Sieved, hosts: int) -> None:
+    """Make the sieve hold these bits alone, built for the hosts map ``hosts`` (its
+    fd) with nothing stale: called once the set holds no entry that needs any other.
+    Only the runs of words that differ are written."""
     words = _words_of(sieve)
     image = array("Q", [bits.ranges]) * (1 + words)
-    image[0] = 0  # the header: nothing stale
+    image[0] = bpf_calls.map_info_id(hosts)  # the header (sieve_header): nothing stale
     for index, want in bits.spots.items():
         image[index] = want | bits.ranges
     indexes: list[int] = []
@@ -779,7 +807,7 @@ def _resieve(fds: Maps) -> None:
     sieve = fds["sieve"]
     held = [_prefix("hosts", k) for k in bpf_calls.map_keys(fds["hosts"], SET_HOST.size)]
     ranges = [_prefix("ranges", k) for k in bpf_calls.map_keys(fds["ranges"], SET_RANGE.size)]
-    _sieve_exact(sieve, sieved(_shift(sieve), held + ranges))
+    _sieve_exact(sieve, sieved(_shift(sieve), held + ranges), fds["hosts"])
 
 
 def _count_stale(fds: Maps, removed: int) -> None:
@@ -788,12 +816,16 @@ def _count_stale(fds: Maps, removed: int) -> None:
     if not removed:
         return
     sieve = fds["sieve"]
-    raw = bpf_calls.map_lookup(sieve, _INDEX.pack(0), SIEVE_WORD.size)
-    stale = SIEVE_WORD.unpack(raw or bytes(SIEVE_WORD.size))[0] + removed
-    if stale > _words_of(sieve):
+    hosts, stale = sieve_header(sieve)
+    if stale + removed > _words_of(sieve):
         _resieve(fds)
     else:
-        bpf_calls.map_update(sieve, _INDEX.pack(0), SIEVE_WORD.pack(stale))
+        _set_header(sieve, hosts, stale + removed)
+
+
+def _set_header(sieve: int, hosts: int, stale: int) -> None:
+    """The sieve's word 0 (sieve_header): the id of its hosts map, and removals."""
+    bpf_calls.map_update(sieve, _INDEX.pack(0), SIEVE_WORD.pack(hosts | stale << 32))
 
 
 def read_list(path: str) -> Sequence[Prefix]:

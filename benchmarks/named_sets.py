@@ -41,7 +41,7 @@ import varied  # noqa: E402
 
 from alfwrapper import sets  # noqa: E402
 from alfwrapper.bpf import compiler, program  # noqa: E402
-from alfwrapper.bpf.parts import FillEnv  # noqa: E402
+from alfwrapper.bpf.parts import SET_ROLES, FillEnv  # noqa: E402
 from alfwrapper.host import bpf_calls  # noqa: E402
 from alfwrapper.host.bpf_calls import prog_test_run  # noqa: E402
 from alfwrapper.host.frames import udp_frame  # noqa: E402
@@ -91,7 +91,7 @@ def fresh_set(name: str, entries: list[Prefix], size: int) -> None:
 
 def set_memory(name: str) -> int:
     total = 0
-    for role in ("hosts", "ranges"):
+    for role in SET_ROLES:  # the sieve too
         fd = sets.open_role(name, role)
         try:
             total += bpf_calls.fd_memlock(fd)

@@ -14,7 +14,8 @@
  * A source whose block lacks its bits is in no host entry: it costs one cache line
  * and no hash lookup, and where the ranges hold none of its family, no trie walk.
  * The program's own alf_set_shifts holds each sieve's shift (from its size, which
- * never changes; 0 finds no block, and fails closed).
+ * never changes, and which sets.py makes a header word and a power of two; 0, a
+ * slot not filled, fails closed).
  * The sieve's lines of every set the program names are read before any of them is
  * tested, so the sets' misses overlap instead of following each other.  User space
  * sets an address's bits before its entry goes in, and clears bits only where no
@@ -45,6 +46,9 @@
 #if !defined(ALF_SETS) || !defined(ALF_DENY_SETS) || !defined(ALF_SET_MEMBER) || \
     !defined(ALF_SET_FLAGS) || !defined(ALF_SIEVE_FLAGS) || !defined(ALF_SIEVE_MIX)
 #error "sets.c is compiled by alfwrapper, which defines its settings"
+#endif
+#if ALF_SETS > 64
+#error "at most 64 named sets: sets_verdict keeps a bit for each in a word"
 #endif
 
 /* The inner maps' shapes (struct alf_set_host and alf_set_range, and their flags
@@ -135,7 +139,7 @@ static __always_inline u64 set_sieve(u32 i, u64 key, u8 family)
     u64 at = i; /* stored whole (common.h) */
     void *sieve = alf_set_sieves.lookup((u32 *)&at);
     u64 *shift = alf_set_shifts.lookup((u32 *)&at);
-    if (!sieve || !shift)
+    if (!sieve || !shift || !*shift) /* 0: not filled (Sets.fill) */
         return ALF_SIEVE_UNREADABLE;
     u64 hash = key * ALF_SIEVE_MULTIPLIER;
     u64 index = 1 + (hash >> (*shift & 63));

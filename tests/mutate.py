@@ -960,8 +960,8 @@ MUTATIONS += [
     Mutation(
         "sieve-rebuilt-without-ranges",
         "alfwrapper/sets.py",
-        "sieved(_shift(sieve), held + ranges))",
-        "sieved(_shift(sieve), held))",
+        "sieved(_shift(sieve), held + ranges), fds",
+        "sieved(_shift(sieve), held), fds",
         (SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",),
     ),
     Mutation(
@@ -980,6 +980,27 @@ MUTATIONS += [
     _sieve_add(sieve, sieved(_shift(sieve), prefixes))
 """,
         (SIEVE_TEST + "test_a_kill_between_the_bits_and_the_entry_leaves_no_entry_unseen",),
+    ),
+    Mutation(
+        "sieve-fit-unchecked",
+        "alfwrapper/bpf/parts.py",
+        "return sieve_header(sieve_fd)[0] == bpf_calls.map_info_id(hosts_fd)",
+        "return True",
+        (SIEVE_TEST + "test_a_sieve_made_for_other_entries_is_refused_then_rebuilt",),
+    ),
+    Mutation(
+        "sieve-word-1-first",
+        "alfwrapper/sets.py",
+        "    if 1 in indexes:\n",
+        "    if False:\n",
+        (SIEVE_TEST + "test_a_family_new_to_the_trie_is_marked_in_word_1_last",),
+    ),
+    Mutation(
+        "more-than-64-sets-planned",
+        "alfwrapper/bpf/parts.py",
+        "        if rules.too_many_sets:  # sets.c keeps a bit for each set in one word\n",
+        "        if False:\n",
+        (SIEVE_TEST + "test_more_than_64_sets_are_refused_before_anything_is_made",),
     ),
     Mutation(
         "set-lookup-skips-hosts",

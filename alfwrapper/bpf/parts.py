@@ -40,9 +40,9 @@ from alfwrapper.bpf.subnet_table import (
     encode_nodes,
 )
 from alfwrapper.bpf.tables import Table, Tables
-from alfwrapper.errors import EX_OSERR, EX_SOFTWARE, EX_USAGE, AlfError, excerpt
+from alfwrapper.errors import EX_CONFIG, EX_OSERR, EX_SOFTWARE, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import cachedir
-from alfwrapper.policy.rules import SocketRules
+from alfwrapper.policy.rules import MOST_SETS, SocketRules
 from alfwrapper.record import Record, as_tuple, field
 
 if TYPE_CHECKING:
@@ -271,8 +271,8 @@ INNER_MAPS = {array: f"{array[:-1]}_shape" for array in SET_ARRAYS.values()}
 
 def sieve_shift(entries: int) -> int:
     """The shift to a word's index of a sieve of ``entries`` (a header word, then a
-    power of two of them: sets.sieve_words); 0, which finds no word, for any other
-    size."""
+    power of two of them: sets.sieve_words); 0 for any other size (sets.open_role
+    refuses such a sieve, and sets.c fails closed on 0)."""
     words = entries - 1
     if words < 2 or words & (words - 1):
         return 0
@@ -300,6 +300,10 @@ class Sets(Part):
         if rules.sets_conflict:  # refused where the policy is built (policy/files.py)
             raise AlfError("named sets", "allow sets beside allow and deny rules",
                            "report this", EX_SOFTWARE)  # fmt: skip
+        if rules.too_many_sets:  # sets.c keeps a bit for each set in one word
+            raise AlfError("named sets", f"more than {MOST_SETS}, allow and deny together",
+                           "merge sets: one set may hold any number of prefixes",
+                           EX_USAGE)  # fmt: skip
         allow_rules = bool(len(rules.subnets.allow))
         defines = (
             ("ALF_SETS", str(len(rules.deny_sets) + len(rules.allow_sets))),
@@ -322,21 +326,31 @@ class Sets(Part):
     def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         """Each set's maps into the program's arrays of maps: deny sets, then allow sets."""
         for index, name in enumerate((*rules.deny_sets, *rules.allow_sets)):
-            for role in SET_ROLES:
-                fd = env.open_set(name, role)
-                try:
-                    if role == "sieve":  # its size is this map's for good
-                        put_shift(tables["alf_set_shifts"].map_fd, index, fd)
-                    bpf_map_put_fd(tables[SET_ARRAYS[role]].map_fd, index, fd)
-                except OSError as err:
+            fds: dict[str, int] = {}
+            try:
+                for role in SET_ROLES:
+                    fds[role] = env.open_set(name, role)
+                if not sieve_fits(fds["hosts"], fds["sieve"]):
                     raise AlfError(
                         f"named set {name}",
-                        f"its {role} map does not fit this alfwrapper's filter "
-                        f"({err.strerror or err})",
-                        f"make it again: alfwrapper set destroy {name}, then set create",
-                        EX_SOFTWARE,
-                    ) from None
-                finally:
+                        "its sieve was made for other entries (the set was changed by an "
+                        "older alfwrapper, or made again as this program was filled)",
+                        f"run `alfwrapper set create {name}` as root, which rebuilds it, "
+                        "then start again",
+                        EX_CONFIG,
+                    )
+                put_shift(tables["alf_set_shifts"].map_fd, index, fds["sieve"])
+                for role, fd in fds.items():
+                    bpf_map_put_fd(tables[SET_ARRAYS[role]].map_fd, index, fd)
+            except OSError as err:
+                raise AlfError(
+                    f"named set {name}",
+                    f"its maps do not fit this alfwrapper's filter ({err.strerror or err})",
+                    f"make it again: alfwrapper set destroy {name}, then set create",
+                    EX_SOFTWARE,
+                ) from None
+            finally:
+                for fd in fds.values():
                     os.close(fd)
 
     def why(self, rules: SocketRules, packet: Dropped) -> str:
@@ -576,6 +590,23 @@ def write_mapped_at(map_fd: int, offset: int, data: bytes | memoryview, name: st
             f"filling map {name}", str(err),
             "check `alfwrapper doctor` (Linux 5.5 or later)", EX_OSERR,
         ) from None  # fmt: skip
+
+
+def sieve_header(sieve_fd: int) -> tuple[int, int]:
+    """A sieve's word 0, which no program reads: the id of the hosts map it was built
+    for, and how many entries were removed since (sets.py)."""
+    from alfwrapper.host import bpf_calls  # noqa: PLC0415
+
+    raw = bpf_calls.map_lookup(sieve_fd, bytes(4), 8) or bytes(8)
+    return int.from_bytes(raw[:4], "little"), int.from_bytes(raw[4:], "little")
+
+
+def sieve_fits(hosts_fd: int, sieve_fd: int) -> bool:
+    """Whether a sieve was built for this hosts map: one made for another (an older
+    alfwrapper that knew no sieves destroyed and made the set again) lacks bits."""
+    from alfwrapper.host import bpf_calls  # noqa: PLC0415
+
+    return sieve_header(sieve_fd)[0] == bpf_calls.map_info_id(hosts_fd)
 
 
 def put_shift(shifts_fd: int, index: int, sieve_fd: int) -> None:

@@ -23,6 +23,7 @@ from alfwrapper.errors import (
 from alfwrapper.host import bpf_calls
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import (
+    MOST_SETS,
     SET_NAME_RULE,
     CustomFilter,
     KnockRules,
@@ -297,6 +298,8 @@ def decode_rules(d: Any) -> SocketRules:
     )  # fmt: skip
     if rules.sets_conflict:
         raise bad_request("a socket with allow sets may have allow rules or deny rules, not both")
+    if rules.too_many_sets:
+        raise bad_request(f"more than {MOST_SETS} named sets, allow and deny together")
     if set(rules.allow_sets) & set(rules.deny_sets):
         raise bad_request("a set is named both to allow and to deny")
     refused = sets_beside_a_filter(rules)
@@ -318,9 +321,6 @@ def sets_beside_a_filter(rules: SocketRules) -> AlfError | None:
         "leave out the filter or the sets, or run the service with CAP_BPF",
         EX_USAGE,
     )
-
-
-MOST_SETS = 64  # names in allow_sets, and in deny_sets, of one request
 
 
 def _set_names(d: dict[str, Any], key: str) -> tuple[str, ...]:

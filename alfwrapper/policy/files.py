@@ -26,6 +26,7 @@ from alfwrapper.policy.inputs import look, read_input
 from alfwrapper.policy.prefix_list import PrefixList, read_rule_file
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import (
+    MOST_SETS,
     SET_NAME_RULE,
     SOCKET_NAME_RULE,
     CustomFilter,
@@ -467,6 +468,13 @@ def _check_sets_have_filter(policy: Policy, entries: Sequence[Entry]) -> None:
 
 def _check_named_sets(policy: Policy, entries: Sequence[Entry]) -> None:
     for name in [None, *sorted(policy.names)]:
+        if policy.rules_for(name or "").too_many_sets:
+            entry = next(e for e in entries if e.key.endswith("-set") and e.scope in (None, name))
+            raise entry.error(
+                f"more than {MOST_SETS} named sets for "
+                f"{'socket ' + name if name else 'the service'}, allow and deny together",
+                "merge sets: one set may hold any number of prefixes",
+            )
         if policy.rules_for(name or "").sets_conflict:
             entry = next(e for e in entries if e.key == "allow-set" and e.scope in (None, name))
             raise entry.error(

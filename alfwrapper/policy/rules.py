@@ -19,6 +19,8 @@ from alfwrapper.policy.prefix_list import PrefixList
 from alfwrapper.policy.prefixes import Prefix
 from alfwrapper.record import Record, field
 
+MOST_SETS = 64  # named sets one socket may name, allow and deny (a bit each: sets.c)
+
 
 class SubnetRules(Record):
     """Source-subnet rules: deny wins; with no allow rules everything not denied passes.
@@ -120,6 +122,11 @@ class SocketRules(Record):
             or self.allow_sets
             or self.deny_sets
         )
+
+    @property
+    def too_many_sets(self) -> bool:
+        """More named sets, allow and deny together, than sets.c keeps a bit for."""
+        return len(self.allow_sets) + len(self.deny_sets) > MOST_SETS
 
     @property
     def sets_conflict(self) -> bool:

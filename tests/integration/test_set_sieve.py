@@ -9,14 +9,17 @@ import os
 import random
 import subprocess
 import time
+from array import array
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from support import WRAPPER
 
 from alfwrapper import sets
 from alfwrapper.bpf import compiler, program
-from alfwrapper.bpf.parts import FillEnv
+from alfwrapper.bpf.parts import FillEnv, sieve_header
+from alfwrapper.errors import AlfError
 from alfwrapper.host import bpf_calls
 from alfwrapper.host.bpf_calls import prog_test_run
 from alfwrapper.host.frames import udp_frame
@@ -84,13 +87,12 @@ def test_the_kernel_finds_every_entry_through_the_sieve(name: str) -> None:
 
 
 def _stale(name: str) -> int:
+    """Removals the sieve counts since its last rebuild (parts.sieve_header)."""
     fd = sets.open_role(name, "sieve")
     try:
-        raw = bpf_calls.map_lookup(fd, b"\0\0\0\0", 8)
+        return sieve_header(fd)[1]
     finally:
         os.close(fd)
-    assert raw is not None
-    return int.from_bytes(raw[:8], "little")
 
 
 @pytest.mark.parametrize("how", [("add", "192.0.2.77", "2001:db8::77"), ("create",)])
@@ -117,3 +119,87 @@ def test_a_kill_between_the_bits_and_the_entry_leaves_no_entry_unseen(
     out = subprocess.run([*WRAPPER, *argv], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert dropped(name, probes) == probes
+
+
+def test_a_set_made_before_sieves_is_given_one_by_the_next_create(name: str) -> None:
+    """A set an older alfwrapper made has no sieve, and no service can name it (its
+    sieve does not exist: exit 78, fail closed); `set create` gives it one, made
+    from what it holds, and keeps its entries."""
+    held = [parse_prefix("198.51.100.7/32"), parse_prefix("2001:db8::7/128"),
+            parse_prefix("203.0.113.0/24")]  # fmt: skip
+    sets.create(name, held)
+    os.unlink(sets.folder(name) / "sieve")
+    out = subprocess.run([*WRAPPER, "check", "--deny-set", name], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 78, out.stderr
+    assert sets.create(name) is False
+    assert sorted(p for p, _ in sets.entries(name)) == sorted(held)
+    probes = [held[0], held[1], parse_prefix("203.0.113.5/32"), parse_prefix("192.0.2.1/32")]
+    assert dropped(name, probes) == probes[:3]
+
+
+def test_more_than_64_sets_are_refused_before_anything_is_made(name: str, tmp_path: Path) -> None:
+    """sets.c keeps a bit for each set a socket names: 65 (allow and deny together)
+    is a usage error, said before any set is opened or made."""
+    many = [f"{name}-{i}" for i in range(65)]
+    argv = [arg for n in many for arg in ("--deny-set", n)]
+    out = subprocess.run([*WRAPPER, "check", *argv], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 64 and "more than 64" in out.stderr, out.stderr
+    policy = tmp_path / "many.toml"
+    policy.write_text(f"deny-set = {many[:33]!r}\nallow-set = {many[33:]!r}\n".replace("'", '"'))
+    out = subprocess.run([*WRAPPER, "check", "--policy", str(policy)], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 78 and "more than 64" in out.stderr, out.stderr
+    assert not any(sets.folder(n).exists() for n in many)
+
+
+def test_a_sieve_made_for_other_entries_is_refused_then_rebuilt(name: str) -> None:
+    """An older alfwrapper that knew no sieves destroys a set (leaving its sieve pin)
+    and makes it again: the new hosts map's entries have no bits in that sieve.  A
+    start refuses it (78) rather than miss them; the next change, or `set create`,
+    rebuilds it from what the set holds.  A sieve of another size is no set's."""
+    sets.create(name, [parse_prefix("192.0.2.1/32")])
+    where = sets.folder(name)
+    os.unlink(where / "hosts")  # what an older `set destroy` then `set create` did
+    kind, key, value, flags = sets._SHAPES["hosts"]
+    hosts = bpf_calls.map_create(kind, "old", key, value, 64, flags)
+    try:
+        old = parse_prefix("198.51.100.9/32")  # an older bouncer's entry: no bits
+        bpf_calls.map_update(hosts, sets._key(old)[1], bytes(8))
+        bpf_calls.obj_pin(hosts, str(where / "hosts"))
+    finally:
+        os.close(hosts)
+    out = subprocess.run([*WRAPPER, "check", "--deny-set", name], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 78 and "sieve was made for other entries" in out.stderr, out
+    sets.add(name, [parse_prefix("192.0.2.2/32")])  # a change rebuilds it first
+    probes = [old, parse_prefix("192.0.2.2/32"), parse_prefix("192.0.2.1/32")]
+    assert dropped(name, probes) == probes[:2]  # the first entry went with its hosts map
+    # A sieve of a size no set has (not a header word and a power of two): refused.
+    os.unlink(where / "sieve")
+    kind, key, value, flags = sets._SHAPES["sieve"]
+    odd = bpf_calls.map_create(kind, "odd", key, value, 100, flags)
+    try:
+        bpf_calls.obj_pin(odd, str(where / "sieve"))
+    finally:
+        os.close(odd)
+    with pytest.raises(AlfError, match="is not a set's"):
+        sets.open_role(name, "sieve")
+
+
+def test_a_family_new_to_the_trie_is_marked_in_word_1_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sets._sieve_add reads word 1's range bit as every word's: a kill between two
+    batches that mark the others must leave word 1 unmarked, so it is written last."""
+    written: list[list[int]] = []
+
+    def batch(fd: int, keys: bytes, values: bytes, count: int) -> None:
+        written.append(list(array("I", keys)))
+
+    monkeypatch.setattr(sets, "BATCH", 100)
+    monkeypatch.setattr(bpf_calls, "map_update_batch", batch)
+    sets._write_words(-1, list(range(0, 300)), list(range(300)))
+    assert [i for part in written for i in part][-1] == 1
+    assert sorted(i for part in written for i in part) == list(range(300))

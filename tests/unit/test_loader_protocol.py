@@ -89,6 +89,7 @@ HOSTILE: list[Any] = [
     {"deny_sets": [7]},
     {"deny_sets": ["a", "a"]},
     {"deny_sets": [f"s{i}" for i in range(65)]},
+    {"deny_sets": [f"d{i}" for i in range(32)], "allow_sets": [f"a{i}" for i in range(33)]},
     {"allow_sets": ["a"], "deny_sets": ["a"]},
 ]
 
