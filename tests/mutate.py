@@ -996,9 +996,9 @@ MUTATIONS += [
         (SIEVE_TEST + "test_a_family_new_to_the_trie_is_marked_in_word_1_last",),
     ),
     Mutation(
-        "more-than-64-sets-planned",
-        "alfwrapper/bpf/parts.py",
-        "        if rules.too_many_sets:  # sets.c keeps a bit for each set in one word\n",
+        "more-than-64-sets-in-a-policy",
+        "alfwrapper/policy/files.py",
+        '        if policy.rules_for(name or "").too_many_sets:\n',
         "        if False:\n",
         (SIEVE_TEST + "test_more_than_64_sets_are_refused_before_anything_is_made",),
     ),
