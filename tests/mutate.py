@@ -989,6 +989,13 @@ MUTATIONS += [
         (SIEVE_TEST + "test_a_sieve_made_for_other_entries_is_refused_then_rebuilt",),
     ),
     Mutation(
+        "set-create-keeps-a-stale-sieve",
+        "alfwrapper/sets.py",
+        "                _refit(name)\n",
+        "",
+        (SIEVE_TEST + "test_a_sieve_made_for_other_entries_is_refused_then_rebuilt",),
+    ),
+    Mutation(
         "sieve-word-1-first",
         "alfwrapper/sets.py",
         "    if 1 in indexes:\n",
