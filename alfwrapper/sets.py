@@ -742,12 +742,15 @@ def _shift(sieve: int) -> int:
 
 
 def _write_words(sieve: int, indexes: Sequence[int], values: Sequence[int]) -> None:
-    """Write words in batches, word 1 last: _sieve_add reads a family's range bit in
-    word 1 as every word's, so it must not be there before the others' are."""
-    if 1 in indexes:
-        at = indexes.index(1)
-        indexes = [*indexes[:at], *indexes[at + 1 :], 1]
-        values = [*values[:at], *values[at + 1 :], values[at]]
+    """Write words in batches, word 1 and then the header last: _sieve_add reads a
+    family's range bit in word 1 as every word's, and a start takes a header naming
+    the set's hosts map as a sieve built for them, so neither may be there before the
+    words it speaks for."""
+    for last in (1, 0):
+        if last in indexes:
+            at = indexes.index(last)
+            indexes = [*indexes[:at], *indexes[at + 1 :], last]
+            values = [*values[:at], *values[at + 1 :], values[at]]
     for start in range(0, len(indexes), BATCH):
         part = slice(start, start + BATCH)
         count = len(indexes[part])

@@ -998,9 +998,16 @@ MUTATIONS += [
     Mutation(
         "sieve-word-1-first",
         "alfwrapper/sets.py",
-        "    if 1 in indexes:\n",
-        "    if False:\n",
+        "    for last in (1, 0):\n",
+        "    for last in (0,):\n",
         (SIEVE_TEST + "test_a_family_new_to_the_trie_is_marked_in_word_1_last",),
+    ),
+    Mutation(
+        "sieve-header-first",
+        "alfwrapper/sets.py",
+        "    for last in (1, 0):\n",
+        "    for last in (1,):\n",
+        (SIEVE_TEST + "test_a_kill_while_a_sieve_is_rebuilt_leaves_it_refused",),
     ),
     Mutation(
         "more-than-64-sets-in-a-policy",

@@ -5,6 +5,7 @@ bits and its entry never leaves an entry the kernel does not see.  Run by the ke
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import subprocess
@@ -215,5 +216,36 @@ def test_a_family_new_to_the_trie_is_marked_in_word_1_last(
     monkeypatch.setattr(sets, "BATCH", 100)
     monkeypatch.setattr(bpf_calls, "map_update_batch", batch)
     sets._write_words(-1, list(range(0, 300)), list(range(300)))
-    assert [i for part in written for i in part][-1] == 1
+    assert [i for part in written for i in part][-2:] == [1, 0]  # then the header
     assert sorted(i for part in written for i in part) == list(range(300))
+
+
+def test_a_kill_while_a_sieve_is_rebuilt_leaves_it_refused(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sieve made for other entries is rebuilt in batches; a kill after the first
+    must leave its header naming the old hosts map, so a start still refuses it (78)
+    rather than take a half-built sieve as the set's, and the next change finishes."""
+    sets.create(name, [parse_prefix("192.0.2.1/32")], size=SIZE)
+    old = parse_prefix("198.51.100.9/32")
+    _made_again_by_an_older_alfwrapper(name, old)
+    real, calls = bpf_calls.map_update_batch, []
+
+    def killed_after_one(fd: int, keys: bytes, values: bytes, count: int) -> None:
+        calls.append(count)
+        if len(calls) > 1:
+            raise OSError(errno.EINTR, "killed")
+        real(fd, keys, values, count)
+
+    monkeypatch.setattr(sets, "BATCH", 100)
+    monkeypatch.setattr(bpf_calls, "map_update_batch", killed_after_one)
+    with pytest.raises((AlfError, OSError)):
+        sets.add(name, [parse_prefix("192.0.2.2/32")])
+    monkeypatch.undo()
+    assert len(calls) == 2  # the rebuild's first batch went in, then the kill
+    check = [*WRAPPER, "check", "--deny-set", name]
+    out = subprocess.run(check, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 78 and "sieve was made for other entries" in out.stderr, out
+    sets.add(name, [parse_prefix("192.0.2.2/32")])
+    assert subprocess.run(check, capture_output=True, timeout=120).returncode == 0
+    assert dropped(name, [old, parse_prefix("192.0.2.2/32")]) == [old, parse_prefix("192.0.2.2/32")]
