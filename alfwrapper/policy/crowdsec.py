@@ -25,10 +25,11 @@ Debian 12 ships it, to v1.7):
 
 from __future__ import annotations
 
+import heapq
 import ipaddress
 import re
 import socket
-from collections.abc import Container
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from alfwrapper.errors import EX_PROTOCOL, AlfError, excerpt
@@ -60,6 +61,7 @@ def duration_ns(text: Any) -> int:
 _LAPI_FORM = re.compile(
     r"(-?)(?:([0-9]{1,12})h)?(?:([0-9]{1,2})m)?([0-9]{1,2})(?:\.([0-9]{1,9}))?s"
 )
+_LAPI_FULLMATCH = _LAPI_FORM.fullmatch
 
 
 def _lapi_form(text: str) -> int | None:
@@ -140,7 +142,10 @@ def _network(scope: str, value: Any) -> Prefix:
 
 def read_answer(answer: Any, now: int) -> Answer:
     """A stream answer, checked whole: anything malformed is one AlfError naming the
-    decision, and nothing of the answer is used (the caller keeps its book as it was)."""
+    decision, and nothing of the answer is used (the caller keeps its book as it was).
+    A decision that could not be read is left out and counted (``malformed``): one
+    the LAPI should not have sent does not keep every other ban out, and a deletion
+    left out lapses by its expiry."""
     if not isinstance(answer, dict):
         raise _bad("the answer is not a JSON object")
     lists = []
@@ -156,36 +161,87 @@ def read_answer(answer: Any, now: int) -> Answer:
     new: list[Decision] = []
     ended: list[int] = []
     skipped = malformed = 0
-    for key, items in zip(("new", "deleted"), lists, strict=True):
-        for item in items:
-            try:
-                if type(item) is not dict:
-                    raise ValueError("not a JSON object")
-                ident = item.get("id")
-                if type(ident) is not int:  # JSON's numbers; not a bool
-                    raise ValueError(f"id {excerpt(repr(ident))} is not a number")
-                if key == "deleted":
-                    ended.append(ident)
-                    continue
-                given = item.get("scope")
-                scope = _SCOPES.get(given, "") if type(given) is str else ""
-                scope = scope or str(given).lower()
-                kind = item.get("type")
-                if (kind != "ban" and str(kind).lower() != "ban") or scope not in SCOPES:
-                    skipped += 1
-                    continue
-                left = duration_ns(item.get("duration"))
-                if left <= 0:
-                    ended.append(ident)  # in force no longer
-                    continue
-                left = min(left, LONGEST_NS)  # an expiry must fit the map's u64
-                new.append(Decision(ident, _network(scope, item.get("value")), now + left))
-            except ValueError:
-                # One decision the LAPI should not have sent: left out and counted, so
-                # that it does not keep every other ban out (a deletion left out
-                # lapses by its expiry).
-                malformed += 1
+    for item in lists[0]:
+        usual = _usual(item, now)
+        if usual is not None:
+            new.append(usual)
+            continue
+        try:
+            read = _decision(item, now)
+        except ValueError:
+            malformed += 1
+            continue
+        if read is None:
+            skipped += 1
+        elif isinstance(read, int):
+            ended.append(read)
+        else:
+            new.append(read)
+    for item in lists[1]:
+        ident = item.get("id") if type(item) is dict else None
+        if type(ident) is int:  # JSON's numbers; not a bool
+            ended.append(ident)
+        else:
+            malformed += 1
     return Answer(tuple(new), tuple(ended), skipped, malformed)
+
+
+def _usual(item: Any, now: int) -> Decision | None:
+    """The LAPI's usual decision, a ban on one address that stands, its duration in
+    the LAPI's own form, read the short way (a million an answer); None for any other,
+    which _decision reads.  tests/unit/test_crowdsec_stream.py holds both to the same
+    answers."""
+    if type(item) is not dict or item.get("type") != "ban" or item.get("scope") != "Ip":
+        return None
+    ident, text, value = item.get("id"), item.get("duration"), item.get("value")
+    form = _LAPI_FULLMATCH(text) if type(text) is str else None
+    if type(ident) is not int or form is None or type(value) is not str:
+        return None
+    minus, hours, minutes, seconds, fraction = form.groups()
+    if minus:
+        return None
+    left = ((int(hours) if hours else 0) * 3600 + (int(minutes) if minutes else 0) * 60
+            + int(seconds)) * 10**9  # fmt: skip
+    if fraction:
+        left += int(fraction.ljust(9, "0"))
+    if not 0 < left <= LONGEST_NS:
+        return None
+    try:
+        network = (4, int.from_bytes(socket.inet_pton(socket.AF_INET, value), "big"), 32)
+    except OSError:
+        try:
+            address = int.from_bytes(socket.inet_pton(socket.AF_INET6, value), "big")
+        except OSError:
+            return None
+        if address >> 32 == 0xFFFF:  # ::ffff:a.b.c.d: the long way makes it a.b.c.d
+            return None
+        network = (6, address, 128)
+    # Made as tuples are (NamedTuple's __new__ is a Python call; a third of a µs each).
+    return _new(Decision, (ident, _new(Prefix, network), now + left))
+
+
+_new = tuple.__new__
+
+
+def _decision(item: Any, now: int) -> Decision | int | None:
+    """One of an answer's new decisions, read: a ban, the id of one in force no
+    longer, or None for one that is not a ban of an address or a range."""
+    if type(item) is not dict:
+        raise ValueError("not a JSON object")
+    ident = item.get("id")
+    if type(ident) is not int:  # JSON's numbers; not a bool
+        raise ValueError(f"id {excerpt(repr(ident))} is not a number")
+    given = item.get("scope")
+    scope = _SCOPES.get(given, "") if type(given) is str else ""
+    scope = scope or str(given).lower()
+    kind = item.get("type")
+    if (kind != "ban" and str(kind).lower() != "ban") or scope not in SCOPES:
+        return None
+    left = duration_ns(item.get("duration"))
+    if left <= 0:
+        return ident  # in force no longer
+    left = min(left, LONGEST_NS)  # an expiry must fit the map's u64
+    return Decision(ident, _network(scope, item.get("value")), now + left)
 
 
 def _bad(why: str) -> AlfError:
@@ -207,56 +263,111 @@ class Changes(Record):
 
 class Book(Record, frozen=False):
     """The bans in force, by decision; a network's entry lasts as long as the longest
-    standing decision on it."""
+    standing decision on it.  Indexed so that an answer costs what it changes, not
+    what the book holds (a fleet's book may hold a million, polled every few
+    seconds): each network's decisions, and a heap of when each lapses."""
 
     decisions: dict[int, Decision]
+    owners: dict[Prefix, int | tuple[int, ...]]  # each network's decision (or ids)
+    expiries: list[tuple[int, int]]  # a heap of (until, id); ids gone since, skipped
 
     @classmethod
     def empty(cls) -> Book:
-        return cls({})
+        return cls({}, {}, [])
 
-    def entries(self, now: int, networks: Container[Prefix] | None = None) -> dict[Prefix, int]:
+    def entries(self, now: int, networks: Iterable[Prefix] | None = None) -> dict[Prefix, int]:
         """Each network held (of ``networks``, if given), until when (decisions lapsed
         by ``now`` left out)."""
         held: dict[Prefix, int] = {}
-        for decision in self.decisions.values():
-            network, until = decision.network, decision.until
-            if until > now and until > held.get(network, 0):
-                if networks is None or network in networks:
-                    held[network] = until
+        decisions, owners = self.decisions, self.owners
+        chosen = owners.items() if networks is None else [
+            (network, owners[network]) for network in networks if network in owners
+        ]  # fmt: skip
+        for network, ids in chosen:
+            if type(ids) is int:
+                until = decisions[ids].until
+            else:
+                until = max(decisions[i].until for i in ids)  # type: ignore[union-attr]
+            if until > now:
+                held[network] = until
         return held
 
     def snapshot(self, answer: Answer, now: int) -> dict[Prefix, int]:
         """A startup answer: the book becomes what it says; what the set must hold,
         whole (the caller makes the set equal to it)."""
         ended = set(answer.ended)
-        self.decisions = {d.id: d for d in answer.new if d.id not in ended}
+        self.decisions, self.owners, self.expiries = {}, {}, []
+        self._insert({d.id: d for d in answer.new if d.id not in ended}, now)
         return self.entries(now)
 
     def delta(self, answer: Answer, now: int) -> Changes:
-        """A later answer: deletions first (idempotent), then the new bans.  Only the
+        """A later answer: deletions first (idempotent), then the new bans (a new one
+        may replace one with its id; of two with one id, the later).  Only the
         networks they name can change: those alone are looked at, before and after."""
+        self.lapse(now)
+        newest = {d.id: d for d in answer.new}
         touched = {d.network for d in answer.new}
-        for ident in (*answer.ended, *(d.id for d in answer.new)):  # a new one may replace
+        for ident in (*answer.ended, *newest):
             gone = self.decisions.get(ident)
             if gone is not None:
                 touched.add(gone.network)
         before = self.entries(now, touched)
-        for ident in answer.ended:
-            self.decisions.pop(ident, None)
-        for decision in answer.new:
-            self.decisions[decision.id] = decision
-        self.lapse(now)
+        held = self.decisions
+        for ident in (*answer.ended, *newest):
+            if ident in held:
+                self._drop(ident)
+        self._insert(newest, now)
         return _difference(before, self.entries(now, touched))
 
     def lapse(self, now: int) -> None:
         """Forget decisions whose time has passed (their entries lapse by themselves)."""
-        for ident in [i for i, d in self.decisions.items() if d.until <= now]:
-            del self.decisions[ident]
+        heap, decisions = self.expiries, self.decisions
+        while heap and heap[0][0] <= now:
+            until, ident = heapq.heappop(heap)
+            decision = decisions.get(ident)
+            if decision is not None and decision.until == until:
+                self._drop(ident)
 
     def networks(self, now: int) -> int:
         """How many networks the book holds now."""
-        return len({d.network for d in self.decisions.values() if d.until > now})
+        self.lapse(now)
+        return len(self.owners)
+
+    def _insert(self, new: dict[int, Decision], now: int) -> None:
+        """Decisions whose ids the book does not hold, but those lapsed already."""
+        decisions, owners, heap = self.decisions, self.owners, self.expiries
+        fresh = {i: d for i, d in new.items() if d.until > now}
+        decisions.update(fresh)
+        alone = {d.network: i for i, d in fresh.items()}  # the usual: one a network
+        if len(alone) == len(fresh) and owners.keys().isdisjoint(alone):
+            owners.update(alone)
+        else:
+            for ident, decision in fresh.items():
+                ids = owners.get(decision.network)
+                owners[decision.network] = (
+                    ident if ids is None else (ids, ident) if type(ids) is int else (*ids, ident)  # type: ignore[misc]
+                )
+        added = [(d.until, i) for i, d in fresh.items()]
+        if len(heap) + len(added) > 2 * len(decisions) + 1024:  # ids gone since: bounded
+            heap[:] = [(d.until, d.id) for d in decisions.values()]
+            heapq.heapify(heap)
+        elif len(added) > len(heap) // 8:
+            heap += added
+            heapq.heapify(heap)
+        else:
+            for item in added:
+                heapq.heappush(heap, item)
+
+    def _drop(self, ident: int) -> None:
+        decision = self.decisions.pop(ident, None)
+        if decision is None:
+            return
+        ids = self.owners[decision.network]
+        if type(ids) is int:
+            del self.owners[decision.network]
+            return
+        rest = tuple(i for i in ids if i != ident)  # type: ignore[union-attr]
+        self.owners[decision.network] = rest[0] if len(rest) == 1 else rest
 
 
 def _difference(before: dict[Prefix, int], after: dict[Prefix, int]) -> Changes:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from alfwrapper.errors import EX_PROTOCOL, AlfError
@@ -106,6 +106,58 @@ def test_a_malformed_decision_is_left_out_and_the_others_are_read(bad: Any) -> N
     assert answer.ended == (3,) and answer.malformed == 2
 
 
+_VALUES = st.sampled_from(
+    [
+        "192.0.2.7",
+        "198.51.100.0/24",
+        "2001:db8::1",
+        "::ffff:192.0.2.9",
+        "192.0.2.300",
+        "1.2.3",
+        " 192.0.2.1",
+        "192.0.2.1 ",
+        "x" * 70,
+        "",
+    ]
+)
+_DURATIONS = st.sampled_from(["4h", "3h59m58.123456789s", "0s", "-1s", "-0.5s", "1.5ms",
+                              "9" * 12 + "h", "999999999999h0m0s", "876000h0m0s",
+                              "876000h0m0.000000001s", "-3h0m1s", "0h0m0s", "1m", "59.1s",
+                              "2m3.25s", "1h0m0.5s", "0.000000001s", "1h2", "soon",
+                              ""])  # fmt: skip
+# Mostly what the LAPI sends (a ban on an address, its own duration form), the
+# short way's edges among them; and any other decision.
+_USUAL = st.fixed_dictionaries(
+    {"id": st.integers(0, 9), "type": st.just("ban"), "scope": st.just("Ip"),
+     "value": st.sampled_from(["192.0.2.7", "0.0.0.0", "255.255.255.255", "192.0.2.300",
+                               "2001:db8::1", "::", "::ffff:192.0.2.9", "::ffff:0:1",
+                               "2001:db8::/32", "192.0.2.0/24", "1.2.3"]),
+     "duration": _DURATIONS}
+)  # fmt: skip
+_ANY = st.fixed_dictionaries(
+    {"id": st.one_of(st.integers(0, 9), st.booleans(), st.just("1")),
+     "type": st.sampled_from(["ban", "Ban", "captcha", None]),
+     "scope": st.sampled_from(["Ip", "ip", "Range", "range", "AS", 7]),
+     "value": st.one_of(_VALUES, st.integers()),
+     "duration": st.one_of(_DURATIONS, st.none(), st.integers())}
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(_USUAL, _ANY, st.just("x"), st.just({})), max_size=12))
+@example([{"id": 1, "type": "ban", "scope": "Ip", "value": "192.0.2.7", "duration": "59.1s"}])
+def test_the_short_way_reads_as_every_decision_is_read(items: list[Any]) -> None:
+    """read_answer takes a ban on one address the short way (_usual); it must read it as
+    crowdsec._decision reads every decision, whatever the others around it are."""
+    got = read_answer({"new": items}, now=7)
+    usual = crowdsec._usual
+    try:
+        crowdsec._usual = lambda item, now: None  # every decision the long way
+        assert got == read_answer({"new": items}, now=7)
+    finally:
+        crowdsec._usual = usual
+
+
 def test_an_ip_decision_on_a_range_and_a_ban_for_ages() -> None:
     answer = read_answer(
         {"new": [ban(1, "192.0.2.0/24", scope="Ip"), ban(2, "192.0.2.1", duration="9" * 12 + "h")]},
@@ -129,6 +181,26 @@ def test_overlapping_decisions_and_repeated_deletions() -> None:
     assert got == Changes({}, frozenset({net}))
 
 
+def test_a_decision_replaced_by_one_lapsed_by_the_time_it_is_applied_is_gone() -> None:
+    book, net = Book.empty(), parse_prefix("192.0.2.7")
+    book.snapshot(read_answer({"new": [ban(1, "192.0.2.7", "1h")]}, now=0), now=0)
+    answer = read_answer({"new": [ban(1, "192.0.2.7", "1s")]}, now=0)
+    assert book.delta(answer, now=2 * S) == Changes({}, frozenset({net}))
+    assert book.decisions == {}
+
+
+def test_a_book_of_decisions_that_come_and_go_stays_bounded() -> None:
+    """Decisions deleted before their time leave their expiries in the heap, until
+    there are more of them than decisions: then it is rebuilt."""
+    book = Book.empty()
+    book.snapshot(read_answer({"new": [ban(1, "192.0.2.1", "1h")]}, now=0), now=0)
+    for ident in range(2, 5000):
+        book.delta(read_answer({"new": [ban(ident, "192.0.2.2", "1h")]}, now=0), now=0)
+        book.delta(read_answer({"deleted": [ban(ident, "192.0.2.2", "-1s")]}, now=0), now=0)
+    assert len(book.expiries) <= 2 * len(book.decisions) + 1025
+    assert book.entries(0) == {parse_prefix("192.0.2.1"): 3600 * S}
+
+
 def test_a_startup_answer_replaces_the_book() -> None:
     book = Book.empty()
     book.snapshot(read_answer({"new": [ban(1, "192.0.2.1"), ban(2, "192.0.2.2")]}, now=0), now=0)
@@ -139,14 +211,21 @@ def test_a_startup_answer_replaces_the_book() -> None:
     assert book.entries(0) == got
 
 
-OPS = st.lists(
+DECISIONS = st.lists(
     st.tuples(
-        st.sampled_from(["new", "deleted", "startup", "wait"]),
+        st.sampled_from(["new", "new", "deleted", "over"]),  # over: "new", 0 s or less left
         st.integers(1, 6),  # decision id
         st.sampled_from(["192.0.2.1", "192.0.2.2", "2001:db8::1", "198.51.100.0/24"]),
         st.integers(1, 50),  # seconds
     ),
-    max_size=40,
+    max_size=5,
+)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from(["delta", "startup"]), DECISIONS),
+        st.tuples(st.just("wait"), st.integers(1, 50)),
+    ),
+    max_size=25,
 )
 
 
@@ -154,24 +233,46 @@ OPS = st.lists(
 @given(OPS)
 def test_a_set_driven_by_the_changes_holds_what_the_book_holds(ops: list[Any]) -> None:
     """The set is only ever told the changes (as the bouncer tells the kernel); after
-    every answer, its entries that have not lapsed are the book's, with their times."""
+    every answer, its entries that have not lapsed are the book's, with their times,
+    and the book holds the decisions that stand, none past its time: a startup's new
+    ones but those it also deletes; a delta's deletions first, then its new ones in
+    order (a later one with an id replaces an earlier)."""
     book, now = Book.empty(), 0
     held: dict[Prefix, int] = {}
-    for op, ident, value, seconds in ops:
+    standing: dict[int, crowdsec.Decision] = {}
+    for op, what in ops:
         if op == "wait":
-            now += seconds * S
+            now += what * S
             continue
-        scope = "Range" if "/" in value else "Ip"
-        duration = f"-{seconds}s" if op == "deleted" else f"{seconds}s"
-        key = "deleted" if op == "deleted" else "new"
-        answer = read_answer({key: [ban(ident, value, duration, scope)]}, now)
+        answer: dict[str, list[Any]] = {"new": [], "deleted": []}
+        for kind, ident, value, seconds in what:
+            scope = "Range" if "/" in value else "Ip"
+            duration = f"-{seconds}s" if kind != "new" else f"{seconds}s"
+            answer["deleted" if kind == "deleted" else "new"].append(
+                ban(ident, value, duration, scope)
+            )
+        read = read_answer(answer, now)
         if op == "startup":  # the set is made equal to the book (sets.assign)
-            held = dict(book.snapshot(answer, now))
+            held = dict(book.snapshot(read, now))
+            standing = {d.id: d for d in read.new if d.id not in read.ended}
         else:
-            changes = book.delta(answer, now)
+            changes = book.delta(read, now)
             for net in changes.remove:
                 held.pop(net, None)
             held.update(changes.hold)
+            for ident in read.ended:
+                standing.pop(ident, None)
+            for decision in read.new:
+                standing[decision.id] = decision
+        standing = {i: d for i, d in standing.items() if d.until > now}
+        assert book.decisions == standing
+        owners: dict[Prefix, set[int]] = {}
+        for decision in standing.values():
+            owners.setdefault(decision.network, set()).add(decision.id)
+        assert {net: {ids} if isinstance(ids, int) else set(ids)
+                for net, ids in book.owners.items()} == owners  # fmt: skip
+        assert not any(isinstance(ids, tuple) and len(ids) < 2 for ids in book.owners.values())
+        assert {(d.until, d.id) for d in standing.values()} <= set(book.expiries)
         in_force = {net: until for net, until in held.items() if until > now}
         assert in_force == book.entries(now)
         assert book.networks(now) == len(in_force)
