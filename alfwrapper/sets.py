@@ -73,7 +73,7 @@ from alfwrapper.errors import (
 )
 from alfwrapper.host import bpf_calls
 from alfwrapper.host.faults import crash_point
-from alfwrapper.policy.prefix_list import read_rule_file
+from alfwrapper.policy.prefix_list import Array, read_rule_file
 from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
 from alfwrapper.policy.rules import SET_NAME_RULE, SocketRules, valid_set_name
 from alfwrapper.record import replace
@@ -92,6 +92,10 @@ _SHAPES = {  # each map's type, key size, value size and flags
 }
 SIEVE_BITS_AN_ENTRY = 32  # the sieve's size: about 0.5% of sources sent on to the hash
 _M64 = (1 << 64) - 1
+# SET_HOST for a whole IPv4 address, as a numpy record (_ipv4_hosts): the address in
+# network order, the rest of the 16 bytes zero.
+_HOST4 = [("length", "u1"), ("family", "u1"), ("pad", "u1", (2,)), ("addr", ">u4"),
+          ("rest", "u1", (12,))]  # fmt: skip
 
 
 def use_root(path: Path) -> None:
@@ -493,38 +497,70 @@ def add(name: str, prefixes: Sequence[Prefix], timeout: float = 0.0) -> None:
             raise _fail(f"adding to set {name}", err) from None
 
 
+def load_bulk() -> None:
+    """Load what hold and assign take many entries with (numpy): a daemon pays for it
+    once, at its start, rather than in its first answer."""
+    import numpy  # noqa: F401, PLC0415
+
+
 Keyed = dict[str, tuple[list[bytes], list[bytes]]]  # role -> keys, values
 
 
 def _keyed(entries: dict[Prefix, int], shift: int) -> tuple[Keyed, Sieved]:
     """Each entry's key and value (_key, _value), by map, and their bits in a sieve
     of this shift (sieved); whole IPv4 addresses, nearly all of a CrowdSec answer,
-    the short way, in one pass (struct pads the address with zeros)."""
+    in numpy columns (_ipv4_hosts), picked out by them too."""
+    import numpy as np  # noqa: PLC0415
+
     by_role: Keyed = {"hosts": ([], []), "ranges": ([], [])}
-    host_keys, host_values = by_role["hosts"]
-    pack, expiry = SET_HOST.pack, SET_EXPIRY.pack
-    found: Spots = {}
-    get, bit, times, one, two = found.get, _BIT, SIEVE_MULTIPLIER, SIEVE_BIT1, SIEVE_BIT2
-    others = []
-    for prefix, until in entries.items():
-        if prefix.family == 4 and prefix.length == 32:
-            value = prefix.value
-            host_keys.append(pack(32, 4, b"", value.to_bytes(4, "big")))
-            host_values.append(expiry(until))
-            h = value * times & _M64  # _spot, inline
-            index = 1 + (h >> shift)
-            found[index] = (
-                get(index, 0) | bit[(h >> one & 0x3FFF) % 62] | bit[(h >> two & 0x7FFF) % 62]
-            )
-            continue
+    if not entries:
+        return by_role, Sieved({}, 0)
+    prefixes = list(entries)
+    families, values, lengths = zip(*prefixes, strict=True)  # Prefix: a tuple
+    whole4 = (np.array(families) == 4) & (np.array(lengths) == 32)
+    others = [prefixes[at] for at in np.flatnonzero(~whole4).tolist()]
+    for prefix in others:
         role, key = _key(prefix)
         by_role[role][0].append(key)
-        by_role[role][1].append(_value(prefix, until))
-        others.append(prefix)
+        by_role[role][1].append(_value(prefix, entries[prefix]))
     rest = sieved(shift, others)
+    if len(others) == len(prefixes):
+        return by_role, rest
+    picked = np.flatnonzero(whole4)
+    addresses = np.array(values, dtype=object)[picked].astype(np.uint64)
+    untils = np.fromiter(entries.values(), dtype=np.uint64, count=len(prefixes))[picked]
+    keys, expiries, found = _ipv4_hosts(addresses, untils, shift)
+    by_role["hosts"][0].extend(keys)
+    by_role["hosts"][1].extend(expiries)
     for index, bits in rest.spots.items():
         found[index] = found.get(index, 0) | bits
     return by_role, Sieved(found, rest.ranges)
+
+
+def _ipv4_hosts(address: Array, until: Array, shift: int) -> tuple[list[bytes], list[bytes], Spots]:
+    """Whole IPv4 addresses' keys and values (_key, _value) and their bits in a sieve
+    of this shift (_spot), for many at once, from u64 columns of the addresses and
+    their expiries: numpy's columns, not a loop of Python."""
+    import numpy as np  # noqa: PLC0415
+
+    count, size = len(address), SET_HOST.size
+    key = np.zeros(count, dtype=_HOST4)
+    key["length"], key["family"], key["addr"] = 32, 4, address
+    raw = key.tobytes()
+    keys = [raw[at : at + size] for at in range(0, count * size, size)]
+    raw = until.tobytes()  # SET_EXPIRY: native u64
+    values = [raw[at : at + 8] for at in range(0, count * 8, 8)]
+    # _spot: the hash wraps at 64 bits, as the kernel's does.
+    h = address * np.uint64(SIEVE_MULTIPLIER)
+    one = (h >> np.uint64(SIEVE_BIT1) & np.uint64(0x3FFF)) % np.uint64(62)
+    two = (h >> np.uint64(SIEVE_BIT2) & np.uint64(0x7FFF)) % np.uint64(62)
+    bits = np.uint64(1) << one | np.uint64(1) << two
+    index = (h >> np.uint64(shift)) + np.uint64(1)
+    order = np.argsort(index, kind="stable")
+    index, bits = index[order], bits[order]
+    starts = np.flatnonzero(np.concatenate(([True], index[1:] != index[:-1])))
+    words = np.bitwise_or.reduceat(bits, starts)
+    return keys, values, dict(zip(index[starts].tolist(), words.tolist(), strict=True))
 
 
 def _bits_first(name: str, fds: Maps, entries: dict[Prefix, int]) -> tuple[Keyed, Sieved]:
@@ -730,9 +766,6 @@ def _spot(key: int, shift: int) -> tuple[int, int]:
     return 1 + (h >> shift), bits
 
 
-_BIT = [1 << n for n in range(64)]
-
-
 def _words_of(sieve: int) -> int:
     return bpf_calls.map_shape(sieve)[3] - 1
 
@@ -775,16 +808,37 @@ def _sieve_add(sieve: int, bits: Sieved) -> None:
     that need them go in."""
     words = _words_of(sieve)
     found = bits.spots
-    indexes, values = [], []
     with _mapped(sieve, words) as word:
         if bits.ranges & ~word[1]:  # a family new to the trie: every word says so first
             found = {i: found.get(i, 0) | bits.ranges for i in range(1, words + 1)}
-        for index, want in found.items():
-            old = word[index]
-            if old | want != old:
-                indexes.append(index)
-                values.append(old | want)
+        indexes, values = (_grown if len(found) <= _FEW_WORDS else _grown_many)(word, found)
     _write_words(sieve, indexes, values)
+
+
+_FEW_WORDS = 256  # words _sieve_add looks at one by one; more, in numpy's columns
+
+
+def _grown(word: memoryview, found: Spots) -> tuple[list[int], list[int]]:
+    """The words that ``found``'s bits change, and what they become."""
+    indexes, values = [], []
+    for index, want in found.items():
+        old = word[index]
+        if old | want != old:
+            indexes.append(index)
+            values.append(old | want)
+    return indexes, values
+
+
+def _grown_many(word: memoryview, found: Spots) -> tuple[list[int], list[int]]:
+    """_grown, for many words at once (a bouncer's answer: a Python loop took half
+    as long as the kernel's writes)."""
+    import numpy as np  # noqa: PLC0415
+
+    index = np.fromiter(found.keys(), dtype=np.int64, count=len(found))
+    old = np.frombuffer(word, dtype=np.uint64)[index]
+    grown = old | np.fromiter(found.values(), dtype=np.uint64, count=len(found))
+    changed = grown != old
+    return index[changed].tolist(), grown[changed].tolist()
 
 
 def _sieve_exact(sieve: int, bits: Sieved, hosts: int) -> None:

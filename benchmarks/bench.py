@@ -1243,7 +1243,9 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
             f"answer has arrived, each run in a bouncer process of its own, as its unit "
             f"runs it (median of {b['runs']}): {b['startup_seconds']:.2f} s as a startup "
             f"answer on an empty set, {b['delta_seconds']:.2f} s as a delta of as many new "
-            f"ones. One "
+            f"ones, then {b['small_delta_seconds'] * 1e3:.1f} ms for a delta of "
+            f"{b['small_delta']} more against the {2 * b['decisions']:,} the book then "
+            f"holds (a poll costs what it changes, not what the book holds). One "
             f"`set add`: {a['add_ms']:.3f} ms (the map update alone "
             f"{a['map_update_ms']:.3f} ms).",
         ]

@@ -946,8 +946,8 @@ MUTATIONS += [
     Mutation(
         "sieve-short-way-wrong",
         "alfwrapper/sets.py",
-        "h = value * times & _M64  # _spot, inline",
-        "h = value * (times + 2) & _M64",
+        "    h = address * np.uint64(SIEVE_MULTIPLIER)\n",
+        "    h = address * np.uint64(SIEVE_MULTIPLIER + 2)\n",
         ("tests/unit/test_set_keys.py::test_many_keys_are_each_ones",),
     ),
     Mutation(
@@ -1047,8 +1047,8 @@ MUTATIONS += [
     Mutation(
         "bouncer-delta-forgets-a-replaced-decision",
         "alfwrapper/policy/crowdsec.py",
-        "for ident in (*answer.ended, *(d.id for d in answer.new)):",
-        "for ident in answer.ended:",
+        "        for ident in (*answer.ended, *newest):\n            gone = ",
+        "        for ident in answer.ended:\n            gone = ",
         (
             "tests/unit/test_crowdsec_stream.py::"
             "test_a_set_driven_by_the_changes_holds_what_the_book_holds",
@@ -1057,16 +1057,52 @@ MUTATIONS += [
     Mutation(
         "set-keys-short-way-wrong",
         "alfwrapper/sets.py",
-        'host_keys.append(pack(32, 4, b"", value.to_bytes(4, "big")))',
-        'host_keys.append(pack(32, 4, b"", value.to_bytes(4, "little")))',
+        '("addr", ">u4")',
+        '("addr", "<u4")',
         ("tests/unit/test_set_keys.py::test_many_keys_are_each_ones",),
     ),
     Mutation(
         "bouncer-ignores-deletions",
         "alfwrapper/policy/crowdsec.py",
-        "            self.decisions.pop(ident, None)\n",
-        "            pass\n",
+        "        for ident in (*answer.ended, *newest):\n            if ident in held:",
+        "        for ident in newest:\n            if ident in held:",
         ("tests/integration/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
+    ),
+    Mutation(
+        "bouncer-book-drops-a-replaced-decision-at-the-old-time",
+        "alfwrapper/policy/crowdsec.py",
+        "if decision is not None and decision.until == until:",
+        "if decision is not None:",
+        (
+            "tests/unit/test_crowdsec_stream.py::"
+            "test_a_set_driven_by_the_changes_holds_what_the_book_holds",
+        ),
+    ),
+    Mutation(
+        "bouncer-book-heap-grows-without-bound",
+        "alfwrapper/policy/crowdsec.py",
+        "if len(heap) + len(added) > 2 * len(decisions) + 1024:",
+        "if False:",
+        (
+            "tests/unit/test_crowdsec_stream.py::test_a_book_of_decisions_that_come_and_go_stays_bounded",
+        ),
+    ),
+    Mutation(
+        "bouncer-usual-fraction-misread",
+        "alfwrapper/policy/crowdsec.py",
+        '        left += int(fraction.ljust(9, "0"))\n    if not 0 < left',
+        "        left += int(fraction)\n    if not 0 < left",
+        ("tests/unit/test_crowdsec_stream.py::test_the_short_way_reads_as_every_decision_is_read",),
+    ),
+    Mutation(
+        "sieve-many-words-grown-wrong",
+        "alfwrapper/sets.py",
+        "grown = old | np.fromiter(",
+        "grown = old ^ np.fromiter(",
+        (
+            "tests/unit/test_set_keys.py::test_many_words_grow_as_each_one_does",
+            SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",
+        ),
     ),
     Mutation(
         "bouncer-sends-no-key",

@@ -243,6 +243,7 @@ def run(config: Config, once: bool = False) -> int:
     and the next poll resyncs.  ``once``: one resync, and its error raised."""
     import requests  # noqa: PLC0415
 
+    sets.load_bulk()
     sets.create(config.set)  # nothing if it exists
     session = requests.Session()
     # identity: a compressed answer could grow past ANSWER_LIMIT a chunk at a time.

@@ -30,7 +30,8 @@ def test_many_keys_are_each_ones(entries: dict[Prefix, int], shift: int) -> None
         role, key = sets._key(prefix)
         one_by_one[role][0].append(key)
         one_by_one[role][1].append(sets._value(prefix, until))
-    assert keyed == one_by_one
+    for role, (keys, values) in one_by_one.items():  # in any order, each key with its value
+        assert sorted(zip(*keyed[role], strict=True)) == sorted(zip(keys, values, strict=True))
     assert bits == sets.sieved(shift, list(entries))
     assert all(1 <= index <= 1 + (2**64 - 1 >> shift) for index in bits.spots)
 
@@ -52,3 +53,16 @@ def test_the_sieve_sends_few_others_on_to_the_hash() -> None:
                   for _ in range(20000)]  # fmt: skip
         found = sum(held.get(i, 0) & bits == bits for probe in probes for i, bits in probe.items())
         assert found / len(probes) < 0.008, (family, found / len(probes))
+
+
+@settings(deadline=None)
+@given(
+    st.lists(st.integers(0, 2**64 - 1), min_size=8, max_size=8),
+    st.dictionaries(st.integers(1, 7), st.integers(0, 2**64 - 1)),
+)
+def test_many_words_grow_as_each_one_does(words: list[int], found: dict[int, int]) -> None:
+    """_sieve_add's numpy way for many words (_grown_many) is its one-by-one way."""
+    from array import array  # noqa: PLC0415
+
+    word = memoryview(array("Q", words)).cast("B").cast("Q")
+    assert sets._grown_many(word, found) == sets._grown(word, found)
