@@ -1073,10 +1073,7 @@ MUTATIONS += [
         "alfwrapper/policy/crowdsec.py",
         "if decision is not None and decision.until == until:",
         "if decision is not None:",
-        (
-            "tests/unit/test_crowdsec_stream.py::"
-            "test_a_set_driven_by_the_changes_holds_what_the_book_holds",
-        ),
+        ("tests/unit/test_crowdsec_stream.py::test_a_decision_extended_outlives_its_first_end",),
     ),
     Mutation(
         "bouncer-book-heap-grows-without-bound",

@@ -189,6 +189,17 @@ def test_a_decision_replaced_by_one_lapsed_by_the_time_it_is_applied_is_gone() -
     assert book.decisions == {}
 
 
+def test_a_decision_extended_outlives_its_first_end() -> None:
+    """A decision given again with a longer time (one id) stands past its first end:
+    the heap's entry for that end is stale, and lapse skips it."""
+    book, net = Book.empty(), parse_prefix("192.0.2.7")
+    book.snapshot(read_answer({"new": [ban(1, "192.0.2.7", "1h")]}, now=0), now=0)
+    book.delta(read_answer({"new": [ban(1, "192.0.2.7", "2h")]}, now=0), now=0)
+    assert book.networks(5400 * S) == 1
+    assert book.entries(5400 * S) == {net: 7200 * S}
+    assert book.networks(7200 * S) == 0
+
+
 def test_a_book_of_decisions_that_come_and_go_stays_bounded() -> None:
     """Decisions deleted before their time leave their expiries in the heap, until
     there are more of them than decisions: then it is rebuilt."""
