@@ -1102,6 +1102,40 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "bouncer-short-way-raises-on-a-nul",
+        "alfwrapper/policy/crowdsec.py",
+        "    except (OSError, ValueError):  # ValueError: a NUL",
+        "    except OSError:  # ValueError: a NUL",
+        ("tests/unit/test_crowdsec_stream.py::test_the_short_way_reads_as_every_decision_is_read",),
+    ),
+    Mutation(
+        "bouncer-new-list-read-out-of-order",
+        "alfwrapper/policy/crowdsec.py",
+        "    if over:  # in order",
+        "    if False:  # in order",
+        (
+            "tests/unit/test_crowdsec_stream.py::test_an_end_in_the_new_list_ends_what_came_before_it_alone",
+        ),
+    ),
+    Mutation(
+        "bouncer-startup-drops-a-ban-it-also-deletes",
+        "alfwrapper/policy/crowdsec.py",
+        "        self._insert({d.id: d for d in answer.new}, now)\n",
+        "        self._insert({d.id: d for d in answer.new if d.id not in answer.ended}, now)\n",
+        (
+            "tests/unit/test_crowdsec_stream.py::test_an_end_in_the_new_list_ends_what_came_before_it_alone",
+        ),
+    ),
+    Mutation(
+        "bouncer-huge-id-blocks-the-answer",
+        "alfwrapper/policy/crowdsec.py",
+        "        return json.loads(data, parse_int=_json_int)\n",
+        "        raise\n",
+        (
+            "tests/unit/test_crowdsec_stream.py::test_an_id_past_pythons_digits_is_one_malformed_decision",
+        ),
+    ),
+    Mutation(
         "bouncer-sends-no-key",
         "alfwrapper/lifecycle/bouncer.py",
         '{"X-Api-Key": config.key, ',

@@ -27,7 +27,7 @@ from typing import Any
 
 from alfwrapper import sets
 from alfwrapper.errors import EX_CONFIG, EX_PROTOCOL, AlfError, excerpt
-from alfwrapper.policy.crowdsec import Book, read_answer
+from alfwrapper.policy.crowdsec import Book, load_answer, read_answer
 from alfwrapper.policy.inputs import read_input
 from alfwrapper.policy.rules import SET_NAME_RULE, valid_set_name
 from alfwrapper.record import Record, as_dict, field
@@ -200,7 +200,7 @@ def poll_once(session: Any, config: Config, book: Book, synced: bool, counts: Co
 
 def _apply(data: bytes, config: Config, book: Book, synced: bool, counts: Counters) -> None:
     try:
-        parsed = json.loads(data)
+        parsed = load_answer(data)
     except (ValueError, RecursionError) as err:
         raise lapi_error(config, f"sent no JSON ({err})", "check lapi-url") from None
     now = sets.now_ns()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import ipaddress
+import json
 import re
 import socket
 from collections.abc import Iterable
@@ -140,6 +141,20 @@ def _network(scope: str, value: Any) -> Prefix:
     return Prefix(family, int(network.network_address), network.prefixlen)
 
 
+def load_answer(data: bytes) -> Any:
+    """An answer's JSON.  An integer too long for Python to read (past 4,300 digits)
+    makes json refuse the whole text: it is read again with such integers kept as
+    text, so that only their decisions are malformed (read_answer)."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        return json.loads(data, parse_int=_json_int)
+
+
+def _json_int(text: str) -> int | str:
+    return int(text) if len(text) <= 64 else text
+
+
 def read_answer(answer: Any, now: int) -> Answer:
     """A stream answer, checked whole: anything malformed is one AlfError naming the
     decision, and nothing of the answer is used (the caller keeps its book as it was).
@@ -160,6 +175,7 @@ def read_answer(answer: Any, now: int) -> Answer:
         raise _bad(f"more than {DECISIONS_LIMIT:,} decisions in one answer")
     new: list[Decision] = []
     ended: list[int] = []
+    over: dict[int, int] = {}  # a new one that has ended: its id, and where in ``new``
     skipped = malformed = 0
     for item in lists[0]:
         usual = _usual(item, now)
@@ -175,8 +191,11 @@ def read_answer(answer: Any, now: int) -> Answer:
             skipped += 1
         elif isinstance(read, int):
             ended.append(read)
+            over[read] = len(new)
         else:
             new.append(read)
+    if over:  # in order: an end replaces the decisions before it with its id
+        new = [d for at, d in enumerate(new) if at >= over.get(d.id, 0)]
     for item in lists[1]:
         ident = item.get("id") if type(item) is dict else None
         if type(ident) is int:  # JSON's numbers; not a bool
@@ -208,10 +227,10 @@ def _usual(item: Any, now: int) -> Decision | None:
         return None
     try:
         network = (4, int.from_bytes(socket.inet_pton(socket.AF_INET, value), "big"), 32)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL or a lone surrogate in the text
         try:
             address = int.from_bytes(socket.inet_pton(socket.AF_INET6, value), "big")
-        except OSError:
+        except (OSError, ValueError):
             return None
         if address >> 32 == 0xFFFF:  # ::ffff:a.b.c.d: the long way makes it a.b.c.d
             return None
@@ -268,7 +287,7 @@ class Book(Record, frozen=False):
     seconds): each network's decisions, and a heap of when each lapses."""
 
     decisions: dict[int, Decision]
-    owners: dict[Prefix, int | tuple[int, ...]]  # each network's decision (or ids)
+    owners: dict[Prefix, int | set[int]]  # each network's decision (or ids, if several)
     expiries: list[tuple[int, int]]  # a heap of (until, id); ids gone since, skipped
 
     @classmethod
@@ -284,20 +303,20 @@ class Book(Record, frozen=False):
             (network, owners[network]) for network in networks if network in owners
         ]  # fmt: skip
         for network, ids in chosen:
-            if type(ids) is int:
+            if isinstance(ids, int):
                 until = decisions[ids].until
             else:
-                until = max(decisions[i].until for i in ids)  # type: ignore[union-attr]
+                until = max(decisions[i].until for i in ids)
             if until > now:
                 held[network] = until
         return held
 
     def snapshot(self, answer: Answer, now: int) -> dict[Prefix, int]:
-        """A startup answer: the book becomes what it says; what the set must hold,
-        whole (the caller makes the set equal to it)."""
-        ended = set(answer.ended)
+        """A startup answer: the book becomes what it says (as a delta would make an
+        empty book); what the set must hold, whole (the caller makes the set equal
+        to it)."""
         self.decisions, self.owners, self.expiries = {}, {}, []
-        self._insert({d.id: d for d in answer.new if d.id not in ended}, now)
+        self._insert({d.id: d for d in answer.new}, now)
         return self.entries(now)
 
     def delta(self, answer: Answer, now: int) -> Changes:
@@ -344,9 +363,12 @@ class Book(Record, frozen=False):
         else:
             for ident, decision in fresh.items():
                 ids = owners.get(decision.network)
-                owners[decision.network] = (
-                    ident if ids is None else (ids, ident) if type(ids) is int else (*ids, ident)  # type: ignore[misc]
-                )
+                if ids is None:
+                    owners[decision.network] = ident
+                elif isinstance(ids, int):
+                    owners[decision.network] = {ids, ident}
+                else:
+                    ids.add(ident)
         added = [(d.until, i) for i, d in fresh.items()]
         if len(heap) + len(added) > 2 * len(decisions) + 1024:  # ids gone since: bounded
             heap[:] = [(d.until, d.id) for d in decisions.values()]
@@ -363,11 +385,12 @@ class Book(Record, frozen=False):
         if decision is None:
             return
         ids = self.owners[decision.network]
-        if type(ids) is int:
+        if isinstance(ids, int):
             del self.owners[decision.network]
             return
-        rest = tuple(i for i in ids if i != ident)  # type: ignore[union-attr]
-        self.owners[decision.network] = rest[0] if len(rest) == 1 else rest
+        ids.discard(ident)
+        if len(ids) == 1:
+            self.owners[decision.network] = next(iter(ids))
 
 
 def _difference(before: dict[Prefix, int], after: dict[Prefix, int]) -> Changes:

@@ -130,6 +130,7 @@ _DURATIONS = st.sampled_from(["4h", "3h59m58.123456789s", "0s", "-1s", "-0.5s", 
 _USUAL = st.fixed_dictionaries(
     {"id": st.integers(0, 9), "type": st.just("ban"), "scope": st.just("Ip"),
      "value": st.sampled_from(["192.0.2.7", "0.0.0.0", "255.255.255.255", "192.0.2.300",
+                               "192.0.2.7\x00", "\ud800", "::1\x00",
                                "2001:db8::1", "::", "::ffff:192.0.2.9", "::ffff:0:1",
                                "2001:db8::/32", "192.0.2.0/24", "1.2.3"]),
      "duration": _DURATIONS}
@@ -146,6 +147,7 @@ _ANY = st.fixed_dictionaries(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(_USUAL, _ANY, st.just("x"), st.just({})), max_size=12))
 @example([{"id": 1, "type": "ban", "scope": "Ip", "value": "192.0.2.7", "duration": "59.1s"}])
+@example([{"id": 1, "type": "ban", "scope": "Ip", "value": "192.0.2.7\x00", "duration": "1s"}])
 def test_the_short_way_reads_as_every_decision_is_read(items: list[Any]) -> None:
     """read_answer takes a ban on one address the short way (_usual); it must read it as
     crowdsec._decision reads every decision, whatever the others around it are."""
@@ -200,6 +202,46 @@ def test_a_decision_extended_outlives_its_first_end() -> None:
     assert book.networks(7200 * S) == 0
 
 
+def test_one_network_under_many_decisions() -> None:
+    """A network with many decisions (a LAPI may send any number on one address)
+    stands until the last of them ends or goes."""
+    book, net = Book.empty(), parse_prefix("192.0.2.7")
+    many = [ban(i, "192.0.2.7", f"{i}s") for i in range(1, 20001)]
+    assert book.snapshot(read_answer({"new": many}, now=0), now=0) == {net: 20000 * S}
+    gone = {"deleted": [ban(i, "192.0.2.7", "-1s") for i in range(10001, 20001)]}
+    assert book.delta(read_answer(gone, now=0), now=0) == Changes({net: 10000 * S}, frozenset())
+    assert book.networks(9999 * S) == 1 and book.entries(9999 * S) == {net: 10000 * S}
+    assert book.networks(10000 * S) == 0
+
+
+def test_an_end_in_the_new_list_ends_what_came_before_it_alone() -> None:
+    """The new list in order: a decision of one id that has ended ends the ban before
+    it, not the one after it; a startup reads it as a delta on an empty book."""
+    net = parse_prefix("192.0.2.7")
+    for first, then, stands in (("1h", "-1s", False), ("-1s", "1h", True)):
+        answer = read_answer({"new": [ban(5, "192.0.2.7", first), ban(5, "192.0.2.7", then)]},
+                             now=0)  # fmt: skip
+        book = Book.empty()
+        got = book.snapshot(answer, now=0)
+        assert got == ({net: 3600 * S} if stands else {}), (first, then)
+        book = Book.empty()
+        book.snapshot(read_answer({"new": [ban(5, "192.0.2.7", "2h")]}, now=0), now=0)
+        book.delta(answer, now=0)
+        assert book.entries(0) == ({net: 3600 * S} if stands else {}), (first, then)
+
+
+def test_an_id_past_pythons_digits_is_one_malformed_decision() -> None:
+    """json refuses a whole text with an integer of more than 4,300 digits: that one
+    decision is malformed, and the others are read."""
+    import json  # noqa: PLC0415
+
+    data = json.dumps({"new": [ban(1, "192.0.2.7"), ban(2, "192.0.2.8")]}).replace(
+        '"id": 1,', '"id": ' + "9" * 5000 + ","
+    )
+    answer = read_answer(crowdsec.load_answer(data.encode()), now=0)
+    assert [d.id for d in answer.new] == [2] and answer.malformed == 1
+
+
 def test_a_book_of_decisions_that_come_and_go_stays_bounded() -> None:
     """Decisions deleted before their time leave their expiries in the heap, until
     there are more of them than decisions: then it is rebuilt."""
@@ -245,9 +287,10 @@ OPS = st.lists(
 def test_a_set_driven_by_the_changes_holds_what_the_book_holds(ops: list[Any]) -> None:
     """The set is only ever told the changes (as the bouncer tells the kernel); after
     every answer, its entries that have not lapsed are the book's, with their times,
-    and the book holds the decisions that stand, none past its time: a startup's new
-    ones but those it also deletes; a delta's deletions first, then its new ones in
-    order (a later one with an id replaces an earlier)."""
+    and the book holds the decisions that stand, none past its time: an answer's
+    deletions first, then its new decisions in order, each read alone (a later one
+    with an id replaces an earlier, and one that has ended ends it); a startup's on
+    an empty book."""
     book, now = Book.empty(), 0
     held: dict[Prefix, int] = {}
     standing: dict[int, crowdsec.Decision] = {}
@@ -265,15 +308,19 @@ def test_a_set_driven_by_the_changes_holds_what_the_book_holds(ops: list[Any]) -
         read = read_answer(answer, now)
         if op == "startup":  # the set is made equal to the book (sets.assign)
             held = dict(book.snapshot(read, now))
-            standing = {d.id: d for d in read.new if d.id not in read.ended}
+            standing = {}
         else:
             changes = book.delta(read, now)
             for net in changes.remove:
                 held.pop(net, None)
             held.update(changes.hold)
-            for ident in read.ended:
+        for item in answer["deleted"]:
+            standing.pop(item["id"], None)
+        for item in answer["new"]:
+            alone = read_answer({"new": [item]}, now)
+            for ident in alone.ended:
                 standing.pop(ident, None)
-            for decision in read.new:
+            for decision in alone.new:
                 standing[decision.id] = decision
         standing = {i: d for i, d in standing.items() if d.until > now}
         assert book.decisions == standing
@@ -282,7 +329,7 @@ def test_a_set_driven_by_the_changes_holds_what_the_book_holds(ops: list[Any]) -
             owners.setdefault(decision.network, set()).add(decision.id)
         assert {net: {ids} if isinstance(ids, int) else set(ids)
                 for net, ids in book.owners.items()} == owners  # fmt: skip
-        assert not any(isinstance(ids, tuple) and len(ids) < 2 for ids in book.owners.values())
+        assert not any(isinstance(ids, set) and len(ids) < 2 for ids in book.owners.values())
         assert {(d.until, d.id) for d in standing.values()} <= set(book.expiries)
         in_force = {net: until for net, until in held.items() if until > now}
         assert in_force == book.entries(now)
