@@ -1047,8 +1047,8 @@ MUTATIONS += [
     Mutation(
         "bouncer-delta-forgets-a-replaced-decision",
         "alfwrapper/policy/crowdsec.py",
-        "        for ident in (*answer.ended, *newest):\n            gone = ",
-        "        for ident in answer.ended:\n            gone = ",
+        "present = [i for i in (*answer.ended, *newest) if i in decisions]",
+        "present = [i for i in answer.ended if i in decisions]",
         (
             "tests/unit/test_crowdsec_stream.py::"
             "test_a_set_driven_by_the_changes_holds_what_the_book_holds",
@@ -1064,8 +1064,8 @@ MUTATIONS += [
     Mutation(
         "bouncer-ignores-deletions",
         "alfwrapper/policy/crowdsec.py",
-        "        for ident in (*answer.ended, *newest):\n            if ident in held:",
-        "        for ident in newest:\n            if ident in held:",
+        "present = [i for i in (*answer.ended, *newest) if i in decisions]",
+        "present = [i for i in newest if i in decisions]",
         ("tests/integration/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
     ),
     Mutation(
@@ -1133,6 +1133,16 @@ MUTATIONS += [
         "        raise\n",
         (
             "tests/unit/test_crowdsec_stream.py::test_an_id_past_pythons_digits_is_one_malformed_decision",
+        ),
+    ),
+    Mutation(
+        "bouncer-delta-keeps-the-last-not-the-longest",
+        "alfwrapper/policy/crowdsec.py",
+        "until > after.get(network, before.get(network, 0)):",
+        "until > before.get(network, 0):",
+        (
+            "tests/unit/test_crowdsec_stream.py::"
+            "test_a_delta_holds_the_longest_of_its_new_bans_on_one_network",
         ),
     ),
     Mutation(

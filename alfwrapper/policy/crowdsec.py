@@ -322,21 +322,25 @@ class Book(Record, frozen=False):
     def delta(self, answer: Answer, now: int) -> Changes:
         """A later answer: deletions first (idempotent), then the new bans (a new one
         may replace one with its id; of two with one id, the later).  Only the
-        networks they name can change: those alone are looked at, before and after."""
+        networks they name can change, and only one that loses a decision can end
+        sooner: those are looked up again; any other keeps what it held, or the
+        longest of its new bans."""
         self.lapse(now)
+        decisions = self.decisions
         newest = {d.id: d for d in answer.new}
-        touched = {d.network for d in answer.new}
-        for ident in (*answer.ended, *newest):
-            gone = self.decisions.get(ident)
-            if gone is not None:
-                touched.add(gone.network)
-        before = self.entries(now, touched)
-        held = self.decisions
-        for ident in (*answer.ended, *newest):
-            if ident in held:
-                self._drop(ident)
+        present = [i for i in (*answer.ended, *newest) if i in decisions]
+        losing = {decisions[i].network for i in present}
+        before = self.entries(now, losing.union(d.network for d in newest.values()))
+        for ident in present:
+            self._drop(ident)
         self._insert(newest, now)
-        return _difference(before, self.entries(now, touched))
+        after = self.entries(now, losing)
+        for decision in newest.values():
+            network, until = decision.network, decision.until
+            if network not in losing and until > after.get(network, before.get(network, 0)):
+                after[network] = until
+        hold = {net: until for net, until in after.items() if before.get(net) != until}
+        return Changes(hold, frozenset(net for net in losing if net in before and net not in after))
 
     def lapse(self, now: int) -> None:
         """Forget decisions whose time has passed (their entries lapse by themselves)."""
@@ -391,8 +395,3 @@ class Book(Record, frozen=False):
         ids.discard(ident)
         if len(ids) == 1:
             self.owners[decision.network] = next(iter(ids))
-
-
-def _difference(before: dict[Prefix, int], after: dict[Prefix, int]) -> Changes:
-    hold = {net: until for net, until in after.items() if before.get(net) != until}
-    return Changes(hold, frozenset(set(before) - set(after)))

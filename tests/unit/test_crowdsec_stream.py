@@ -242,6 +242,15 @@ def test_an_id_past_pythons_digits_is_one_malformed_decision() -> None:
     assert [d.id for d in answer.new] == [2] and answer.malformed == 1
 
 
+def test_a_delta_holds_the_longest_of_its_new_bans_on_one_network() -> None:
+    book, net = Book.empty(), parse_prefix("192.0.2.7")
+    book.snapshot(read_answer({"new": [ban(1, "192.0.2.7", "1h")]}, now=0), now=0)
+    answer = {"new": [ban(2, "192.0.2.7", "3h"), ban(3, "192.0.2.7", "2h")]}
+    assert book.delta(read_answer(answer, now=0), now=0) == Changes(
+        {net: 3 * 3600 * S}, frozenset()
+    )
+
+
 def test_a_book_of_decisions_that_come_and_go_stays_bounded() -> None:
     """Decisions deleted before their time leave their expiries in the heap, until
     there are more of them than decisions: then it is rebuilt."""
