@@ -1085,11 +1085,11 @@ MUTATIONS += [
         ),
     ),
     Mutation(
-        "bouncer-usual-fraction-misread",
+        "bouncer-lapi-form-fraction-misread",
         "alfwrapper/policy/crowdsec.py",
-        '        left += int(fraction.ljust(9, "0"))\n    if not 0 < left',
-        "        left += int(fraction)\n    if not 0 < left",
-        ("tests/unit/test_crowdsec_stream.py::test_the_short_way_reads_as_every_decision_is_read",),
+        'total += int(fraction.ljust(9, "0"))',
+        "total += int(fraction)",
+        ("tests/unit/test_crowdsec_stream.py::test_go_durations",),
     ),
     Mutation(
         "sieve-many-words-grown-wrong",

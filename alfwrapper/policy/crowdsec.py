@@ -62,7 +62,6 @@ def duration_ns(text: Any) -> int:
 _LAPI_FORM = re.compile(
     r"(-?)(?:([0-9]{1,12})h)?(?:([0-9]{1,2})m)?([0-9]{1,2})(?:\.([0-9]{1,9}))?s"
 )
-_LAPI_FULLMATCH = _LAPI_FORM.fullmatch
 
 
 def _lapi_form(text: str) -> int | None:
@@ -213,17 +212,10 @@ def _usual(item: Any, now: int) -> Decision | None:
     if type(item) is not dict or item.get("type") != "ban" or item.get("scope") != "Ip":
         return None
     ident, text, value = item.get("id"), item.get("duration"), item.get("value")
-    form = _LAPI_FULLMATCH(text) if type(text) is str else None
-    if type(ident) is not int or form is None or type(value) is not str:
+    if type(ident) is not int or type(text) is not str or type(value) is not str:
         return None
-    minus, hours, minutes, seconds, fraction = form.groups()
-    if minus:
-        return None
-    left = ((int(hours) if hours else 0) * 3600 + (int(minutes) if minutes else 0) * 60
-            + int(seconds)) * 10**9  # fmt: skip
-    if fraction:
-        left += int(fraction.ljust(9, "0"))
-    if not 0 < left <= LONGEST_NS:
+    left = _lapi_form(text)
+    if left is None or not 0 < left <= LONGEST_NS:
         return None
     try:
         network = (4, int.from_bytes(socket.inet_pton(socket.AF_INET, value), "big"), 32)
