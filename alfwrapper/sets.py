@@ -40,6 +40,7 @@ import time
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -48,6 +49,7 @@ from alfwrapper.bpf.parts import (
     SET_EXPIRY,
     SET_FLAGS,
     SET_HOST,
+    SET_HOST_FIELDS,
     SET_RANGE,
     SET_ROLES,
     SIEVE_BIT1,
@@ -58,6 +60,7 @@ from alfwrapper.bpf.parts import (
     SIEVE_RANGE_BITS,
     SIEVE_WORD,
     FillEnv,
+    c_offsets,
     sieve_fits,
     sieve_header,
     sieve_shift,
@@ -92,10 +95,19 @@ _SHAPES = {  # each map's type, key size, value size and flags
 }
 SIEVE_BITS_AN_ENTRY = 32  # the sieve's size: about 0.5% of sources sent on to the hash
 _M64 = (1 << 64) - 1
-# SET_HOST for a whole IPv4 address, as a numpy record (_ipv4_hosts): the address in
-# network order, the rest of the 16 bytes zero.
-_HOST4 = [("length", "u1"), ("family", "u1"), ("pad", "u1", (2,)), ("addr", ">u4"),
-          ("rest", "u1", (12,))]  # fmt: skip
+
+
+def _host_record(family: int) -> dict[str, object]:
+    """SET_HOST for a whole address of this family, as a numpy record (_hosts), read
+    from SET_HOST_FIELDS: its address in network order, as one ">u4" or two ">u8",
+    the bytes not named zero."""
+    offsets = c_offsets(SET_HOST_FIELDS)
+    addr = offsets["addr"]
+    six = [("hi", ">u8", addr), ("lo", ">u8", addr + 8)]
+    words = [("addr", ">u4", addr)] if family == 4 else six
+    fields = [("length", "u1", offsets["length"]), ("family", "u1", offsets["family"]), *words]
+    return {"names": [f[0] for f in fields], "formats": [f[1] for f in fields],
+            "offsets": [f[2] for f in fields], "itemsize": SET_HOST.size}  # fmt: skip
 
 
 def use_root(path: Path) -> None:
@@ -508,50 +520,61 @@ Keyed = dict[str, tuple[list[bytes], list[bytes]]]  # role -> keys, values
 
 def _keyed(entries: dict[Prefix, int], shift: int) -> tuple[Keyed, Sieved]:
     """Each entry's key and value (_key, _value), by map, and their bits in a sieve
-    of this shift (sieved); whole IPv4 addresses, nearly all of a CrowdSec answer,
-    in numpy columns (_ipv4_hosts), picked out by them too."""
+    of this shift (sieved); whole addresses, nearly all of a CrowdSec answer, in numpy
+    columns (_hosts, _spots), picked out by them too; ranges one by one."""
     import numpy as np  # noqa: PLC0415
 
     by_role: Keyed = {"hosts": ([], []), "ranges": ([], [])}
     if not entries:
         return by_role, Sieved({}, 0)
-    prefixes = list(entries)
-    families, values, lengths = zip(*prefixes, strict=True)  # Prefix: a tuple
-    whole4 = (np.array(families) == 4) & (np.array(lengths) == 32)
-    others = [prefixes[at] for at in np.flatnonzero(~whole4).tolist()]
-    for prefix in others:
-        role, key = _key(prefix)
-        by_role[role][0].append(key)
-        by_role[role][1].append(_value(prefix, entries[prefix]))
-    rest = sieved(shift, others)
-    if len(others) == len(prefixes):
-        return by_role, rest
-    picked = np.flatnonzero(whole4)
-    addresses = np.array(values, dtype=object)[picked].astype(np.uint64)
-    untils = np.fromiter(entries.values(), dtype=np.uint64, count=len(prefixes))[picked]
-    keys, expiries, found = _ipv4_hosts(addresses, untils, shift)
-    by_role["hosts"][0].extend(keys)
-    by_role["hosts"][1].extend(expiries)
-    for index, bits in rest.spots.items():
-        found[index] = found.get(index, 0) | bits
-    return by_role, Sieved(found, rest.ranges)
+    prefixes, count = list(entries), len(entries)
+    families = np.fromiter(map(itemgetter(0), prefixes), dtype=np.uint8, count=count)
+    lengths = np.fromiter(map(itemgetter(2), prefixes), dtype=np.uint8, count=count)
+    values = np.fromiter(map(itemgetter(1), prefixes), dtype=object, count=count)
+    untils = np.fromiter(entries.values(), dtype=np.uint64, count=count)
+    whole = lengths == np.where(families == 4, 32, 128)
+    ranges = [prefixes[at] for at in np.flatnonzero(~whole).tolist()]
+    for prefix in ranges:
+        by_role["ranges"][0].append(_key(prefix)[1])
+        by_role["ranges"][1].append(_value(prefix, entries[prefix]))
+    sieve_keys = []
+    for family in (4, 6):
+        picked = np.flatnonzero(whole & (families == family))
+        if picked.size:
+            keys, sieve_key = _hosts(family, values[picked])
+            by_role["hosts"][0].extend(keys)  # and their values, SET_EXPIRY: native u64
+            by_role["hosts"][1].extend(np.frombuffer(untils[picked].tobytes(), "V8").tolist())
+            sieve_keys.append(sieve_key)
+    found = sieved(shift, ranges)
+    if not sieve_keys:
+        return by_role, found
+    spots = _spots(np.concatenate(sieve_keys), shift)
+    for index, bits in found.spots.items():
+        spots[index] = spots.get(index, 0) | bits
+    return by_role, Sieved(spots, found.ranges)
 
 
-def _ipv4_hosts(address: Array, until: Array, shift: int) -> tuple[list[bytes], list[bytes], Spots]:
-    """Whole IPv4 addresses' keys and values (_key, _value) and their bits in a sieve
-    of this shift (_spot), for many at once, from u64 columns of the addresses and
-    their expiries: numpy's columns, not a loop of Python."""
+def _hosts(family: int, values: Array) -> tuple[list[bytes], Array]:
+    """Whole addresses' keys (_key) and their sieve's keys (sieved), many at once, from
+    a column of the addresses (Python's ints): numpy's columns, not a loop of Python."""
     import numpy as np  # noqa: PLC0415
 
-    count, size = len(address), SET_HOST.size
-    key = np.zeros(count, dtype=_HOST4)
-    key["length"], key["family"], key["addr"] = 32, 4, address
-    raw = key.tobytes()
-    keys = [raw[at : at + size] for at in range(0, count * size, size)]
-    raw = until.tobytes()  # SET_EXPIRY: native u64
-    values = [raw[at : at + 8] for at in range(0, count * 8, 8)]
-    # _spot: the hash wraps at 64 bits, as the kernel's does.
-    h = address * np.uint64(SIEVE_MULTIPLIER)
+    key = np.zeros(len(values), dtype=np.dtype(_host_record(family)))  # type: ignore[call-overload]
+    key["length"], key["family"] = FAMILY_BITS[family], family
+    if family == 4:
+        key["addr"] = sieve_key = values.astype(np.uint64)
+    else:  # sieved's key of an IPv6 address; the product wraps at 64 bits, as in C
+        key["hi"] = high = (values >> 64).astype(np.uint64)
+        key["lo"] = low = (values & _M64).astype(np.uint64)
+        sieve_key = high ^ low * np.uint64(SIEVE_MIX)
+    return np.frombuffer(key.tobytes(), f"V{SET_HOST.size}").tolist(), sieve_key
+
+
+def _spots(key: Array, shift: int) -> Spots:
+    """_spot of many sieve keys at once: the hash wraps at 64 bits, as the kernel's does."""
+    import numpy as np  # noqa: PLC0415
+
+    h = key * np.uint64(SIEVE_MULTIPLIER)
     one = (h >> np.uint64(SIEVE_BIT1) & np.uint64(0x3FFF)) % np.uint64(62)
     two = (h >> np.uint64(SIEVE_BIT2) & np.uint64(0x7FFF)) % np.uint64(62)
     bits = np.uint64(1) << one | np.uint64(1) << two
@@ -560,7 +583,7 @@ def _ipv4_hosts(address: Array, until: Array, shift: int) -> tuple[list[bytes], 
     index, bits = index[order], bits[order]
     starts = np.flatnonzero(np.concatenate(([True], index[1:] != index[:-1])))
     words = np.bitwise_or.reduceat(bits, starts)
-    return keys, values, dict(zip(index[starts].tolist(), words.tolist(), strict=True))
+    return dict(zip(index[starts].tolist(), words.tolist(), strict=True))
 
 
 def _bits_first(name: str, fds: Maps, entries: dict[Prefix, int]) -> tuple[Keyed, Sieved]:
@@ -759,8 +782,8 @@ def sieved(shift: int, prefixes: Iterable[Prefix]) -> Sieved:
 
 
 def _spot(key: int, shift: int) -> tuple[int, int]:
-    """The word and bits of an address's key (sets.c's set_sieve; _keyed has it inline
-    for whole IPv4 addresses, held to it by tests/unit/test_set_keys.py)."""
+    """The word and bits of an address's key (sets.c's set_sieve; _spots has it for
+    many keys at once, held to it by tests/unit/test_set_keys.py)."""
     h = (key * SIEVE_MULTIPLIER) & _M64
     bits = 1 << (h >> SIEVE_BIT1 & 0x3FFF) % 62 | 1 << (h >> SIEVE_BIT2 & 0x7FFF) % 62
     return 1 + (h >> shift), bits

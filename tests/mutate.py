@@ -946,8 +946,8 @@ MUTATIONS += [
     Mutation(
         "sieve-short-way-wrong",
         "alfwrapper/sets.py",
-        "    h = address * np.uint64(SIEVE_MULTIPLIER)\n",
-        "    h = address * np.uint64(SIEVE_MULTIPLIER + 2)\n",
+        "    h = key * np.uint64(SIEVE_MULTIPLIER)\n",
+        "    h = key * np.uint64(SIEVE_MULTIPLIER + 2)\n",
         ("tests/unit/test_set_keys.py::test_many_keys_are_each_ones",),
     ),
     Mutation(
@@ -1057,8 +1057,8 @@ MUTATIONS += [
     Mutation(
         "set-keys-short-way-wrong",
         "alfwrapper/sets.py",
-        '("addr", ">u4")',
-        '("addr", "<u4")',
+        '[("addr", ">u4", addr)]',
+        '[("addr", "<u4", addr)]',
         ("tests/unit/test_set_keys.py::test_many_keys_are_each_ones",),
     ),
     Mutation(
@@ -1090,6 +1090,16 @@ MUTATIONS += [
         'total += int(fraction.ljust(9, "0"))',
         "total += int(fraction)",
         ("tests/unit/test_crowdsec_stream.py::test_go_durations",),
+    ),
+    Mutation(
+        "set-hosts-ipv6-halves-swapped",
+        "alfwrapper/sets.py",
+        'key["hi"] = high = (values >> 64).astype(np.uint64)',
+        'key["hi"] = high = (values & _M64).astype(np.uint64)',
+        (
+            "tests/unit/test_set_keys.py::test_many_keys_are_each_ones",
+            SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",
+        ),
     ),
     Mutation(
         "sieve-many-words-grown-wrong",

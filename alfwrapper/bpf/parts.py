@@ -107,17 +107,26 @@ def c_struct(name: str, fields: Sequence[tuple[str, str]]) -> tuple[str, struct.
 
     ``fields`` are (name, type) with types u8, u16, u32, u64 or u8[N].
     """
-    codes = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q"}
-    c_fields, fmt = [], "="
-    for field_name, kind in fields:
-        if kind.startswith("u8[") and kind.endswith("]"):
-            count = int(kind[3:-1])
-            c_fields.append(f"u8 {field_name}[{count}];")
-            fmt += f"{count}s"
-        else:
-            c_fields.append(f"{kind} {field_name};")
-            fmt += codes[kind]
+    c_fields = [f"u8 {member}[{kind[3:-1]}];" if kind.startswith("u8[") else f"{kind} {member};"
+                for member, kind in fields]  # fmt: skip
+    fmt = "=" + "".join(_code(kind) for _, kind in fields)
     return f"struct {name} {{ {' '.join(c_fields)} }};\n", struct.Struct(fmt)
+
+
+def c_offsets(fields: Sequence[tuple[str, str]]) -> dict[str, int]:
+    """Where each of c_struct's ``fields`` starts (packed, as c_struct makes them)."""
+    offsets, at = {}, 0
+    for member, kind in fields:
+        offsets[member] = at
+        at += struct.calcsize("=" + _code(kind))
+    return offsets
+
+
+def _code(kind: str) -> str:
+    """A c_struct field's type as the struct module writes it."""
+    if kind.startswith("u8[") and kind.endswith("]"):
+        return f"{int(kind[3:-1])}s"
+    return {"u8": "B", "u16": "H", "u32": "I", "u64": "Q"}[kind]
 
 
 SUBNET_KEY_C, SUBNET_KEY = c_struct("subnet_key", KEY_FIELDS)
