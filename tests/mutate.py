@@ -1087,8 +1087,8 @@ MUTATIONS += [
     Mutation(
         "bouncer-lapi-form-fraction-misread",
         "alfwrapper/policy/crowdsec.py",
-        'total += int(fraction.ljust(9, "0"))',
-        "total += int(fraction)",
+        'int(seconds + fraction.ljust(9, "0"))',
+        "int(seconds + fraction)",
         ("tests/unit/test_crowdsec_stream.py::test_go_durations",),
     ),
     Mutation(
@@ -1099,6 +1099,24 @@ MUTATIONS += [
         (
             "tests/unit/test_set_keys.py::test_many_keys_are_each_ones",
             SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",
+        ),
+    ),
+    Mutation(
+        "bouncer-book-lapse-before-settling",
+        "alfwrapper/policy/crowdsec.py",
+        """        self.settle()
+        heap, decisions = self.expiries, self.decisions""",
+        """        heap, decisions = self.expiries, self.decisions""",
+        ("tests/unit/test_crowdsec_stream.py::test_a_decision_extended_outlives_its_first_end",),
+    ),
+    Mutation(
+        "bouncer-lapi-form-possessive-groups",
+        "alfwrapper/policy/crowdsec.py",
+        r'(?:\.([0-9]{1,9}+))?s"',
+        r'(?:\.([0-9]{1,9}+))?+s"',
+        (
+            "tests/unit/test_crowdsec_stream.py::"
+            "test_the_lapis_form_reads_any_text_as_the_general_way_or_not_at_all",
         ),
     ),
     Mutation(
@@ -1148,8 +1166,8 @@ MUTATIONS += [
     Mutation(
         "bouncer-delta-keeps-the-last-not-the-longest",
         "alfwrapper/policy/crowdsec.py",
-        "until > after.get(network, before.get(network, 0)):",
-        "until > before.get(network, 0):",
+        "until > hold.get(network, before.get(network, 0)) and",
+        "until > before.get(network, 0) and",
         (
             "tests/unit/test_crowdsec_stream.py::"
             "test_a_delta_holds_the_longest_of_its_new_bans_on_one_network",

@@ -192,17 +192,22 @@ def poll_once(session: Any, config: Config, book: Book, synced: bool, counts: Co
     # of the time at 100,000), and none of them can form a cycle.
     gc.disable()
     try:
-        _apply(data, config, book, synced, counts)
+        try:
+            parsed = load_answer(data)
+        except (ValueError, RecursionError) as err:
+            raise lapi_error(config, f"sent no JSON ({err})", "check lapi-url") from None
+        now = _apply(parsed, config, book, synced, counts)
+        counts.apply_seconds = time.monotonic() - arrived
+        # What the set need not wait for: the book's heap of expiries, and freeing
+        # the answer's objects (parsed, a million of them, when this returns).
+        book.settle()
+        counts.entries = book.networks(now)
     finally:
         gc.enable()
-    counts.apply_seconds = time.monotonic() - arrived
 
 
-def _apply(data: bytes, config: Config, book: Book, synced: bool, counts: Counters) -> None:
-    try:
-        parsed = load_answer(data)
-    except (ValueError, RecursionError) as err:
-        raise lapi_error(config, f"sent no JSON ({err})", "check lapi-url") from None
+def _apply(parsed: Any, config: Config, book: Book, synced: bool, counts: Counters) -> int:
+    """Apply an answer to the book and the set; the time it read it at."""
     now = sets.now_ns()
     answer = read_answer(parsed, now)
     counts.skipped += answer.skipped
@@ -215,13 +220,12 @@ def _apply(data: bytes, config: Config, book: Book, synced: bool, counts: Counte
         if changes.hold:
             sets.hold(config.set, changes.hold)
             counts.added += len(changes.hold)
-        counts.entries = book.networks(now)
     else:
         hold = book.snapshot(answer, now)
         counts.removed += sets.assign(config.set, hold)
         counts.added += len(hold)
-        counts.entries = len(hold)
         counts.resyncs += 1
+    return now
 
 
 def write_metrics(path: str, counts: Counters) -> None:
