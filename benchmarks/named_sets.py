@@ -13,9 +13,9 @@ set costs a packet, and how fast changes go in.
   moment the LAPI's answer has arrived (a startup answer on an empty set, then a
   delta answer of as many new ones, then a delta of SMALL_DELTA more, which costs
   what it changes and not what the book holds), timed as the bouncer times itself
-  (Counters.apply_seconds), in a process of its own as the bouncer's unit runs it
-  (not in this one, which has just held a million-entry set's worth of objects),
-  five times: the median, and the least and most;
+  (Counters.apply_seconds: until the set holds them), in a process of its own as
+  the bouncer's unit runs it (not in this one, which has just held a million-entry
+  set's worth of objects), five times: the median, and the least and most;
 - one `set add` of one address (the update, not the command's start).
 
     python benchmarks/named_sets.py [--smoke] [--json]      (as root; bench.py runs it)

@@ -205,7 +205,12 @@ _BOUNCER = (
     ("malformed", "counter", "decisions_malformed_total", "Decisions that could not be read."),
     ("entries", "gauge", "entries", "Entries the set holds for the LAPI's bans."),
     ("last_success", "gauge", "last_success_seconds", "When a poll last succeeded (Unix time)."),
-    ("apply_seconds", "gauge", "apply_seconds", "Seconds the last answer took to apply."),
+    (
+        "apply_seconds",
+        "gauge",
+        "apply_seconds",
+        "Seconds from the last answer's arrival until the set held its entries.",
+    ),  # fmt: skip
 )
 
 
