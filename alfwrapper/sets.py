@@ -562,7 +562,12 @@ def _hosts(family: int, values: Array) -> tuple[list[bytes], Array]:
     key = np.zeros(len(values), dtype=np.dtype(_host_record(family)))  # type: ignore[call-overload]
     key["length"], key["family"] = FAMILY_BITS[family], family
     if family == 4:
-        key["addr"] = sieve_key = values.astype(np.uint64)
+        sieve_key = values.astype(np.uint64)
+        if (sieve_key >> np.uint64(32)).any():  # the record would cut it; _key refuses it
+            raise OverflowError("an IPv4 address past 32 bits")
+        key["addr"] = sieve_key
+    elif (values < 0).any():  # as _key: below, the halves would wrap
+        raise OverflowError("a negative IPv6 address")
     else:  # sieved's key of an IPv6 address; the product wraps at 64 bits, as in C
         key["hi"] = high = (values >> 64).astype(np.uint64)
         key["lo"] = low = (values & _M64).astype(np.uint64)

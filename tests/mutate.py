@@ -1102,6 +1102,16 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "set-hosts-ipv4-past-32-bits-cut",
+        "alfwrapper/sets.py",
+        "if (sieve_key >> np.uint64(32)).any():",
+        "if False:",
+        (
+            "tests/unit/test_set_keys.py::"
+            "test_an_address_out_of_its_family_is_refused_as_one_at_a_time_refuses_it",
+        ),
+    ),
+    Mutation(
         "bouncer-book-lapse-before-settling",
         "alfwrapper/policy/crowdsec.py",
         """        self.settle()

@@ -4,6 +4,7 @@ a time (sets._key, sets._value, sets.sieved), which sets.c reads."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -66,3 +67,17 @@ def test_many_words_grow_as_each_one_does(words: list[int], found: dict[int, int
 
     word = memoryview(array("Q", words)).cast("B").cast("Q")
     assert sets._grown_many(word, found) == sets._grown(word, found)
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [Prefix(4, 2**32 + 5, 32), Prefix(6, 2**128, 128), Prefix(4, -1, 32), Prefix(6, -1, 128)],
+)
+def test_an_address_out_of_its_family_is_refused_as_one_at_a_time_refuses_it(
+    prefix: Prefix,
+) -> None:
+    """The columns cut nothing short: what _key cannot write, _keyed refuses too."""
+    with pytest.raises(OverflowError):
+        sets._key(prefix)
+    with pytest.raises(OverflowError):
+        sets._keyed({prefix: 0}, 40)
