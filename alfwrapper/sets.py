@@ -562,10 +562,10 @@ def _hosts(family: int, values: Array) -> tuple[list[bytes], Array]:
     key = np.zeros(len(values), dtype=np.dtype(_host_record(family)))  # type: ignore[call-overload]
     key["length"], key["family"] = FAMILY_BITS[family], family
     if family == 4:
-        sieve_key = values.astype(np.uint64)
-        if (sieve_key >> np.uint64(32)).any():  # the record would cut it; _key refuses it
-            raise OverflowError("an IPv4 address past 32 bits")
-        key["addr"] = sieve_key
+        signed = values.astype(np.int64)  # past 63 bits: OverflowError
+        if (signed >> 32).any():  # negative or past 32 bits: the record would cut it
+            raise OverflowError("an IPv4 address out of 32 bits")
+        key["addr"] = sieve_key = signed.astype(np.uint64)
     elif (values < 0).any():  # as _key: below, the halves would wrap
         raise OverflowError("a negative IPv6 address")
     else:  # sieved's key of an IPv6 address; the product wraps at 64 bits, as in C

@@ -1104,7 +1104,7 @@ MUTATIONS += [
     Mutation(
         "set-hosts-ipv4-past-32-bits-cut",
         "alfwrapper/sets.py",
-        "if (sieve_key >> np.uint64(32)).any():",
+        "if (signed >> 32).any():",
         "if False:",
         (
             "tests/unit/test_set_keys.py::"

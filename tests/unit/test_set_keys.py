@@ -71,7 +71,13 @@ def test_many_words_grow_as_each_one_does(words: list[int], found: dict[int, int
 
 @pytest.mark.parametrize(
     "prefix",
-    [Prefix(4, 2**32 + 5, 32), Prefix(6, 2**128, 128), Prefix(4, -1, 32), Prefix(6, -1, 128)],
+    [
+        Prefix(4, 2**32 + 5, 32),
+        Prefix(4, 2**64, 32),
+        Prefix(4, -1, 32),
+        Prefix(6, 2**128, 128),
+        Prefix(6, -1, 128),
+    ],  # fmt: skip
 )
 def test_an_address_out_of_its_family_is_refused_as_one_at_a_time_refuses_it(
     prefix: Prefix,
