@@ -198,9 +198,8 @@ def poll_once(session: Any, config: Config, book: Book, synced: bool, counts: Co
             raise lapi_error(config, f"sent no JSON ({err})", "check lapi-url") from None
         now = _apply(parsed, config, book, synced, counts)
         counts.apply_seconds = time.monotonic() - arrived
-        # What the set need not wait for: the book's heap of expiries, and freeing
-        # the answer's objects (parsed, a million of them, when this returns).
-        book.settle()
+        # What the set need not wait for: the book's heap of expiries (networks
+        # settles it), and freeing the answer's objects (parsed, when this returns).
         counts.entries = book.networks(now)
     finally:
         gc.enable()

@@ -210,7 +210,7 @@ _BOUNCER = (
         "gauge",
         "apply_seconds",
         "Seconds from the last answer's arrival until the set held its entries.",
-    ),  # fmt: skip
+    ),
 )
 
 

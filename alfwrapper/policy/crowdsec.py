@@ -219,11 +219,11 @@ def _usual(items: list[Any], now: int) -> list[Decision | None]:
             keep(None)
             continue
         ident, text, value = item.get("id"), item.get("duration"), item.get("value")
-        left = lapi_form(text) if type(text) is str else None
-        if left is None or not 0 < left <= LONGEST_NS or type(ident) is not int:
+        if type(ident) is not int or type(text) is not str or type(value) is not str:
             keep(None)
             continue
-        if type(value) is not str:
+        left = lapi_form(text)
+        if left is None or not 0 < left <= LONGEST_NS:
             keep(None)
             continue
         six = ":" in value  # as _network: no exception for an IPv6 address (a µs each)
@@ -387,8 +387,8 @@ class Book(Record, frozen=False):
 
     def settle(self) -> None:
         """Put the expiries of the decisions inserted since in the heap.  Lapse does it
-        first; the bouncer, once the set holds an answer's entries (they need not wait
-        for it)."""
+        first: the bouncer counts networks (lapse) once the set holds an answer's
+        entries, which need not wait for the heap."""
         if not self.unsettled:
             return
         decisions, heap = self.decisions, self.expiries
