@@ -57,6 +57,7 @@ from alfwrapper.bpf.parts import (
     SIEVE_FLAGS,
     SIEVE_MIX,
     SIEVE_MULTIPLIER,
+    SIEVE_OLDER_FLAGS,
     SIEVE_RANGE_BITS,
     SIEVE_WORD,
     FillEnv,
@@ -176,7 +177,10 @@ def open_role(name: str, role: str, read_only: bool = False) -> int:
     except OSError:
         shape = (0, 0, 0, 0, 0)
     wrong_size = role == "sieve" and sieve_shift(shape[3]) == 0  # not 1 + 2^k words
-    if shape[:3] + shape[4:] != _SHAPES[role] or wrong_size:
+    kind, key, value, flags = _SHAPES[role]
+    if role == "sieve" and shape[4] == SIEVE_OLDER_FLAGS:  # an older alfwrapper's
+        flags = SIEVE_OLDER_FLAGS
+    if shape[:3] + shape[4:] != (kind, key, value, flags) or wrong_size:
         os.close(fd)
         raise AlfError(
             f"named set {name}",

@@ -1,7 +1,7 @@
 /* sets.c: named sets, the host's lists of prefixes that any number of services
  * name (allow-set, deny-set) and `alfwrapper set` changes while they run.
  *
- * A set is two maps, pinned once for the host (alfwrapper/sets.py) and shared by
+ * A set is three maps, pinned once for the host (alfwrapper/sets.py) and shared by
  * every program that names it:
  *
  *   hosts   HASH of struct alf_set_host -> u64: whole addresses (/32, /128)
@@ -28,11 +28,14 @@
  * length in its low 8 bits (the expiry is rounded up to 256 ns): an LPM trie
  * gives only the longest match, so past a lapsed range the lookup is made again
  * one bit shorter, for the range it was nested in, up to ALF_SET_NEST times; a
- * source still behind lapsed ranges after that counts as unreadable.  A program reaches its sets through
- * two arrays of maps, filled when it is loaded: deny sets at indexes 0 to
- * ALF_DENY_SETS - 1, allow sets after them.  A slot left empty fails closed: a
- * deny set that cannot be read drops, an allow set that cannot be read allows
- * nothing.
+ * source still behind lapsed ranges after that counts as unreadable.  A program reaches a set's
+ * hosts and ranges through two arrays of maps, and its sieve as a map of its own
+ * (alf_set_sieve_word, made with the placeholders by bpf/parts.py, whose places the
+ * sets' sieves take as the program loads: a packet's one read of each set is then
+ * a lookup the verifier inlines, with no helper call and no map to find first): deny
+ * sets at indexes 0 to ALF_DENY_SETS - 1, allow sets after them.  A slot left empty
+ * fails closed: a deny set that cannot be read drops, an allow set that cannot be
+ * read allows nothing (a placeholder holds no word past its header).
  *
  * Macros: ALF_SETS (deny and allow sets), ALF_DENY_SETS, ALF_SET_MEMBER (what
  * membership of an allow set says: ALF_SET_ALLOW, or 0 where the subnet rules
@@ -55,13 +58,12 @@
  * ALF_SET_FLAGS, come from their one definition, bpf/parts.py); a set's own maps
  * are larger.  The flags hold BPF_F_RDONLY_PROG: the verifier refuses any program
  * that would write into a set (a user's filter, through the loader, included),
- * and a map without it does not fit these arrays. */
+ * and a map without it does not fit these arrays.  A sieve has it too, which
+ * sets.open_role checks before one is bound. */
 BPF_F_TABLE("hash", struct alf_set_host, u64, alf_set_host_shape, 1, ALF_SET_FLAGS);
 BPF_F_TABLE("lpm_trie", struct alf_set_range, u64, alf_set_range_shape, 1, ALF_SET_FLAGS);
-BPF_F_TABLE("array", u32, u64, alf_set_sieve_shape, 1, ALF_SIEVE_FLAGS);
 BPF_ARRAY_OF_MAPS(alf_set_hosts, "alf_set_host_shape", ALF_SETS);
 BPF_ARRAY_OF_MAPS(alf_set_ranges, "alf_set_range_shape", ALF_SETS);
-BPF_ARRAY_OF_MAPS(alf_set_sieves, "alf_set_sieve_shape", ALF_SETS);
 BPF_ARRAY(alf_set_shifts, u64, ALF_SETS);
 
 /* Does an entry standing until *expiry (0: for ever) still stand? */
@@ -73,17 +75,26 @@ static __always_inline int set_standing(const u64 *expiry)
     return until == 0 || until > bpf_ktime_get_coarse_ns();
 }
 
+/* A packet's keys, and the words its lookups take their keys from: one of each for
+ * the program, however many sets it names (an unrolled loop's locals would each
+ * take stack of their own, and 32 sets would pass the 512 bytes a program has). */
+struct alf_set_keys {
+    u64 host[3];  /* struct alf_set_host, stored a word at a time (common.h) */
+    u64 range[3]; /* struct alf_set_range */
+    u64 probe[3]; /* the range key as set_range_holds shortens it */
+    u64 at;       /* an array's index, stored whole (common.h) */
+};
+
 #define ALF_SET_NEST 4
 
-/* 1 if the ranges hold the source (the range key prepared by the caller), 0 if not,
- * -1 if lapsed ranges nested ALF_SET_NEST deep hide what is behind them. */
-static __always_inline int set_range_holds(void *ranges, const u64 *range)
+/* 1 if the ranges hold the source, 0 if not, -1 if lapsed ranges nested
+ * ALF_SET_NEST deep hide what is behind them. */
+static __always_inline int set_range_holds(void *ranges, struct alf_set_keys *k)
 {
-    u64 key[3]; /* a copy, stored a word at a time (common.h) */
-    key[0] = range[0];
-    key[1] = range[1];
-    key[2] = range[2];
-    u64 *found = bpf_map_lookup_elem(ranges, key);
+    k->probe[0] = k->range[0];
+    k->probe[1] = k->range[1];
+    k->probe[2] = k->range[2];
+    u64 *found = bpf_map_lookup_elem(ranges, k->probe);
 #pragma unroll
     for (int step = 0; step < ALF_SET_NEST; step++) {
         if (!found)
@@ -95,8 +106,8 @@ static __always_inline int set_range_holds(void *ranges, const u64 *range)
         u64 length = value & 0xff;
         if (length == 0)
             return 0;
-        key[0] = (32 + length - 1) | (key[0] & 0xffffffff00000000ULL);
-        found = bpf_map_lookup_elem(ranges, key);
+        k->probe[0] = (32 + length - 1) | (k->probe[0] & 0xffffffff00000000ULL);
+        found = bpf_map_lookup_elem(ranges, k->probe);
     }
     return found ? -1 : 0;
 }
@@ -105,45 +116,40 @@ static __always_inline int set_range_holds(void *ranges, const u64 *range)
 #define ALF_SIEVE_RANGE 2      /* the ranges may hold the source's family: ask the trie */
 #define ALF_SIEVE_UNREADABLE 4 /* the set cannot be read */
 /* What set i's sieve said, from sets_verdict's bits a set. */
-#define ALF_SIEVE_SAID(i)                                                         \
-    (((hosts >> (i)) & 1) | ((ranges >> (i)) & 1) << 1 | ((unreadable >> (i)) & 1) << 2)
+#define ALF_SIEVE_SAID(i) (((hosts >> (i)) & 1) | ((ranges >> (i)) & 1) << 1)
 
-/* 1 if set number i holds the source (host and range keys prepared by the
- * caller), 0 if not, -1 if the set cannot be read; ``sieved``: what its sieve said
- * (set_sieve). */
-static __always_inline int set_holds(u32 i, u64 sieved, const u64 *host, const u64 *range)
+/* 1 if set number i holds the source, 0 if not, -1 if the set cannot be read;
+ * ``sieved``: what its sieve said (set_sieve). */
+static __always_inline int set_holds(u32 i, u64 sieved, struct alf_set_keys *k)
 {
-    if (sieved & ALF_SIEVE_UNREADABLE)
-        return -1;
-    u64 at = i; /* stored whole (common.h) */
+    k->at = i;
     if (sieved & ALF_SIEVE_HOST) {
-        void *hosts = alf_set_hosts.lookup((u32 *)&at);
+        void *hosts = alf_set_hosts.lookup((u32 *)&k->at);
         if (!hosts)
             return -1;
-        if (set_standing(bpf_map_lookup_elem(hosts, host)))
+        if (set_standing(bpf_map_lookup_elem(hosts, k->host)))
             return 1;
     }
     if (!(sieved & ALF_SIEVE_RANGE))
         return 0;
-    void *ranges = alf_set_ranges.lookup((u32 *)&at);
+    void *ranges = alf_set_ranges.lookup((u32 *)&k->at);
     if (!ranges)
         return -1;
-    return set_range_holds(ranges, range);
+    return set_range_holds(ranges, k);
 }
 
 /* Set number i's sieve, for a source whose key (sets_verdict) is ``key``: ALF_SIEVE_*
  * bits.  No branch waits for the word's line, only for pointers, so the caller's
  * next set's line is fetched while this one's is on its way. */
-static __always_inline u64 set_sieve(u32 i, u64 key, u8 family)
+static __always_inline u64 set_sieve(u32 i, u64 key, u8 family, struct alf_set_keys *k)
 {
-    u64 at = i; /* stored whole (common.h) */
-    void *sieve = alf_set_sieves.lookup((u32 *)&at);
-    u64 *shift = alf_set_shifts.lookup((u32 *)&at);
-    if (!sieve || !shift || !*shift) /* 0: not filled (Sets.fill) */
+    k->at = i;
+    u64 *shift = alf_set_shifts.lookup((u32 *)&k->at);
+    if (!shift || !*shift) /* 0: not bound (Sets.bind) */
         return ALF_SIEVE_UNREADABLE;
     u64 hash = key * ALF_SIEVE_MULTIPLIER;
-    u64 index = 1 + (hash >> (*shift & 63));
-    u64 *word = bpf_map_lookup_elem(sieve, (u32 *)&index);
+    k->at = 1 + (hash >> (*shift & 63));
+    u64 *word = alf_set_sieve_word(i, (u32 *)&k->at);
     if (!word)
         return ALF_SIEVE_UNREADABLE;
     u64 bits = *word;
@@ -154,45 +160,59 @@ static __always_inline u64 set_sieve(u32 i, u64 key, u8 family)
     return host | range << 1; /* ALF_SIEVE_RANGE */
 }
 
-/* ALF_SET_DENY, ALF_SET_ALLOW or 0: what the sets say of the packet's source. */
+/* ALF_SET_DENY, ALF_SET_ALLOW or 0: what the sets say of the packet's source.
+ *
+ * Kept linear for the verifier, which walks every path: a set that cannot be read
+ * ends its path at once (a deny set drops) or adds nothing (an allow set allows
+ * nothing), so what the sieves said is never a value known on one path and another
+ * on the next (the verifier would then keep both, and twice as many paths for each
+ * set after it: twelve sets took 745,000 of its million steps). */
 static __always_inline u32 sets_verdict(const struct alf_packet *pkt, u32 runtime)
 {
+    struct alf_set_keys k;
     u64 hi, lo;
     alf_addr_words(pkt->addr, &hi, &lo);
     u8 len = pkt->family == 4 ? 32 : 128;
-    u64 host[3], range[3]; /* the keys, each stored a word at a time (common.h) */
-    alf_key20(host, len, pkt->family, hi, lo);
-    range[0] = (u64)(32 + len) | ((u64)pkt->family << 32);
-    range[1] = hi;
-    range[2] = lo;
+    alf_key20(k.host, len, pkt->family, hi, lo);
+    k.range[0] = (u64)(32 + len) | ((u64)pkt->family << 32);
+    k.range[1] = hi;
+    k.range[2] = lo;
     /* The sieve's key: the address's bits in network order, IPv6 folded. */
     u64 key = pkt->family == 4 ? (u64)__builtin_bswap32((u32)hi)
                                : __builtin_bswap64(hi) ^ (__builtin_bswap64(lo) * ALF_SIEVE_MIX);
     /* Every set's sieve first, so that their misses overlap: what each said, a bit a
-     * set (no array: an unrolled loop's stack stays at fixed offsets). */
-    u64 hosts = 0, ranges = 0, unreadable = 0;
+     * set. */
+    u64 hosts = 0, ranges = 0;
 #pragma unroll
     for (u32 i = 0; i < ALF_SETS; i++) {
-        u64 said = set_sieve(i, key, pkt->family);
+        u64 said = set_sieve(i, key, pkt->family, &k);
+        if (said & ALF_SIEVE_UNREADABLE) {
+            if (i < ALF_DENY_SETS)
+                return ALF_SET_DENY; /* fail closed */
+            continue;
+        }
         hosts |= (said & ALF_SIEVE_HOST) << i;
         ranges |= ((said & ALF_SIEVE_RANGE) >> 1) << i;
-        unreadable |= ((said & ALF_SIEVE_UNREADABLE) >> 2) << i;
+        /* Opaque to the compiler from here on: it would otherwise hold each set's
+         * word, or its bits, apart for later, each in a stack slot of its own (32
+         * sets would pass the program's 512 bytes). */
+        asm volatile("" : "+r"(hosts), "+r"(ranges));
     }
 #if ALF_SETS > ALF_DENY_SETS
-    if (!(hosts | ranges | unreadable)) /* in no set: quick */
+    if (!(hosts | ranges)) /* in no set: quick */
         return runtime == ALF_RUNTIME_ALLOW ? 0 : ALF_SET_OTHERS;
 #else
-    if (!(hosts | ranges | unreadable))
+    if (!(hosts | ranges))
         return 0;
 #endif
 #pragma unroll
     for (u32 i = 0; i < ALF_DENY_SETS; i++)
-        if (set_holds(i, ALF_SIEVE_SAID(i), host, range))
+        if (set_holds(i, ALF_SIEVE_SAID(i), &k))
             return ALF_SET_DENY; /* held, or unreadable: fail closed */
 #if ALF_SETS > ALF_DENY_SETS
 #pragma unroll
     for (u32 i = ALF_DENY_SETS; i < ALF_SETS; i++)
-        if (set_holds(i, ALF_SIEVE_SAID(i), host, range) > 0)
+        if (set_holds(i, ALF_SIEVE_SAID(i), &k) > 0)
             return ALF_SET_MEMBER;
     /* A runtime allow (alfwrapper allow) passes as an allow set's entry would. */
     return runtime == ALF_RUNTIME_ALLOW ? 0 : ALF_SET_OTHERS;

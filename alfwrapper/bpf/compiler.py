@@ -32,6 +32,8 @@ from alfwrapper.host import bpf_calls, kernel_headers, libc, process
 from alfwrapper.policy.rules import SocketRules
 from alfwrapper.record import Record, field
 
+MOST_MAPS = 64  # maps one program may use (the verifier's MAX_USED_MAPS)
+
 
 class LoadedFilter(Record, frozen=False):
     """A loaded program; keep it referenced until its fd is attached.  ``tables``: its
@@ -176,9 +178,10 @@ def _what(plan: ProgramPlan) -> str:
     return "the filter"
 
 
-def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
+def compile_and_load(plan: ProgramPlan, env: FillEnv | None = None) -> LoadedFilter:
     """Load the plan's program: from the program cache (cache.py) if it was compiled
-    before with the same settings, else compiled with BCC (and then kept there)."""
+    before with the same settings, else compiled with BCC (and then kept there); the
+    maps its parts bind (Part.bind: named sets) from ``env``."""
     headers = kernel_headers.find()
     if headers is None:
         raise AlfError(
@@ -188,22 +191,24 @@ def compile_and_load(plan: ProgramPlan) -> LoadedFilter:
             EX_SOFTWARE,
         )
     key = cache.key(plan.text, plan.cflags, list(plan.programs), str(headers.where))
+    env = env or FillEnv()
     entry = cache.load(key)
     if entry is not None:
-        loaded = _from_cache(plan, entry)
+        loaded = _from_cache(plan, entry, env)
         if loaded is not None:
             return loaded
-    loaded = _compile(plan, headers)
+    loaded = _compile(plan, headers, env)
     kept = _cache_entry(loaded)
     if kept is not None:
         cache.store(key, kept)
     return loaded
 
 
-def _from_cache(plan: ProgramPlan, entry: cache.Entry) -> LoadedFilter | None:
+def _from_cache(plan: ProgramPlan, entry: cache.Entry, env: FillEnv) -> LoadedFilter | None:
     """Make the entry's maps afresh (named as name_maps names them), adopt the pinned
-    ones, and load its programs with their fds; None if any step fails (then the
-    plan is compiled, as without a cache)."""
+    ones, and load its programs with their fds; None if any step but binding fails
+    (then the plan is compiled, as without a cache).  Binding raises: a set that
+    cannot be read is not the cache's fault."""
     owner = OwnFds()
     tables: dict[str, Table] = {}
     if [p.name for p in entry.programs] != list(plan.programs):
@@ -221,20 +226,55 @@ def _from_cache(plan: ProgramPlan, entry: cache.Entry) -> LoadedFilter | None:
         adopt_pinned(loaded_tables, plan.pinned)
         fds = loaded_tables.fds()
         programs = {p.name: p.with_fds(fds) for p in entry.programs}
-        entry_fd = _load_programs(plan, programs, loaded_tables)
     except (OSError, KeyError, AlfError):
         return None
+    bound = bind_parts(plan, loaded_tables, env)
+    try:
+        entry_fd = _load_programs(plan, programs, loaded_tables, bound)
+    except (OSError, KeyError):
+        return None
+    finally:
+        _close(bound)
     return LoadedFilter(loaded_tables, entry_fd, plan, programs)
 
 
-def _load_programs(plan: ProgramPlan, programs: dict[str, bytes], tables: Tables) -> int:
+def bind_parts(plan: ProgramPlan, tables: Tables, env: FillEnv) -> dict[str, int]:
+    """What each part binds (Part.bind), by placeholder: fds for the caller to close."""
+    bound: dict[str, int] = {}
+    try:
+        for part_plan in plan.parts:
+            bound.update(part_plan.part.bind(tables, part_plan, plan.rules, env))
+    except BaseException:
+        _close(bound)
+        raise
+    return bound
+
+
+def _close(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+
+
+def _load_programs(
+    plan: ProgramPlan, programs: dict[str, bytes], tables: Tables, bound: dict[str, int]
+) -> int:
     """Load each function's instructions under its kernel name (the body into
-    iface_alive's slot 0); (the entry's fd, "") or raise OSError with the verifier's
-    log as its filename.  The program fds belong to the tables' owner.  Loaded first
-    without a log, as BCC does (a long log can overflow and fail a good program on
-    older kernels), and again with one when the kernel refuses."""
+    iface_alive's slot 0), with the ``bound`` maps in their placeholders' places (as
+    loaded only: ``programs`` keeps the placeholders, for the cache); the entry's fd,
+    or raise OSError with the verifier's log as its filename.  The program fds belong
+    to the tables' owner.  Loaded first without a log, as BCC does (a long log can
+    overflow and fail a good program on older kernels), and again with one when the
+    kernel refuses."""
     fds: dict[str, int] = {}
-    for function, insns in programs.items():
+    own = tables.fds()
+    names = {fd: name for name, fd in own.items()}
+    for function, placeheld in programs.items():
+        insns = placeheld
+        if bound:
+            found = cache.relocations(placeheld, names)
+            if found is None:  # an fd that is none of its maps: BCC's, never
+                raise OSError(errno.EBADF, "an instruction names a map that is not the program's")
+            insns = cache.CachedProgram(function, placeheld, found).with_fds({**own, **bound})
         fd, _ = bpf_calls.prog_load_logged(insns, plan.programs[function], log_size=0)
         if fd < 0:
             _, log = bpf_calls.prog_load_logged(insns, plan.programs[function])
@@ -259,7 +299,7 @@ def _cache_entry(loaded: LoadedFilter) -> cache.Entry | None:
     return cache.Entry(tuple(loaded.tables.specs()), tuple(programs))
 
 
-def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree) -> LoadedFilter:
+def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree, env: FillEnv) -> LoadedFilter:
     """Compile the plan's C with BCC and load its entry function as a socket filter."""
     bcc = _import_bcc()
     log: list[str] = []
@@ -301,9 +341,10 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree) -> LoadedFil
     if plan.label:
         name_maps(tables, plan.label, {name for name, _ in plan.pinned})
     adopt_pinned(tables, plan.pinned)
+    bound = bind_parts(plan, tables, env)
     try:
         programs = {f: bytes(bpf.dump_func(f.encode())) for f in plan.programs}
-        entry_fd = _load_programs(plan, programs, tables)
+        entry_fd = _load_programs(plan, programs, tables, bound)
     except OSError as err:
         text = _bcc_log(bcc, bpf, plan, log) or err.filename or ""
         if err.errno == errno.EPERM:
@@ -317,10 +358,20 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree) -> LoadedFil
                 EX_DATAERR,
                 details=text,
             ) from None
+        if err.errno == errno.E2BIG:
+            raise AlfError(
+                f"loading {what}",
+                f"it uses more maps than the kernel lets one program use ({MOST_MAPS})",
+                "name fewer sets for this socket, or declare fewer maps in the filter",
+                EX_USAGE,
+                details=text,
+            ) from None
         raise AlfError(
             f"loading {what}", err.strerror or str(err), "run with -v for details", EX_OSERR,
             details=text,
         ) from None  # fmt: skip
+    finally:
+        _close(bound)
     _return_freed_memory()
     return LoadedFilter(tables, entry_fd, plan, programs)
 
@@ -487,10 +538,11 @@ def counters(loaded: LoadedFilter) -> dict[str, int]:
 
 
 def load_program(plan: ProgramPlan, env: FillEnv | None = None) -> LoadedFilter:
-    """Compile, load and fill every map of the plan."""
-    loaded = compile_and_load(plan)
+    """Compile, load (binding what the parts bind) and fill every map of the plan."""
+    env = env or FillEnv()
+    loaded = compile_and_load(plan, env)
     for part_plan in plan.parts:
-        part_plan.part.fill(loaded.tables, part_plan, plan.rules, env or FillEnv())
+        part_plan.part.fill(loaded.tables, part_plan, plan.rules, env)
     return loaded
 
 

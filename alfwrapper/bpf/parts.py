@@ -10,6 +10,9 @@ them, in the order of PARTS).  A part says:
   maps are filled from; pure, so the same rules always give the same program;
 - ``condition``: the C expression that passes a packet, given ``skb`` and the
   parsed ``pkt`` (common.h);
+- ``bind(tables, plan, rules, env)``: maps of the host's (named sets) that the
+  program reads in place of placeholders of its own, written into its instructions
+  as it loads (compiler.py);
 - ``fill(tables, plan, env)``: how its maps (tables.Tables) are filled once loaded;
 - ``reason``: the drop counter it adds to, per socket;
 - ``why(rules, packet)``: what `explain` says when it dropped a packet.
@@ -158,6 +161,14 @@ class Part:
     def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
         pass
 
+    def bind(
+        self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv
+    ) -> dict[str, int]:
+        """Maps of the host's that the program reads in place of its own placeholders,
+        by the placeholder's name: opened fds, written into the instructions as they
+        load (compiler.py), and closed by the caller."""
+        return {}
+
     def why(self, rules: SocketRules, packet: Dropped) -> str:
         """What `explain` says when this part dropped the packet."""
         return ""
@@ -263,19 +274,44 @@ SET_FLAGS = 1 | 1 << 7
 # sieve's size), and the 14 bits at SIEVE_BIT1 and the 15 at SIEVE_BIT2, each modulo
 # 62, two of its bits.  Bits 62 and 63 of every word say whether the trie may hold
 # ranges of IPv4 and of IPv6 (SIEVE_RANGE_BITS).  Word 0 is user space's (sets.py).
-# Flags: BPF_F_RDONLY_PROG, BPF_F_MMAPABLE (user space reads it mapped, never
-# writes it so: a program's read-only map cannot be) and BPF_F_INNER_MAP (sets
-# differ in size).
+# A program reads each sieve it names as a map of its own (bound at load: Sets.bind),
+# not through an array of maps, so that the verifier inlines the lookup.
+# Flags: BPF_F_RDONLY_PROG and BPF_F_MMAPABLE (user space reads it mapped, never
+# writes it so: a program's read-only map cannot be).  A sieve made by an older
+# alfwrapper also has BPF_F_INNER_MAP (SIEVE_OLDER_FLAGS), which still serves, a
+# helper call a packet slower.
 SIEVE_WORD = struct.Struct("=Q")
-SIEVE_FLAGS = 1 << 7 | 1 << 10 | 1 << 12
+SIEVE_FLAGS = 1 << 7 | 1 << 10
+SIEVE_OLDER_FLAGS = SIEVE_FLAGS | 1 << 12
 SIEVE_MIX = 0xC2B2AE3D27D4EB4F
 SIEVE_MULTIPLIER = 0x9E3779B97F4A7C15  # 2^64 / golden ratio, odd: Fibonacci hashing
 SIEVE_BIT1, SIEVE_BIT2 = 12, 26
 SIEVE_RANGE_BITS = {4: 62, 6: 63}
 # sets.c's arrays of maps, by the role each holds, and the map each takes its shape
-# from (alf_set_hosts: alf_set_host_shape).
-SET_ARRAYS = {"hosts": "alf_set_hosts", "ranges": "alf_set_ranges", "sieve": "alf_set_sieves"}
+# from (alf_set_hosts: alf_set_host_shape); a set's sieve is a map of the program's
+# own instead (sieve_map), the placeholder that Sets.bind's sieve takes the place of.
+SET_ARRAYS = {"hosts": "alf_set_hosts", "ranges": "alf_set_ranges"}
 INNER_MAPS = {array: f"{array[:-1]}_shape" for array in SET_ARRAYS.values()}
+
+
+def sieve_map(index: int) -> str:
+    """The program's map that set number ``index``'s sieve is bound to (sets.c)."""
+    return f"alf_set_sieve_{index}"
+
+
+def _sieve_maps_c(count: int) -> str:
+    """sets.c's sieves: a placeholder map for each set, of one word (the header,
+    which no program reads: a program whose sieve was not bound finds no word and
+    fails closed), and alf_set_sieve_word, the word at an index of set ``set``'s.
+    BCC reads map syntax only as written out, not in a macro: hence C made here."""
+    maps = [sieve_map(i) for i in range(count)]
+    cases = "".join(f"    case {i}:\n        return {m}.lookup(index);\n"
+                    for i, m in enumerate(maps))  # fmt: skip
+    return (
+        "".join(f'BPF_F_TABLE("array", u32, u64, {m}, 1, ALF_SIEVE_FLAGS);\n' for m in maps)
+        + "static __always_inline u64 *alf_set_sieve_word(u32 set, u32 *index)\n{\n"
+        + f"    switch (set) {{\n{cases}    }}\n    return 0;\n}}\n"
+    )
 
 
 def sieve_shift(entries: int) -> int:
@@ -314,8 +350,9 @@ class Sets(Part):
                            "merge sets: one set may hold any number of prefixes",
                            EX_USAGE)  # fmt: skip
         allow_rules = bool(len(rules.subnets.allow))
+        names = (*rules.deny_sets, *rules.allow_sets)
         defines = (
-            ("ALF_SETS", str(len(rules.deny_sets) + len(rules.allow_sets))),
+            ("ALF_SETS", str(len(names))),
             ("ALF_DENY_SETS", str(len(rules.deny_sets))),
             # With allow rules, an allow set's entry passes them; without, the sets
             # are the allow list, and the subnet rules (deny only) still judge.
@@ -330,37 +367,57 @@ class Sets(Part):
             ("ALF_SIEVE_RANGE4", str(SIEVE_RANGE_BITS[4])),
             ("ALF_SIEVE_RANGE6", str(SIEVE_RANGE_BITS[6])),
         )
-        return PartPlan(self, defines, SET_HOST_C + SET_RANGE_C)
+        return PartPlan(self, defines, SET_HOST_C + SET_RANGE_C + _sieve_maps_c(len(names)))
 
-    def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
-        """Each set's maps into the program's arrays of maps: deny sets, then allow sets."""
-        for index, name in enumerate((*rules.deny_sets, *rules.allow_sets)):
-            fds: dict[str, int] = {}
-            try:
-                for role in SET_ROLES:
-                    fds[role] = env.open_set(name, role)
-                if not sieve_fits(fds["hosts"], fds["sieve"]):
-                    raise AlfError(
-                        f"named set {name}",
-                        "its sieve was made for other entries (the set was changed by an "
-                        "older alfwrapper, or made again as this program was filled)",
-                        f"run `alfwrapper set create {name}` as root, which rebuilds it, "
-                        "then start again",
-                        EX_CONFIG,
-                    )
-                put_shift(tables["alf_set_shifts"].map_fd, index, fds["sieve"])
-                for role, fd in fds.items():
-                    bpf_map_put_fd(tables[SET_ARRAYS[role]].map_fd, index, fd)
-            except OSError as err:
+    def bind(
+        self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv
+    ) -> dict[str, int]:
+        """Each set's maps, opened once: its hosts and ranges into the program's arrays
+        of maps, its shift into alf_set_shifts, and its sieve returned, to take its
+        placeholder's place (sieve_map) as the program loads; deny sets, then allow
+        sets.  What one open gave goes in together, so a set made again meanwhile is
+        never read half old, half new."""
+        bound: dict[str, int] = {}
+        try:
+            for index, name in enumerate((*rules.deny_sets, *rules.allow_sets)):
+                self._bind_one(tables, index, name, env, bound)
+        except BaseException:
+            for fd in bound.values():
+                os.close(fd)
+            raise
+        return bound
+
+    @staticmethod
+    def _bind_one(
+        tables: Tables, index: int, name: str, env: FillEnv, bound: dict[str, int]
+    ) -> None:
+        fds: dict[str, int] = {}
+        try:
+            for role in SET_ROLES:
+                fds[role] = env.open_set(name, role)
+            if not sieve_fits(fds["hosts"], fds["sieve"]):
                 raise AlfError(
                     f"named set {name}",
-                    f"its maps do not fit this alfwrapper's filter ({err.strerror or err})",
-                    f"make it again: alfwrapper set destroy {name}, then set create",
-                    EX_SOFTWARE,
-                ) from None
-            finally:
-                for fd in fds.values():
-                    os.close(fd)
+                    "its sieve was made for other entries (the set was changed by an "
+                    "older alfwrapper, or made again as this program was filled)",
+                    f"run `alfwrapper set create {name}` as root, which rebuilds it, "
+                    "then start again",
+                    EX_CONFIG,
+                )
+            put_shift(tables["alf_set_shifts"].map_fd, index, fds["sieve"])
+            for role, array in SET_ARRAYS.items():
+                bpf_map_put_fd(tables[array].map_fd, index, fds[role])
+            bound[sieve_map(index)] = fds.pop("sieve")
+        except OSError as err:
+            raise AlfError(
+                f"named set {name}",
+                f"its maps do not fit this alfwrapper's filter ({err.strerror or err})",
+                f"make it again: alfwrapper set destroy {name}, then set create",
+                EX_SOFTWARE,
+            ) from None
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def why(self, rules: SocketRules, packet: Dropped) -> str:
         rules_too = " and matches no allow rule" if len(rules.subnets.allow) else ""

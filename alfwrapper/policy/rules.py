@@ -19,7 +19,10 @@ from alfwrapper.policy.prefix_list import PrefixList
 from alfwrapper.policy.prefixes import Prefix
 from alfwrapper.record import Record, field
 
-MOST_SETS = 64  # named sets one socket may name, allow and deny (a bit each: sets.c)
+# Named sets one socket may name, allow and deny: each set's sieve is a map of the
+# program's own (sets.c), and the kernel lets one program use 64 maps, of which the
+# other parts use up to 21; what is left is for a developer's filter.
+MOST_SETS = 32
 
 
 class SubnetRules(Record):

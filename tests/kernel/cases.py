@@ -60,7 +60,10 @@ FILTER = f"--filter {ROOT}/examples/filters/allowlist.c"
 TEST_FILTER = f"--filter {ROOT}/tests/data/allowlist.c"
 SETS = "--set allowed4 192.0.2.2 1 --set allowed6 2001:db8:a::2 1 --set port_limits 0 8080,1"
 
-SET_NAMES = ("ktier-d", "ktier-a")
+# The most sets one socket names (policy.rules.MOST_SETS): each is a map of its
+# program's own, beside every other part's.
+MANY_SETS = tuple(f"ktier-s{i}" for i in range(30))
+SET_NAMES = ("ktier-d", "ktier-a", *MANY_SETS)
 CASES = (
     Case("empty", "", check=False),
     Case("allow-v4", "--allow 192.0.2.0/24"),
@@ -89,6 +92,12 @@ CASES = (
     ),
     Case("sets-deny", "--deny-set ktier-d --deny 2001:db8:b::/48"),
     Case("sets-allow", "--allow-set ktier-a --deny-set ktier-d --allow 192.0.2.0/24"),
+    Case(
+        "sets-most-composed",
+        f"--interface lo --allow 192.0.2.0/24 --knock-secret {{files}}/{SECRET} {FILTER} {SETS} "
+        "--log-drops 10 --allow-set ktier-a --deny-set ktier-d "
+        + " ".join(f"--deny-set {name}" for name in MANY_SETS),
+    ),
     Case(
         "composed-million",
         f"--allow-file {{files}}/mixed-million.rules --knock-secret {{files}}/{SECRET} "

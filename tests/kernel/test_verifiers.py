@@ -21,6 +21,11 @@ KERNELS = ("debian", "host")
 # knocking and a developer's filter); indexing a map value by pointer, or testing
 # again what the verifier knows, multiplies that (composed: 858,000, next to failing).
 VERIFIER_BUDGET = 50_000
+# The most named sets a socket may name (32) beside every other part: linear in the
+# sets (each one's ways to a verdict meet the knock part's code), about 116,000 on
+# 6.1 as the units load it; before sets.c kept its paths linear, twelve sets alone
+# took 745,000 and sixteen passed the limit.
+BUDGETS = {"sets-most-composed": 200_000}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +83,8 @@ def test_every_program_loads_in_every_mode(
     assert not failed, f"{len(failed)} of {len(outcomes)} loads refused on {release}:\n" + report(
         failed
     )
-    costly = [o for o in ours if processed(o) > VERIFIER_BUDGET]
+    costly = [o for o in ours
+              if processed(o) > BUDGETS.get(o.case.split(".")[0], VERIFIER_BUDGET)]  # fmt: skip
     assert not costly, [(o.mode, o.case, o.name, processed(o)) for o in costly]
     for mode in guest_kernel.MODES:
         loads = [o for o in ours if o.mode == mode.name]

@@ -88,8 +88,8 @@ HOSTILE: list[Any] = [
     {"allow_sets": ["x" * 65]},
     {"deny_sets": [7]},
     {"deny_sets": ["a", "a"]},
-    {"deny_sets": [f"s{i}" for i in range(65)]},
-    {"deny_sets": [f"d{i}" for i in range(32)], "allow_sets": [f"a{i}" for i in range(33)]},
+    {"deny_sets": [f"s{i}" for i in range(33)]},
+    {"deny_sets": [f"d{i}" for i in range(16)], "allow_sets": [f"a{i}" for i in range(17)]},
     {"allow_sets": ["a"], "deny_sets": ["a"]},
 ]
 
