@@ -115,8 +115,6 @@ def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> N
             if record.made and record.spec is not None and record.pins is not None:
                 state.store().remove(record.pins)
         raise
-    if pinned:
-        collect_stale_state()
     if unpinned:
         print(
             f"alfwrapper: note: no pinned state ({unpinned}): the filters cannot be "
@@ -131,3 +129,5 @@ def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> N
     )
     describe_sockets(records, service, argv, watcher, forwarder)
     crash_point("described")
+    if pinned:  # after the meta names this start's knock state: a gc keeps what is named
+        collect_stale_state()

@@ -237,6 +237,27 @@ def test_knock_through_a_port_randomising_nat(network: Network, services: list[S
     check_policy(svc, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
 
 
+def test_a_knocked_source_stays_admitted_across_a_restart(
+    network: Network, services: list[Service]
+) -> None:
+    """The knock state is pinned in the service's folder (and a start's own gc keeps it:
+    it once ran before the start's meta named it, and took it), so a source that
+    knocked is still admitted by the next start of the service."""
+    from alfwrapper import state  # noqa: PLC0415
+
+    a = network.allowed
+    argv = wrapped("--service", "knockpin", "--listen", "[::]:8080", "--knock", SEQ,
+                   "--knock-open-for", "60")  # fmt: skip
+    svc = start(network, services, argv)
+    folder = state.store().sockets_of("knockpin")[0].service_dir
+    assert sorted(p.name for p in folder.glob("knock-*/*")) == ["state", "used"]
+    knock(a, 4, "--sequence", SEQ)
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(a, "tcp", 6, 8080)])
+    svc.stop()
+    svc = start(network, services, argv)
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(a, "tcp", 6, 8080)])
+
+
 def test_spoofed_knock_flood_does_not_lock_out(network: Network, services: list[Service]) -> None:
     a, b = network.allowed, network.denied
     svc = start(network, services, wrapped(*SOCKETS, "--knock", SEQ))

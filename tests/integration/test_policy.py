@@ -104,11 +104,13 @@ def test_file_and_command_line_give_the_same_verdicts(
     policy = tmp_path / "policy.toml"
     policy.write_text(text.format(**fill) + SOCKETS_TOML)  # keys before any [table]
     results = []
-    for options in (
-        ["--policy", str(policy)],
-        [*SOCKETS_ARGV.split(), *argv.format(**fill).split()],
+    for turn, options in enumerate(
+        (["--policy", str(policy)], [*SOCKETS_ARGV.split(), *argv.format(**fill).split()])
     ):
-        svc = Service(network.server, [*WRAPPER, *options, "--", *ECHO_SERVER])
+        # A service of its own each: the knock state of one (a secret window that has
+        # opened the door once) would be the other's, pinned in the service's folder.
+        service = ["--service", f"same-{scenario}-{turn}"]
+        svc = Service(network.server, [*WRAPPER, *service, *options, "--", *ECHO_SERVER])
         services.append(svc)
         svc.wait_for(r"^ready ")
         results.append(traffic(network, tmp_path))
