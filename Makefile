@@ -99,7 +99,7 @@ install: venv completion
 	chmod 755 $(DESTDIR)$(PREFIX)/bin/alfwrapper
 	install -m 644 build/completion/alfwrapper $(DESTDIR)$(PREFIX)/share/bash-completion/completions/
 	install -m 644 policies/*.toml $(DESTDIR)$(LIBDIR)/policy/
-	install -m 644 examples/echo_server.py $(DESTDIR)$(SHAREDIR)/
+	install -m 644 examples/echo_server.py examples/spa_knock.py $(DESTDIR)$(SHAREDIR)/
 	install -d $(DESTDIR)$(PREFIX)/lib/sysusers.d
 	install -m 644 sysusers/alfwrapper.conf $(DESTDIR)$(PREFIX)/lib/sysusers.d/
 	install -m 644 man/alfwrapper.1 $(DESTDIR)$(PREFIX)/share/man/man1/

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from alfwrapper import __version__
 from alfwrapper.errors import (
     EX_CONFIG,
+    EX_UNAVAILABLE,
     EX_USAGE,
     AlfError,
     excerpt,
@@ -148,6 +149,7 @@ _METAVARS = {
     "interface": "IFNAME",
     "knock": "PORT,PORT,...",
     "knock-secret": "FILE",
+    "knock-spa-port": "PORT",
     "filter": "FILE.c",
 }
 
@@ -201,6 +203,9 @@ def add_rule_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()
                 metavar=("[NAME=]MAP", "KEY", "VALUE"),
                 help=spec.help,
             )
+        elif spec.kind == "switch":  # the bare option, or [NAME=]yes|no
+            r.add_argument(f"--{key}", action="append", default=[], nargs="?", const="yes",
+                           metavar="[NAME=]yes|no", help=spec.help)  # fmt: skip
         else:
             metavar = _METAVARS.get(key, "SECONDS" if spec.number is float else "N")
             r.add_argument(f"--{key}", action="append", default=[], metavar=metavar, help=spec.help)
@@ -350,6 +355,7 @@ def explain_parser() -> Parser:
             "alfwrapper explain --policy web --from 198.51.100.7",
             "alfwrapper explain --allow 192.0.2.0/24 --from 192.0.2.9 --from 2001:db8::1",
             "alfwrapper explain --policy web --socket admin --from 192.0.2.9 --json",
+            "alfwrapper explain --policy web --socket web --from 203.0.113.7 --spa-datagram HEX",
         ),
     )
     add_socket_options(p)
@@ -375,6 +381,9 @@ def explain_parser() -> Parser:
     )
     p.add_argument("--port", type=int, default=0, help="destination port (default: the socket's)")
     p.add_argument("--source-port", type=int, default=40000, help="default 40000")
+    p.add_argument("--spa-datagram", metavar="HEX",
+                   help="with --knock-spa: the verdict of the socket's SPA socket on this "
+                   "datagram (hexadecimal), sent from --from")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="on errors, show details")
     return p
@@ -640,10 +649,15 @@ def doctor_main(argv: Sequence[str]) -> int:
 def knock_parser() -> Parser:
     p = Parser(
         prog="alfwrapper knock",
-        usage="alfwrapper knock HOST PORT (--sequence P,P,P | --secret FILE) [--udp]",
+        usage="alfwrapper knock HOST PORT (--sequence P,P,P | --secret FILE) [--udp]\n"
+        "       alfwrapper knock HOST PORT --spa --secret FILE [--address A|sender] "
+        "[--spa-port PORT] [--wait S]",
         description="Knock on a service's port: one connection attempt (SYN) from each "
-        "source port of the sequence, in order, each abandoned once sent.",
+        "source port of the sequence, in order, each abandoned once sent; or, with --spa, "
+        "one single-packet authorization datagram to its SPA socket, which works behind "
+        "NAT, and then whether the service answers.",
         epilog=examples(
+            "alfwrapper knock 192.0.2.1 8080 --spa --secret knock.secret --address 203.0.113.7",
             "alfwrapper knock 192.0.2.1 8080 --sequence 7001,7002,7003",
             "alfwrapper knock 2001:db8::1 8080 --secret knock.secret",
             "alfwrapper knock 192.0.2.1 5353 --sequence 7001,7002 --udp",
@@ -660,6 +674,19 @@ def knock_parser() -> Parser:
     p.add_argument("--steps", type=int, default=3, help="secret sequences' length (default 3)")
     p.add_argument("--window", type=int, default=30, help="secret window seconds (default 30)")
     p.add_argument("--udp", action="store_true", help="knock with UDP datagrams")
+    p.add_argument("--spa", action="store_true",
+                   help="single-packet authorization, keyed with --secret (the service's "
+                   "--knock-spa)")  # fmt: skip
+    p.add_argument("--address", metavar="A|sender",
+                   help="with --spa: the address to open, your public one behind a NAT "
+                   "(default: the one this host sends from); sender: the one the datagram "
+                   "comes from, where the service allows it (--knock-spa-sender)")  # fmt: skip
+    p.add_argument("--spa-port", type=int, metavar="PORT",
+                   help="with --spa: the SPA socket's UDP port (the service's "
+                   "--knock-spa-port; default PORT)")  # fmt: skip
+    p.add_argument("--wait", type=float, default=3.0, metavar="SECONDS",
+                   help="with --spa: how long to wait for the service to answer (default 3; "
+                   "0: do not try)")  # fmt: skip
     return p
 
 
@@ -671,6 +698,10 @@ def knock_main(argv: Sequence[str]) -> int:
         raise AlfError(
             "knock", f"port {args.port} is out of range", "ports are 1 to 65535", EX_USAGE
         )
+    if args.spa:
+        return _knock_spa(args)
+    if args.address or args.spa_port:
+        raise AlfError("knock", "--address and --spa-port go with --spa", "add --spa", EX_USAGE)
     window, steps = accepted("knock-window"), accepted("knock-steps")
     if not window[0] <= args.window <= window[1] or not steps[0] <= args.steps <= steps[1]:
         raise AlfError(
@@ -699,6 +730,39 @@ def knock_main(argv: Sequence[str]) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _knock_spa(args: argparse.Namespace) -> int:
+    """alfwrapper knock --spa: one datagram, then whether the service answers."""
+    from alfwrapper.policy import knocking, spa  # noqa: PLC0415
+
+    if not args.secret or args.sequence or args.udp:
+        raise AlfError("knock --spa", "keys its datagram with --secret FILE alone",
+                       "give --secret, without --sequence or --udp", EX_USAGE)  # fmt: skip
+    spa_port = args.spa_port or args.port
+    if not 0 < spa_port < 65536 or not 0 <= args.wait <= 60:
+        raise AlfError("knock --spa", "--spa-port is 1 to 65535, --wait 0 to 60 seconds",
+                       "use the service's --knock-spa-port", EX_USAGE)  # fmt: skip
+    secret = knocking.read_secret(args.secret)
+    if args.address is None:
+        address: str | None = spa.local_address(args.host, spa_port)
+    else:
+        address = spa.check_address(args.address)
+    spa.send(args.host, spa_port, spa.datagram(secret, spa_port, address))
+    opened = "the address it comes from" if address is None else address
+    print(f"sent an SPA datagram to {args.host} udp port {spa_port} opening {opened}")
+    if not args.wait:
+        return 0
+    if spa.answers(args.host, args.port, args.wait):
+        print(f"{args.host} port {args.port} answers")
+        return 0
+    raise AlfError(
+        f"knock --spa {args.host} port {args.port}",
+        f"no answer within {args.wait:g} s",
+        "behind a NAT, give your public address (--address A); check the secret, the "
+        "clock (the service allows its --knock-window of skew) and --spa-port",
+        EX_UNAVAILABLE,
+    )
 
 
 _SET_VERBS = {

@@ -73,6 +73,7 @@ LIBRARIES = {
     "requests": "python3-requests",
     "seccomp": "python3-seccomp",
     "setproctitle": "python3-setproctitle",
+    "siphashc": "python3-siphashc",
     "systemd": "python3-systemd",
 }
 

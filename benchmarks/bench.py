@@ -165,6 +165,45 @@ def open_knock(loaded: compiler.LoadedFilter, source: int) -> None:
     table[key] = leaf
 
 
+SPA_SECRET = b"a benchmark's SPA secret, 32 bytes"
+
+
+def spa_costs(count: int, rng: random.Random) -> dict[str, float]:
+    """An SPA socket's program (knocking.c, KNOCK_SPA 2) per datagram, each run on a
+    different one (varied_cost, as the subnet lookups' varied row): datagrams refused
+    for their form, forged ones (the tag computed, then refused), sound ones taken (each
+    in a slot of its own, the table fresh), and the same again (replays)."""
+    from alfwrapper.policy import spa  # noqa: PLC0415
+
+    knock = KnockRules(secret=SPA_SECRET, spa=True, verifier=True)
+    loaded = compiler.load_program(program.plan_program(SocketRules(knock=knock)))
+    key, now = spa.key_of(SPA_SECRET), time.time_ns()
+
+    def frame(raw: bytes) -> bytes:
+        return udp_frame(4, 0xC6336400 | rng.getrandbits(8), raw, dport=8080)
+
+    head = b"ALFK" + bytes([1, 4]) + (8080).to_bytes(2, "big")
+    forged = [frame(head + rng.randbytes(48)) for _ in range(count)]
+    malformed = [frame(rng.randbytes(56)) for _ in range(count)]
+    sound, slots = [], set()
+    while len(sound) < count:
+        raw = spa.Datagram(8080, now, rng.randbytes(16), "192.0.2.7").sealed(key)
+        slot = int.from_bytes(raw[48:], "little") & 0xFFFF
+        if slot not in slots:
+            slots.add(slot)
+            sound.append(frame(raw))
+    costs = {
+        "malformed": varied_cost(loaded.fd, malformed),
+        "forged": varied_cost(loaded.fd, forged),
+        "accepted": varied_cost(loaded.fd, sound),
+        "replayed": varied_cost(loaded.fd, sound),
+    }
+    counts = loaded.tables[b"knock_spa_counts"]
+    taken = sum(counts.per_cpu(counts.Key(0)))
+    assert taken == count, f"{taken} of {count} sound datagrams taken"
+    return costs
+
+
 # Runs argv and prints its peak RSS (KiB), exit code and wall time (s, from the fork to
 # its end: this helper's own start is not the wrapper's).  The child is forked from
 # this small interpreter: a process's ru_maxrss starts from the memory of the one it
@@ -365,6 +404,7 @@ def main() -> int:
     assert prog_test_run(composed.fd, syn[knocker]).retval != 0
     results["composed"] = (len(composed_rules), cost(composed.fd, syn[knocker], repeat, rounds))
     del composed, knock
+    results["spa"] = spa_costs(one_call_each, rng)
 
     results["varied_loop"] = varied.run(args.smoke)
     results["operating"] = operating(biggest, repeat, rounds, args.smoke)
@@ -912,6 +952,18 @@ def targets(r: dict[str, Any]) -> list[str]:
                 "",
             )
         )
+    if "spa" in r:
+        forged, subnet = r["spa"]["forged"], r["subnets"][-1]
+        rows.append(
+            (
+                "SPA: a forged datagram refused (its tag computed), one run each",
+                f"≤ about a subnet lookup at {subnet[0]:,} rules, varied sources (≤ 1.25×)",
+                f"{forged:.0f} ns against {subnet[3]:.0f} ns ({forged / subnet[3]:.2f}×; taken "
+                f"{r['spa']['accepted']:.0f} ns; floor {r['floor_varied']:.0f} ns)",
+                forged <= 1.25 * subnet[3],
+                "",
+            )
+        )
     if "sets" in r:
         m, b, a = r["sets"]["memory"], r["sets"]["bouncer"], r["sets"]["add"]
         ratio = m["many"] / m["one"]
@@ -1207,6 +1259,29 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
                  "allowed, judged in full": "a connection from an allowed peer, no cache",
                  "compiling": "a listening socket (compiles)"}  # fmt: skip
         lines += [f"| {names[k]} | {ms:.0f} | {mib:.0f} |" for k, (ms, mib) in r["inetd"].items()]
+    if "spa" in r:
+        c, subnet = r["spa"], r["subnets"][-1]
+        lines += [
+            "",
+            "## Single-packet authorization",
+            "",
+            "An SPA socket's program (`knocking.c`, KNOCK_SPA 2) in test runs, each run on "
+            "a different datagram (as the subnet lookups' varied row: one run each, the "
+            "mean): datagrams of the wrong form, forged ones of the "
+            "right form (the tag is computed, then refused), sound ones taken (each opens "
+            "its address: a slot of the replay table taken, the knock state written), and "
+            "the same sound ones again (replays), beside the no-op floor and a subnet "
+            f"lookup at {subnet[0]:,} rules:",
+            "",
+            "| Datagram | ns per datagram |",
+            "|---|---:|",
+            f"| no-op floor | {r['floor_varied']:.0f} |",
+            f"| wrong form | {c['malformed']:.0f} |",
+            f"| forged (tag refused) | {c['forged']:.0f} |",
+            f"| sound, taken | {c['accepted']:.0f} |",
+            f"| sound again (replay) | {c['replayed']:.0f} |",
+            f"| subnet lookup, {subnet[0]:,} rules | {subnet[3]:.0f} |",
+        ]
     if "sets" in r:
         m = r["sets"]["memory"]
         lines += [

@@ -923,6 +923,75 @@ MUTATIONS = [
     ),
 ]
 
+SPA_KERNEL = "tests/integration/test_spa_datagrams.py::"
+SPA_TEST = "tests/integration/test_spa.py::"
+MUTATIONS += [
+    Mutation(
+        "spa-mac-unchecked",
+        "filters/knocking.c",
+        "    if (tag != d[7])\n",
+        "    if (0)\n",
+        (SPA_KERNEL + "test_nothing_unsound_opens_and_each_is_counted",),
+    ),
+    Mutation(
+        "spa-time-unchecked",
+        "filters/knocking.c",
+        "    if (sent > now + cfg->window_ns || sent + cfg->window_ns < now)\n",
+        "    if (0)\n",
+        (SPA_KERNEL + "test_nothing_unsound_opens_and_each_is_counted",),
+    ),
+    Mutation(
+        "spa-nonce-unchecked",
+        "filters/knocking.c",
+        "    if ((old & ~0xfffffULL) == (mine & ~0xfffffULL))\n",
+        "    if (0)\n",
+        (SPA_KERNEL + "test_the_kernel_takes_the_documented_vectors_once",),
+    ),
+    Mutation(
+        "spa-opens-the-sender-not-the-address",
+        "filters/knocking.c",
+        "    alf_key20(k.words, family, 0, hi, lo);\n",
+        "    alf_addr_words(pkt->addr, &hi, &lo);\n"
+        "    alf_key20(k.words, pkt->family, 0, hi, lo);\n",
+        (SPA_KERNEL + "test_the_kernel_takes_the_documented_vectors_once",),
+    ),
+    Mutation(
+        "spa-sent-before-the-memory-taken",
+        "filters/knocking.c",
+        "    if (!since || sent < *since)\n",
+        "    if (!since)\n",
+        (SPA_KERNEL + "test_a_datagram_sent_before_what_was_seen_began_is_refused",),
+    ),
+    Mutation(
+        "spa-live-slot-overwritten",
+        "filters/knocking.c",
+        "        if (age <= reach || age >= 0x100000 - reach)\n",
+        "        if (0)\n",
+        (SPA_KERNEL + "test_a_slot_is_taken_only_from_a_datagram_the_window_refuses",),
+    ),
+    Mutation(
+        "spa-socket-handed-to-the-application",
+        "alfwrapper/lifecycle/launch.py",
+        "    moved = [r for r in records if not r.stdin and not r.spa]\n",
+        "    moved = [r for r in records if not r.stdin]\n",
+        (SPA_TEST + "test_a_start_killed_anywhere_leaves_the_spa_door_shut[pinned]",),
+    ),
+    Mutation(
+        "knock-state-collected-before-its-start-names-it",
+        "alfwrapper/lifecycle/kept.py",
+        "    if pinned:  # after the meta names this start's knock state: a gc keeps what "
+        "is named\n        collect_stale_state()\n",
+        "",
+        ("tests/integration/test_parts.py::test_a_knocked_source_stays_admitted_across_a_restart",),
+        also=(
+            (
+                "    pinned = not unpinned\n",
+                "    pinned = not unpinned\n    if pinned:\n        collect_stale_state()\n",
+            ),
+        ),
+    ),
+]
+
 SETS_TEST = "tests/integration/test_sets.py::"
 LOADER_SETS_TEST = (
     "tests/integration/test_loader.py::test_a_users_service_reads_root_sets_and_cannot_change_them"

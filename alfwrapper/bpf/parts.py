@@ -26,6 +26,7 @@ import mmap
 import os
 import re
 import struct
+import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from itertools import compress
@@ -46,7 +47,7 @@ from alfwrapper.bpf.tables import Table, Tables
 from alfwrapper.errors import EX_CONFIG, EX_OSERR, EX_SOFTWARE, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import cachedir
 from alfwrapper.policy.rules import MOST_SETS, SocketRules
-from alfwrapper.record import Record, as_tuple, field
+from alfwrapper.record import Record, as_tuple, field, replace
 
 if TYPE_CHECKING:
     from alfwrapper.policy import knocking
@@ -535,10 +536,16 @@ class Subnets(Part):
 
 
 def knock_key(rules: SocketRules) -> str:
-    """Names the knock state of sockets with these knock rules: same rules, same state."""
+    """Names the knock state of sockets with these knock rules: same rules, same state
+    (a socket's SPA socket's too: the one opens what the other reads)."""
     assert rules.knock is not None
-    text = repr(as_tuple(rules.knock)).encode()
+    text = repr(as_tuple(replace(rules.knock, verifier=False))).encode()
     return f"knock-{cachedir.sha256(text).hexdigest()[:16]}"
+
+
+# Single-packet authorization (knocking.c, KNOCK_SPA; the datagram: policy/spa.py).
+SPA_VERDICTS = ("accepted", "malformed", "bad_mac", "stale", "replayed", "busy")
+SPA_SEEN = 65536  # knock_spa_seen's slots (a power of two): 512 KiB
 
 
 class Knocking(Part):
@@ -555,16 +562,32 @@ class Knocking(Part):
         from alfwrapper.policy import knocking  # noqa: PLC0415  (a knocking start's alone)
 
         knock = knocking.plan_knock(rules.knock)
+        mode = (2 if rules.knock.verifier else 1) if rules.knock.spa else 0
         defines: tuple[tuple[str, str], ...] = (
             ("KNOCK_ROWS", str(knock.rows)),
             ("KNOCK_SOURCES", str(rules.knock.sources)),
-            ("KNOCK_SECRET", "1" if rules.knock.secret else "0"),
+            ("KNOCK_SECRET", "1" if rules.knock.secret and not mode else "0"),
             ("KNOCK_MAX_STEPS", str(knocking.MAX_STEPS)),
+            ("KNOCK_SPA", str(mode)),
         )
+        if mode == 2:
+            from alfwrapper.policy import spa  # noqa: PLC0415
+
+            defines += (
+                ("KNOCK_SPA_SEEN", str(SPA_SEEN)),
+                ("KNOCK_SPA_BYTES", str(spa.DATAGRAM.size)),
+                ("KNOCK_SPA_MAGIC", f"{spa.MAGIC_WORD:#x}ULL"),
+                ("KNOCK_SPA_REASONS", str(len(SPA_VERDICTS))),
+                *((f"KNOCK_SPA_{v.upper()}", str(i)) for i, v in enumerate(SPA_VERDICTS)),
+            )
         pinned: tuple[tuple[str, str], ...] = ()
         if pins is not None:
             folder = f"{pins.service_dir}/{knock_key(rules)}"
             pinned = (("knock_state", f"{folder}/state"), ("knock_used", f"{folder}/used"))
+            if mode == 2:  # what was seen outlives a restart, as what opened does
+                pinned += (("knock_spa_seen", f"{folder}/spa_seen"),
+                           ("knock_spa_since", f"{folder}/spa_since"),
+                           ("knock_spa_counts", pins.path("spa")))  # fmt: skip
         return PartPlan(self, defines, "", knock, pinned)
 
     def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
@@ -581,7 +604,16 @@ class Knocking(Part):
         leaf.first_window = knock.first_window
         leaf.steps = knock.steps
         leaf.rows = knock.rows
+        if rules.knock.spa:
+            from alfwrapper.policy import spa  # noqa: PLC0415
+
+            leaf.spa_k0, leaf.spa_k1 = spa.key_words(rules.knock.secret)
+            leaf.spa_sender = int(rules.knock.spa_sender)
         config[config.Key(0)] = leaf
+        if rules.knock.spa and rules.knock.verifier:
+            since = tables[b"knock_spa_since"]
+            if not since[since.Key(0)].value:  # made now (not kept from an earlier start)
+                since[since.Key(0)] = since.Leaf(time.time_ns())
         width = knocking.MAX_STEPS
         ports = [0] * (knock.rows * width)
         for row, sequence in enumerate(knock.ports):
@@ -591,6 +623,10 @@ class Knocking(Part):
         )
 
     def why(self, rules: SocketRules, packet: Dropped) -> str:
+        if rules.knock and rules.knock.verifier:
+            return "an SPA socket delivers nothing: a sound datagram opens, the rest is dropped"
+        if rules.knock and rules.knock.spa:
+            return f"{packet.addr} is not open: no sound SPA datagram opened it"
         return f"{packet.addr} has not knocked"
 
 

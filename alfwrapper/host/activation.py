@@ -268,10 +268,15 @@ def exec_with_sockets(
     argv: Sequence[str],
     environ: Mapping[str, str],
     diverted: Mapping[int, int] | None = None,
+    held: Sequence[socket.socket] = (),
 ) -> NoReturn:
     """Exec argv with the sockets at fds 3, 4, ... and nothing else open above 2 (an
-    inetd socket stays at fds 0 and 1).  ``diverted``, from divert_inetd_streams: the
-    streams to give back to the application, which the wrapper kept off the peer."""
+    inetd socket stays at fds 0 and 1) but the ``held`` sockets, right after them and
+    not in LISTEN_FDS: SPA sockets, which deliver nothing and must stay open while the
+    application runs (no other process is left to hold them).  ``diverted``, from
+    divert_inetd_streams: the streams to give back to the application, which the
+    wrapper kept off the peer."""
+    sockets = [*sockets, *held]  # the held ones placed as sockets are, counted apart
     count = len(sockets)
     diverted = diverted or {}
     # Where the wrapper's messages went, kept (above the sockets) in case exec fails.
@@ -280,7 +285,7 @@ def exec_with_sockets(
     }
     for fd, original in diverted.items():
         os.dup2(original, fd)
-    env = child_environment(environ, names, os.getpid())
+    env = child_environment(environ, names, os.getpid())  # LISTEN_FDS: len(names)
     # Park every socket above the target range first, so that no dup2 below
     # overwrites a socket that is still to be moved.
     parked = [

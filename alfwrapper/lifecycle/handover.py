@@ -47,10 +47,12 @@ def confine_and_exec(
     sockets: Sequence[socket.socket],
     names: Sequence[str],
     diverted: dict[int, int] | None,
+    held: Sequence[socket.socket] = (),
 ) -> NoReturn:
     """Confine this process for the application (privileges.confine_application),
-    then exec COMMAND with the sockets at fd 3 on (a socket on fd 0 stays there)."""
+    then exec COMMAND with the sockets at fd 3 on (a socket on fd 0 stays there), and
+    the ``held`` ones (SPA sockets) after them, outside LISTEN_FDS."""
     note = privileges.confine_application(keep_capabilities)
     if note:
         print(f"alfwrapper: note: {note}", file=sys.stderr)
-    activation.exec_with_sockets(sockets, names, command, os.environ, diverted)
+    activation.exec_with_sockets(sockets, names, command, os.environ, diverted, held)

@@ -92,6 +92,15 @@ def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> N
             )
     unpinned = state_available()  # some socket is kept, or this module would not run
     pinned = not unpinned
+    spa = next((r for r in records if r.spa), None)
+    if spa is not None and unpinned:
+        raise AlfError(
+            f"knock-spa ({spa.name})",
+            f"its SPA socket opens what the service's sockets read, in pinned state, which "
+            f"this start cannot keep ({unpinned})",
+            "mount the BPF file system at /sys/fs/bpf (man alfwrapper: PINNED STATE)",
+            EX_USAGE,
+        )
     try:
         loaded = programs.filter_sockets(records, service, pinned)
         for record in records:

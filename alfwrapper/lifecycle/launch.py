@@ -30,9 +30,10 @@ def filter_and_exec(
         kept.filter_kept(records, service, argv)
     else:
         note_unruled(records)  # an Accept=yes connection: judged, nothing to load
-    moved = [r for r in records if not r.stdin]
+    moved = [r for r in records if not r.stdin and not r.spa]
     for record in records:
         if record.stdin:
             record.sock.detach()  # fd 0 (and 1) stay as they are
     sockets, names = [r.sock for r in moved], [r.name for r in moved]
-    confine_and_exec(policy.command, keep_capabilities, sockets, names, diverted)
+    held = [r.sock for r in records if r.spa]  # open while the application runs, not its
+    confine_and_exec(policy.command, keep_capabilities, sockets, names, diverted, held)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from alfwrapper.errors import EX_NOPERM, EX_OSERR, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import activation, attach
-from alfwrapper.policy.files import Policy
+from alfwrapper.policy.files import SPA_SUFFIX, Policy
 from alfwrapper.policy.rules import ListenSpec, SocketRules
 from alfwrapper.record import Record
 
@@ -60,6 +60,12 @@ class SocketRecord(Record, frozen=False):
     def protocol(self) -> str:
         return "tcp" if self.sock.type == socket.SOCK_STREAM else "udp"
 
+    @property
+    def spa(self) -> bool:
+        """An SPA socket (NAME.spa): its filter checks datagrams and delivers none; it is
+        held for the application, not handed to it (launch.py)."""
+        return self.rules.knock is not None and self.rules.knock.verifier
+
 
 def gather_sockets(policy: Policy) -> list[SocketRecord]:
     """Inherited sockets first (an inetd one on fd 0, then LISTEN_FDS' in their
@@ -83,7 +89,47 @@ def gather_sockets(policy: Policy) -> list[SocketRecord]:
         SocketRecord(open_socket(spec), spec.name, policy.rules_for(spec.name), spec)
         for spec in policy.listens
     ]
-    return records
+    return records + spa_sockets(policy, records)
+
+
+def spa_sockets(policy: Policy, records: list[SocketRecord]) -> list[SocketRecord]:
+    """Each SPA socket the records' rules ask for (knock-spa): an inherited one named
+    NAME.spa (a socket unit's ListenDatagram= with FileDescriptorName=NAME.spa), or
+    one created here on the socket's address, at knock-spa-port or the socket's own
+    port number over UDP."""
+    waiting = {r.name: r for r in records if r.spa and r.inherited}
+    made: list[SocketRecord] = []
+    for record in records:
+        knock = record.rules.knock
+        if knock is None or not knock.spa or record.spa or record.connected:
+            continue
+        name = record.name + SPA_SUFFIX
+        if name in waiting:
+            if waiting.pop(name).sock.type != socket.SOCK_DGRAM:
+                raise AlfError(f"socket {name}", "is not a datagram (UDP) socket",
+                               "give it with ListenDatagram=", EX_USAGE)  # fmt: skip
+            continue
+        host, port = (record.spec.host, record.spec.port) if record.spec else (
+            record.sock.getsockname()[:2])  # fmt: skip
+        if not knock.spa_port and record.protocol == "udp":
+            raise AlfError(
+                f"knock-spa for {record.name} (udp port {port})",
+                "its SPA datagrams would go to the service's own port",
+                "give the SPA socket a port of its own: --knock-spa-port PORT",
+                EX_USAGE,
+            )
+        spec = ListenSpec("datagram", host, knock.spa_port or port, name)
+        clash = next((r for r in made if r.spec and (r.spec.host, r.spec.port) == (host,
+                      spec.port)), None)  # fmt: skip
+        if clash is not None:
+            raise AlfError(
+                f"knock-spa for {record.name}",
+                f"its SPA socket would share udp port {spec.port} with {clash.name}'s",
+                "give each socket its own knock-spa-port ([socket.NAME] or NAME=PORT)",
+                EX_USAGE,
+            )
+        made.append(SocketRecord(open_socket(spec), name, policy.rules_for(name), spec))
+    return made
 
 
 def open_socket(spec: ListenSpec) -> socket.socket:

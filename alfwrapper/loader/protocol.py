@@ -179,6 +179,10 @@ def encode_rules(rules: SocketRules) -> dict[str, Any]:
             "open_for": k.open_for,
             "window": k.window,
             "sources": k.sources,
+            "spa": k.spa,
+            "spa_port": k.spa_port,
+            "spa_sender": k.spa_sender,
+            "verifier": k.verifier,
         }
     if rules.custom:
         from alfwrapper.policy.inputs import FILTER_LIMIT, read_text_input  # noqa: PLC0415
@@ -279,7 +283,13 @@ def decode_rules(d: Any) -> SocketRules:
             open_for=_number(k, "open_for", float, *accepted("knock-open-for")),
             window=_number(k, "window", int, *accepted("knock-window")),
             sources=_number(k, "sources", int, *accepted("knock-sources")),
+            spa=request_field(k, "spa", bool, False),
+            spa_port=_number(k, "spa_port", int, 0, 65535) if "spa_port" in k else 0,
+            spa_sender=request_field(k, "spa_sender", bool, False),
+            verifier=request_field(k, "verifier", bool, False),
         )
+        if (knock.spa and knock.ports) or (knock.verifier and not knock.spa):
+            raise bad_request("SPA needs a knock secret, and only SPA has a verifier")
     custom = None
     if "filter" in d:
         f = request_field(d, "filter", dict)

@@ -79,7 +79,7 @@ PENDING = 1024  # of everyone's
 
 # What a user may open of a socket's pinned state (never the dispatcher).
 OPENABLE = frozenset(
-    {"slot", "meta", "counters", "runtime", "runtime_count", "events", "log_bucket"}
+    {"slot", "meta", "counters", "runtime", "runtime_count", "events", "log_bucket", "spa"}
 )
 
 

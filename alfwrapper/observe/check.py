@@ -14,7 +14,7 @@ from alfwrapper.bpf import compiler, program
 from alfwrapper.bpf.parts import FillEnv
 from alfwrapper.errors import EX_CONFIG, AlfError
 from alfwrapper.host import bpf_calls, interfaces
-from alfwrapper.policy.files import Policy
+from alfwrapper.policy.files import SPA_SUFFIX, Policy
 from alfwrapper.policy.prefixes import FAMILY_BITS, Prefix
 from alfwrapper.policy.rules import ListenSpec, SocketRules
 from alfwrapper.record import Record
@@ -42,6 +42,12 @@ def targets(policy: Policy, names: Sequence[str]) -> list[Target]:
             known.add(name)
     if not policy.listens:
         found.append(Target(None))
+    # Each SPA socket a start would make or take, checked as its program (the one that
+    # checks datagrams) would load.
+    for target in list(found):
+        knock = policy.rules_for(target.name or "").knock
+        if knock is not None and knock.spa:
+            found.append(Target(f"{target.name or 'unknown'}{SPA_SUFFIX}"))
     return found
 
 
@@ -145,7 +151,7 @@ def summary(
         "allow": len(rules.subnets.allow),
         "deny": len(rules.subnets.deny),
         "interfaces": len(rules.interfaces),
-        "knock": ("secret" if rules.knock.secret else "static") if rules.knock else None,
+        "knock": _knock_kind(rules),
         "filter": rules.custom.path if rules.custom else None,
         "set": len(rules.custom.sets) if rules.custom else 0,
         "allow_sets": list(rules.allow_sets),
@@ -164,6 +170,17 @@ def summary(
         out["instructions"] = info.instructions
         out["map_bytes"] = sum(bpf_calls.fd_memlock(fd) for fd in maps.values())
     return out
+
+
+def _knock_kind(rules: SocketRules) -> str | None:
+    """How the socket knocks: static or secret sequences, "spa" (an SPA datagram opens
+    it), or "spa socket" (it checks the datagrams)."""
+    knock = rules.knock
+    if knock is None:
+        return None
+    if knock.spa:
+        return "spa socket" if knock.verifier else "spa"
+    return "secret" if knock.secret else "static"
 
 
 def _size(n: int) -> str:

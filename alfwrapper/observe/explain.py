@@ -15,7 +15,7 @@ from alfwrapper.errors import EX_USAGE, AlfError, excerpt
 from alfwrapper.host import interfaces
 from alfwrapper.host.bpf_calls import prog_test_run
 from alfwrapper.host.frames import tcp_syn_frame, udp_frame
-from alfwrapper.policy.files import Policy, RuleSource
+from alfwrapper.policy.files import SPA_SUFFIX, Policy, RuleSource
 from alfwrapper.policy.prefix_list import PrefixList
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import ListenSpec, SocketRules
@@ -183,6 +183,8 @@ def main(policy: Policy, args: argparse.Namespace) -> int:
         from alfwrapper import sets  # noqa: PLC0415
 
         env = sets.check_env(env)
+    if args.spa_datagram is not None:
+        return _spa(policy, name, rules, env, args, sources, where)
     loaded = compiler.load_program(program.plan_program(rules), env)
     for text, source in zip(args.sources, sources, strict=True):
         verdict = judge(loaded, rules, spec, source, protocol, port, args, indexes)
@@ -224,3 +226,48 @@ def judge(
     part = None if passed else (decided[0] if decided else "filter")
     held = held_by_sets(rules, source)
     return Verdict(passed, part, describe(rules, source, args.ingress, part, passed, held))
+
+
+def _spa(
+    policy: Policy,
+    name: str,
+    rules: SocketRules,
+    env: FillEnv,
+    args: argparse.Namespace,
+    sources: list[Prefix],
+    where: dict[str, object],
+) -> int:
+    """--spa-datagram: the verdict of the socket's SPA socket's program on the datagram,
+    from each source, each in a program of its own: as a datagram the socket has never
+    seen (what it saw before is the service's), at any time (not only after a start)."""
+    from alfwrapper.bpf.parts import SPA_VERDICTS  # noqa: PLC0415
+    from alfwrapper.policy import spa  # noqa: PLC0415
+
+    if rules.knock is None or not rules.knock.spa:
+        raise AlfError("--spa-datagram", f"socket {name or 'unknown'} has no knock-spa",
+                       "give --knock-spa with --knock-secret", EX_USAGE)  # fmt: skip
+    try:
+        raw = bytes.fromhex(args.spa_datagram)
+    except ValueError:
+        raise AlfError("--spa-datagram", "is not hexadecimal", "give the datagram's bytes "
+                       "as hexadecimal digits", EX_USAGE) from None  # fmt: skip
+    door = policy.rules_for(f"{name}{SPA_SUFFIX}")
+    spec = {s.name: s for s in policy.listens}.get(name)
+    port = rules.knock.spa_port or args.port or (spec.port if spec else 1)
+    fields = spa.read(raw, spa.key_of(rules.knock.secret))
+    for text, source in zip(args.sources, sources, strict=True):
+        loaded = compiler.load_program(program.plan_program(door), env)
+        since = loaded.tables[b"knock_spa_since"]
+        since[since.Key(0)] = since.Leaf(0)
+        counts = loaded.tables[b"knock_spa_counts"]
+        frame = udp_frame(source.family, source.value, raw, args.source_port,
+                          _SERVER[source.family], port)  # fmt: skip
+        prog_test_run(loaded.fd, frame)
+        said = next(v for i, v in enumerate(SPA_VERDICTS) if sum(counts.per_cpu(counts.Key(i))))
+        opened = (fields.address or str(source).rsplit("/", 1)[0]) if fields else ""
+        rule = f"SPA datagram {said.replace('_', ' ')}" + (
+            f": opens {opened} for {rules.knock.open_for:g} s" if said == "accepted" else ""
+        )
+        verdict = Verdict(False, "knocking", rule)
+        print(verdict.json(source=text, spa=said, **where) if args.json else verdict.text())
+    return 0

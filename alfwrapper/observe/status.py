@@ -28,15 +28,16 @@ def possible_cpus() -> int:
     return max(int(part.split("-")[-1]) for part in text.split(",")) + 1
 
 
-def counters(member: Member) -> dict[str, int]:
-    """The socket's verdict counters, summed over CPUs, by reason."""
-    from alfwrapper.bpf.parts import REASONS  # noqa: PLC0415
+def counters(member: Member, pin: str = "counters") -> dict[str, int]:
+    """The socket's verdict counters, summed over CPUs, by reason; ``pin`` "spa": an
+    SPA socket's datagrams, by verdict (parts.SPA_VERDICTS)."""
+    from alfwrapper.bpf.parts import REASONS, SPA_VERDICTS  # noqa: PLC0415
 
     cpus = possible_cpus()
-    fd = state.open_pin(member.pins, "counters")
+    fd = state.open_pin(member.pins, pin)
     try:
         out = {}
-        for i, reason in enumerate(REASONS):
+        for i, reason in enumerate(SPA_VERDICTS if pin == "spa" else REASONS):
             raw = bpf_calls.map_lookup(fd, struct.pack("I", i), 8 * cpus) or b""
             out[reason] = sum(struct.unpack(f"{len(raw) // 8}Q", raw))
         return out
@@ -93,6 +94,7 @@ def socket_status(m: Member) -> dict[str, object]:
             "dropped": {r: n for r, n in counts.items() if r != "passed"},
         },
         "log_suppressed": log_suppressed(m),
+        "spa": counters(m, "spa") if state.store().has_pin(m.pins, "spa") else None,
     }
 
 
@@ -150,6 +152,9 @@ def status_lines(report: dict[str, object]) -> list[str]:
             lines.append(f"    packets passed {s['counters']['passed']}; dropped: {dropped}")
             if s["log_suppressed"] is not None:
                 lines.append(f"    drop log events suppressed: {s['log_suppressed']}")
+            if s.get("spa") is not None:
+                spa = ", ".join(f"{v.replace('_', ' ')} {n}" for v, n in s["spa"].items())
+                lines.append(f"    SPA datagrams: {spa}")
     if not report["services"]:
         lines.append("no service is pinned (nothing runs behind alfwrapper here)")
     return lines
@@ -179,6 +184,19 @@ def prometheus(report: dict[str, object]) -> str:
             for reason, n in s["counters"]["dropped"].items():
                 out.append(
                     f'alfwrapper_packets_total{{{base},verdict="drop",reason="{reason}"}} {n}'
+                )
+    out += [
+        "# HELP alfwrapper_spa_datagrams_total Datagrams an SPA socket's filter judged, "
+        "by verdict.",
+        "# TYPE alfwrapper_spa_datagrams_total counter",
+    ]
+    for svc in report["services"]:  # type: ignore[attr-defined]
+        for s in svc["sockets"]:
+            for verdict, n in (s.get("spa") or {}).items():
+                out.append(
+                    f'alfwrapper_spa_datagrams_total{{service="{_label(svc["name"])}",'
+                    f'socket="{_label(s["name"])}",port="{_label(s["port"])}",'
+                    f'verdict="{verdict}"}} {n}'
                 )
     out += [
         "# HELP alfwrapper_runtime_rules Runtime allow/deny rules in force on a socket.",

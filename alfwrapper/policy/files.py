@@ -111,7 +111,27 @@ KEYS: dict[str, Key] = {
     "knock-sources": Key(
         "setting", "knock states kept, LRU (default 131072)", number=int, low=1024, high=1 << 24
     ),
+    "knock-spa": Key(
+        "switch",
+        "single-packet authorization: one datagram keyed with the --knock-secret, sent to "
+        "the socket's SPA socket, opens its sender (or the address it names); no sequences",
+    ),
+    "knock-spa-port": Key(
+        "setting",
+        "the SPA socket's UDP port (default: the socket's own port number)",
+        number=int,
+        low=1,
+        high=65535,
+    ),
+    "knock-spa-sender": Key(
+        "switch",
+        "let an SPA datagram that names no address open the one it came from (weaker: "
+        "a datagram copied off the wire opens its copier)",
+    ),
 }
+SWITCHES = {"yes": True, "true": True, "on": True, "1": True,
+            "no": False, "false": False, "off": False, "0": False}  # fmt: skip
+SPA_SUFFIX = ".spa"  # the SPA socket of the socket NAME is NAME.spa
 KNOCK_DEFAULTS = KnockRules()
 
 
@@ -128,6 +148,9 @@ _SETTING_FIELDS = {
     "knock-window": "window",
     "knock-steps": "steps",
     "knock-sources": "sources",
+    "knock-spa": "spa",
+    "knock-spa-port": "spa_port",
+    "knock-spa-sender": "spa_sender",
 }
 
 
@@ -219,6 +242,13 @@ class Policy(Record):
         every socket; knock settings for the name override those for every
         socket; map settings add up.
         """
+        if name.endswith(SPA_SUFFIX):
+            guarded = self.rules_for(name[: -len(SPA_SUFFIX)])
+            if guarded.knock is not None and guarded.knock.spa:
+                # The SPA socket: the same rules up to knocking, which checks datagrams
+                # there; no developer's filter (nothing passes it to one).
+                return replace(guarded, knock=replace(guarded.knock, verifier=True),
+                               custom=None)  # fmt: skip
         every, own = self.scope(None), self.scope(name)
         chosen = (every, own) if name in self.names else (every,)
         allow: list[Sequence[Prefix]] = []
@@ -247,12 +277,11 @@ class Policy(Record):
         log_rate = int(settings.pop("log-drops", 0))
         knock = None
         if ports or secret:
-            knock = replace(
-                KNOCK_DEFAULTS,
-                ports=ports,
-                secret=secret,
-                **{_SETTING_FIELDS[k]: v for k, v in settings.items()},
-            )
+            fields = {_SETTING_FIELDS[k]: v for k, v in settings.items()}
+            for field_ in ("spa", "spa_sender"):
+                fields[field_] = bool(fields.get(field_, False))
+            fields["spa_port"] = int(fields.get("spa_port", 0))
+            knock = replace(KNOCK_DEFAULTS, ports=ports, secret=secret, **fields)
         return SocketRules(
             subnets=SubnetRules(allow=PrefixList.concat(allow), deny=PrefixList.concat(deny)),
             interfaces=tuple(dict.fromkeys(interfaces)),
@@ -302,6 +331,18 @@ def _number(entry: Entry) -> float:
             f"give at least {spec.least:g} seconds",
         )
     return number
+
+
+def _switch(entry: Entry) -> bool:
+    """A switch: true or false in a file; on the command line the bare option, or yes
+    or no (and NAME=yes for one socket)."""
+    value = entry.value
+    if isinstance(value, str) and value.lower() in SWITCHES:
+        return SWITCHES[value.lower()]
+    if isinstance(value, bool):
+        return value
+    raise entry.error(f"{excerpt(str(value))} is not yes or no",
+                      f"write {entry.key} = true (or false)")  # fmt: skip
 
 
 def _prefix(entry: Entry, text: str) -> Prefix:
@@ -398,9 +439,9 @@ def build_policy(
         sets = tuple(MapSetting(*entry.value) for entry in keys.get("set", []))
         named = {kind: tuple(_set_name(e) for e in keys.get(kind, [])) for kind in SET_KEYS}
         settings = tuple(
-            (key, _number(group[-1]))
+            (key, _switch(group[-1]) if KEYS[key].kind == "switch" else _number(group[-1]))
             for key, group in keys.items()
-            if KEYS[key].kind == "setting" and group
+            if KEYS[key].kind in ("setting", "switch") and group
         )
         origins = tuple((e.key, e.origin) for group in keys.values() for e in group)
         scopes.append(
@@ -431,7 +472,26 @@ def build_policy(
     )
     _check_sets_have_filter(policy, entries)
     _check_named_sets(policy, entries)
+    _check_spa(policy, entries)
     return policy
+
+
+def _check_spa(policy: Policy, entries: Sequence[Entry]) -> None:
+    """SPA is a way of knocking with a secret: it needs one, excludes sequences, and its
+    settings mean nothing without it."""
+    for name in [None, *sorted(policy.names)]:
+        knock = policy.rules_for(name or "").knock
+        spa = knock is not None and knock.spa
+        for entry in entries:
+            if not entry.key.startswith("knock-spa") or entry.scope not in (None, name):
+                continue
+            if entry.key == "knock-spa" and _switch(entry) and (knock is None or knock.ports):
+                raise entry.error(
+                    "SPA needs a secret to key its datagrams with",
+                    "give --knock-secret FILE (not --knock, a sequence of ports)",
+                )
+            if entry.key != "knock-spa" and not spa:
+                raise entry.error(f"{entry.key} without knock-spa", "add --knock-spa")
 
 
 SET_KEYS = ("allow-set", "deny-set")
@@ -668,6 +728,8 @@ def _hint(key: str) -> str:
         return f'write {key} = ["...", ...]'
     if spec.kind == "setting":
         return f"write {key} = a number"
+    if spec.kind == "switch":
+        return f"write {key} = true"
     return f'write {key} = "..."'
 
 
@@ -704,6 +766,10 @@ def _values(key: str, value: Any, fail: Any) -> list[Any]:
     if spec.kind == "setting":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise fail("must be a number")
+        return [value]
+    if spec.kind == "switch":
+        if not isinstance(value, bool):
+            raise fail("must be true or false")
         return [value]
     if not isinstance(value, str):
         raise fail("must be a string")

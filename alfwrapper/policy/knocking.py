@@ -84,6 +84,8 @@ def check_sequence(ports: tuple[int, ...]) -> None:
 
 
 def plan_knock(rules: KnockRules, now: float | None = None) -> KnockPlan:
+    if rules.spa:  # a datagram, not sequences: no rows (knock_ports is one empty row)
+        return KnockPlan(rows=1, ports=((),), first_window=0, steps=1)
     if not rules.secret:
         check_sequence(rules.ports)
         return KnockPlan(rows=1, ports=(rules.ports,), first_window=0, steps=len(rules.ports))

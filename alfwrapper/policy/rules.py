@@ -68,15 +68,24 @@ class ListenSpec(Record):
 
 
 class KnockRules(Record):
-    """Port knocking: a static sequence of source ports, or one derived from a secret."""
+    """Port knocking: a static sequence of source ports, or one derived from a secret;
+    or, with ``spa``, single-packet authorization: one datagram, keyed with the secret,
+    to the socket's SPA socket (policy/spa.py, knocking.c)."""
 
     ports: tuple[int, ...] = ()
     secret: bytes = b""
     steps: int = 3  # length of secret-derived sequences
     timeout: float = 5.0  # seconds allowed between two knocks
     open_for: float = 30.0  # seconds a completed knock admits new connections
-    window: int = 30  # seconds each secret-derived sequence is valid for
+    window: int = 30  # seconds each secret-derived sequence is valid for (SPA: its skew)
     sources: int = 131072  # knock states kept, least recently used evicted
+    spa: bool = False  # single-packet authorization instead of sequences
+    spa_port: int = 0  # the SPA socket's UDP port (0: the socket's own port number)
+    spa_sender: bool = False  # a datagram naming no address opens the one it came from
+    # The rules of the SPA socket itself (Policy.rules_for(NAME.spa)), which checks
+    # datagrams and opens, where the socket's own rules read what it opened; the knock
+    # state is the same (knock_key leaves this out).
+    verifier: bool = False
 
 
 class MapSetting(Record):

@@ -82,6 +82,13 @@ CASES = (
     Case("interface", "--interface lo"),
     Case("knock-ports", "--knock 7001,7002,7003"),
     Case("knock-secret", f"--knock-secret {{files}}/{SECRET} --knock-steps 4"),
+    # Single-packet authorization: the sockets' programs and their SPA sockets' (SipHash,
+    # an atomic compare-and-swap; each SPA socket on its socket's address).
+    Case(
+        "knock-spa",
+        f"--knock-secret {{files}}/{SECRET} --knock-spa --knock-spa-port 39999 "
+        "--knock-spa-sender --allow 192.0.2.0/24 --allow 2001:db8::/32",
+    ),  # fmt: skip
     Case("filter", f"{FILTER} {SETS}"),
     Case("filter-raw-offsets", f"{TEST_FILTER} {SETS}"),
     Case("log-drops", "--allow 192.0.2.0/24 --log-drops 50"),

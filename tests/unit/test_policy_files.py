@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from alfwrapper.bpf.parts import knock_key
 from alfwrapper.cli import parse_policy
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, AlfError
 from alfwrapper.policy.files import KEYS, find_policy, read_policy
 from alfwrapper.policy.prefixes import parse_prefix
+from alfwrapper.record import replace
 
 SECRET = "correct horse battery staple, but longer\n"
 
@@ -49,6 +51,12 @@ EQUIVALENT = [
     (
         'knock-secret = "knock.secret"\nknock-window = 10\nknock-steps = 4\n',
         "--knock-secret {d}/knock.secret --knock-window 10 --knock-steps 4",
+    ),
+    (
+        'knock-secret = "knock.secret"\nknock-spa = true\nknock-window = 60\n'
+        "[socket.admin]\nknock-spa-port = 62201\nknock-spa-sender = true\n",
+        "--knock-secret {d}/knock.secret --knock-spa --knock-window 60 "
+        "--knock-spa-port admin=62201 --knock-spa-sender admin=yes",
     ),
     (
         "log-drops = 20\n[socket.web]\nlog-drops = 5\n",
@@ -249,3 +257,36 @@ def test_socket_names_follow_one_rule_everywhere(tmp_path: Path, name: str, vali
         else:
             with pytest.raises(AlfError, match="not a (valid )?socket name"):
                 attempt()
+
+
+@pytest.mark.parametrize(
+    ("text", "argv", "needle"),
+    [
+        ("knock-spa = true\n", (), "p.toml:1: SPA needs a secret"),
+        ("knock = [7001, 7002]\nknock-spa = true\n", (), "SPA needs a secret"),
+        ('knock-secret = "knock.secret"\nknock-spa-port = 9000\n', (), "without knock-spa"),
+        ('knock-secret = "knock.secret"\nknock-spa-sender = true\n', (), "without knock-spa"),
+        ('knock-secret = "knock.secret"\nknock-spa = "yes"\n', (), "must be true or false"),
+        ('knock-secret = "knock.secret"\n', ("--knock-spa", "maybe"), "is not yes or no"),
+        ('knock-secret = "knock.secret"\n', ("--knock-spa", "--knock-spa-port", "0"),
+         "out of range"),
+    ],
+)  # fmt: skip
+def test_spa_settings_that_cannot_work_are_refused(
+    files: Path, text: str, argv: tuple[str, ...], needle: str
+) -> None:
+    with pytest.raises(AlfError) as caught:
+        from_file(files, text, *argv)
+    assert needle in caught.value.line(), caught.value.line()
+
+
+def test_the_spa_socket_has_its_sockets_rules_and_checks_datagrams(files: Path) -> None:
+    policy = from_file(files, 'knock-secret = "knock.secret"\nknock-spa = true\n'
+                       'allow = ["192.0.2.0/24"]\nfilter = "f.c"\n')  # fmt: skip
+    web, door = policy.rules_for("web"), policy.rules_for("web.spa")  # type: ignore[attr-defined]
+    assert web.knock.spa and not web.knock.verifier
+    assert door.knock == replace(web.knock, verifier=True)
+    assert door.subnets == web.subnets and door.custom is None and web.custom is not None
+    assert knock_key(door) == knock_key(web)  # one knock state: the one opens, the other reads
+    plain = from_file(files, 'knock-secret = "knock.secret"\n')
+    assert plain.rules_for("web.spa") == plain.rules_for("other")  # type: ignore[attr-defined]

@@ -1,0 +1,314 @@
+"""Single-packet authorization with real traffic between namespace hosts: through a NAT
+that rewrites source ports (where port-sequence knocking fails), replays from the same
+host and from another, a restart, and a flood of forged datagrams and replays."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hosts import Host, Network, Probe, Service, check_policy, ip, link_hosts
+from support import WRAPPER
+from wrapping import start, wrapped
+
+from alfwrapper.policy import spa
+
+SEQ = "7001,7002,7003"
+SECRET = b"a knock secret for SPA, long enough\n"
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    path = tmp_path / "spa.secret"
+    path.write_bytes(SECRET)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def laptop(network: Network) -> Iterator[Host]:
+    """A host behind a NAT: 203.0.113.2 on a network of its own, routed through the
+    allowed host, which masquerades it to the server as its own 192.0.2.2 with fully
+    random source ports (a home router, carrier-grade NAT, a cloud NAT gateway)."""
+    router = network.allowed
+    inner = Host(f"{router.netns}n")
+    ip("netns", "add", inner.netns)
+    network.names.append(inner.netns)  # the network fixture removes it
+    ip("-n", inner.netns, "link", "set", "lo", "up")
+    link_hosts(router, inner, f"{inner.netns}0", f"{inner.netns}1", "203.0.113", "2001:db8:c")
+    ip("-n", inner.netns, "route", "add", "default", "via", "203.0.113.1")
+    subprocess.run(router.command(["sysctl", "-qw", "net.ipv4.ip_forward=1"]), check=True)
+    rules = (
+        "table ip alfspanat {\n chain post {\n  type nat hook postrouting priority 100;\n"
+        f"  ip saddr 203.0.113.0/24 oifname {router.link} masquerade fully-random\n }}\n}}\n"
+    )
+    subprocess.run(router.command(["nft", "-f", "-"]), input=rules, text=True, check=True)
+    inner.server_v4 = router.server_v4  # the server, reached through the router
+    inner.v4 = router.v4  # as the server sees it (what the application logs)
+    yield inner
+
+
+def knock_spa(host: Host, *how: str, port: int = 8080) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        host.command([*WRAPPER, "knock", host.server_v4, str(port), "--spa", *how]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def send_raw(host: Host, datagrams: list[bytes], port: int = 8080, count: int = 1) -> None:
+    """Each datagram ``count`` times from ``host`` to the server's SPA port (IPv4)."""
+    code = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        f"for raw in {[d.hex() for d in datagrams]!r}:\n"
+        f"    for _ in range({count}):\n"
+        f"        s.sendto(bytes.fromhex(raw), ({host.server_v4!r}, {port}))\n"
+    )
+    subprocess.run(host.command([sys.executable, "-c", code]), check=True, timeout=300)
+
+
+def spa_counts(service: str) -> dict[str, int]:
+    out = subprocess.run([*WRAPPER, "status", service, "--json"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    sockets = json.loads(out.stdout)["services"][0]["sockets"]
+    counts = [s["spa"] for s in sockets if s["name"].endswith(".spa")]
+    assert len(counts) == 1, sockets
+    return counts[0]
+
+
+def test_spa_opens_from_behind_a_port_randomising_nat(
+    network: Network, services: list[Service], secret: Path, laptop: Host
+) -> None:
+    svc = start(
+        network,
+        services,
+        wrapped(
+            "--service",
+            "spanat",
+            "--listen",
+            "[::]:8080",
+            "--knock-secret",
+            str(secret),
+            "--knock-spa",
+        ),
+    )
+    behind = Probe(laptop, "tcp", 4, 8080)
+    check_policy(svc, served=[], dropped=[behind])
+    # Its own address is not what the server sees: it opens nothing useful, and the
+    # client says why it may be so.
+    out = knock_spa(laptop, "--secret", str(secret), "--wait", "2")
+    assert out.returncode == 69 and "behind a NAT" in out.stderr, out.stderr
+    assert "opening 203.0.113.2" in out.stdout
+    check_policy(svc, served=[], dropped=[behind])
+    # Its public address opens the service, through the NAT.
+    out = knock_spa(laptop, "--secret", str(secret), "--address", network.allowed.v4)
+    assert out.returncode == 0 and "answers" in out.stdout, out.stderr
+    check_policy(svc, served=[behind], dropped=[Probe(network.denied, "tcp", 4, 8080)])
+    assert spa_counts("spanat")["accepted"] == 2
+    # "sender" is the policy's to allow: this one does not.
+    out = knock_spa(laptop, "--secret", str(secret), "--address", "sender", "--wait", "0")
+    assert out.returncode == 0, out.stderr
+    assert spa_counts("spanat")["malformed"] == 1
+
+
+def test_port_sequences_fail_behind_that_nat(
+    network: Network, services: list[Service], laptop: Host
+) -> None:
+    """As the README says: each knock leaves the NAT from a port of its choosing."""
+    svc = start(network, services, wrapped("--listen", "[::]:8080", "--knock", SEQ))
+    out = subprocess.run(laptop.command([*WRAPPER, "knock", laptop.server_v4, "8080",
+                                         "--sequence", SEQ]),
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    check_policy(svc, served=[], dropped=[Probe(laptop, "tcp", 4, 8080)])
+
+
+def test_a_datagram_opens_once_and_replays_open_nothing(
+    network: Network, services: list[Service], secret: Path
+) -> None:
+    a, b = network.allowed, network.denied
+    argv = ["--service", "spareplay", "--listen", "[::]:8080", "--knock-secret", str(secret),
+            "--knock-spa", "--knock-open-for", "2"]  # fmt: skip
+    svc = start(network, services, wrapped(*argv))
+    good = spa.datagram(SECRET.strip(), 8080, a.v4)
+    send_raw(a, [good])
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+    time.sleep(2.5)  # the door closes
+    # The same datagram again, from its host and from another: nothing opens.
+    send_raw(a, [good])
+    send_raw(b, [good])
+    check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)])
+    now = time.time_ns()
+    unsound = [
+        spa.datagram(SECRET.strip(), 8080, a.v4, now - 40 * 10**9),  # stale
+        spa.datagram(b"not the secret, though as long", 8080, a.v4),  # forged
+        good[:55],  # cut
+        good + b"\0",  # padded
+        bytes([good[0] ^ 1]) + good[1:],  # a bit of the magic
+        good[:20] + bytes([good[20] ^ 0x80]) + good[21:],  # a bit of the nonce
+    ]
+    send_raw(a, unsound)
+    check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080)])
+    counts = spa_counts("spareplay")
+    assert counts == {"accepted": 1, "malformed": 3, "bad_mac": 2, "stale": 1,
+                      "replayed": 2, "busy": 0}, counts  # fmt: skip
+    # Restarted, the service refuses it still: as a replay where the knock state was kept,
+    # as sent before the state it has now began where it was not (all of its sockets
+    # gone with the old process, a gc may take it).
+    svc.stop()
+    svc = start(network, services, wrapped(*argv))
+    send_raw(a, [good])
+    check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080)])
+    counts = spa_counts("spareplay")
+    assert counts["replayed"] + counts["stale"] == 1 and not counts["accepted"], counts
+    send_raw(a, [spa.datagram(SECRET.strip(), 8080, a.v4)])
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[])
+
+
+def test_a_flood_of_forgeries_and_replays_keeps_no_one_out(
+    network: Network, services: list[Service], secret: Path
+) -> None:
+    """1,000,000 datagrams of the right form with random tags from the denied host, and
+    100,000 replays of one sound datagram, while the real client knocks: it gets in,
+    and what the filter remembers stays the size it was made."""
+    a, b = network.allowed, network.denied
+    svc = start(
+        network,
+        services,
+        wrapped(
+            "--service",
+            "spaflood",
+            "--listen",
+            "[::]:8080",
+            "--knock-secret",
+            str(secret),
+            "--knock-spa",
+        ),
+    )
+    replayed = spa.datagram(SECRET.strip(), 8080, b.v4)
+    send_raw(b, [replayed])
+    flood = subprocess.Popen(
+        b.command([sys.executable, str(HERE / "spa_flood.py"), b.server_v4, "8080",
+                   "1000000", replayed.hex(), "100000"]),
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1)  # the client knocks in the middle of it
+        for _ in range(5):  # a datagram lost to the flood is sent again, as a user would
+            out = knock_spa(a, "--secret", str(secret), "--wait", "2")
+            if out.returncode == 0:
+                break
+        assert out.returncode == 0, out.stderr
+        sent, _ = flood.communicate(timeout=300)
+    finally:
+        flood.kill()
+    assert sent.split() == ["sent", "1000000", "100000"], sent
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[])
+    counts = spa_counts("spaflood")
+    assert counts["bad_mac"] > 900_000 and counts["replayed"] > 90_000, counts
+    assert 2 <= counts["accepted"] <= 6, counts  # the replayed one's first, and the client's
+    # What it remembers: the size it was made, and a slot for each datagram it took,
+    # none for the forgeries.
+    from alfwrapper.host import bpf_calls  # noqa: PLC0415
+
+    fd = bpf_calls.obj_get(_pins("spaflood", "spa_seen")[0], True)
+    try:
+        assert bpf_calls.map_shape(fd)[3] == 65536
+        taken = sum(bpf_calls.map_lookup(fd, i.to_bytes(4, "little"), 8) != bytes(8)
+                    for i in range(65536))  # fmt: skip
+    finally:
+        os.close(fd)
+    assert taken == counts["accepted"], (taken, counts)
+
+
+def _pins(service: str, name: str) -> list[str]:
+    from alfwrapper import state  # noqa: PLC0415
+
+    sockets = state.store().sockets_of(service)
+    found = sorted(sockets[0].service_dir.glob(f"knock-*/{name}"))
+    assert len(found) == 1, found
+    return [str(found[0])]
+
+
+ACTIVATE = HERE / "activate.py"
+START_POINTS = ("pinned", "attached", "loaded", "installed", "judged", "described")
+
+
+@pytest.mark.parametrize("point", START_POINTS)
+def test_a_start_killed_anywhere_leaves_the_spa_door_shut(
+    network: Network, services: list[Service], secret: Path, tmp_path: Path, point: str
+) -> None:
+    """A socket unit in miniature passes the service's socket and its SPA socket
+    (FileDescriptorName=web.spa), and starts the wrapper again after a kill at each
+    point of its start.  What the denied host queued before any filter (a connection,
+    a forged datagram, one of the allowed host's copied off the wire) opens nothing: a
+    datagram sent before the door's memory began is stale.  The SPA socket is never
+    handed to the application; the allowed host's datagram, sent after, opens it
+    alone, and a copy of that from the denied host opens nothing."""
+    a, b = network.allowed, network.denied
+    go = tmp_path / "go"
+    service = f"spacrash-{point}"
+    wrapper = wrapped("--service", service, "--knock-secret", str(secret), "--knock-spa")
+    sockets = ["tcp:[::]:8080:web", "udp:[::]:8080:web.spa"]
+    argv = [sys.executable, str(ACTIVATE), "--go", str(go), "--supervise", "--generations", "3",
+            "--crash", point, *sockets, "--", *wrapper]  # fmt: skip
+    svc = Service(network.server, argv)
+    services.append(svc)
+    svc.wait_for(r"^listening$")
+    captured = spa.datagram(SECRET.strip(), 8080, a.v4)
+    send_raw(b, [captured, spa.datagram(b"forged, without the real secret", 8080, b.v4)])
+    early = subprocess.Popen(b.command([sys.executable, str(HERE / "client.py"), "tcp",
+                                        b.server_v4, "8080", "EVIL-EARLY", "20"]),
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(0.5)
+    go.touch()
+    svc.wait_for(r"^ready ")
+    assert "names=web\n" in svc.output() + "\n", svc.output()  # the SPA socket not handed on
+    check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)])
+    fresh = spa.datagram(SECRET.strip(), 8080, a.v4)
+    send_raw(a, [fresh])
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+    send_raw(b, [fresh, captured])
+    check_policy(svc, served=[], dropped=[Probe(b, "tcp", 4, 8080)])
+    early.kill()
+    assert "EVIL" not in svc.output()
+    counts = spa_counts(service)
+    assert (counts["accepted"], counts["replayed"], counts["bad_mac"]) == (1, 1, 1), counts
+    assert counts["stale"] == 2, counts  # the copy, queued before, and again after
+
+
+def test_spa_without_pinned_state_is_refused(bpf_root: None, secret: Path, tmp_path: Path) -> None:
+    """The SPA socket opens what the service's sockets read, in their shared pinned knock
+    state: a start that cannot pin (no BPF file system here) is refused, and the
+    application never starts."""
+    mark = tmp_path / "ran"
+    script = (
+        "mount -t tmpfs none /sys/fs/bpf && exec "
+        + " ".join(
+            [
+                *WRAPPER,
+                "--listen",
+                "127.0.0.1:8094",
+                "--knock-secret",
+                str(secret),
+                "--knock-spa",
+                "--",
+                "touch",
+                str(mark),
+            ]
+        )  # fmt: skip
+    )
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 64 and not mark.exists(), out.stderr
+    assert out.stderr.count("\n") == 1 and "cannot keep" in out.stderr, out.stderr

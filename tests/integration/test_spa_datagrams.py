@@ -1,0 +1,281 @@
+"""Single-packet authorization, judged by the kernel (BPF_PROG_TEST_RUN) in the SPA
+socket's real program (knocking.c, KNOCK_SPA 2): the test vectors of
+alfwrapper.policy(5) against the kernel, policy/spa.py and the example client; and
+every datagram that must open nothing (replayed, stale, forged, cut, padded, a bit
+flipped anywhere) opening nothing, counted under its verdict."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import ROOT
+
+from alfwrapper.bpf import compiler, program
+from alfwrapper.bpf.parts import SPA_VERDICTS, FillEnv
+from alfwrapper.host.bpf_calls import prog_test_run
+from alfwrapper.host.frames import udp_frame
+from alfwrapper.policy import spa
+from alfwrapper.policy.rules import KnockRules, SocketRules
+
+sys.path.insert(0, str(ROOT / "examples"))
+import spa_knock  # noqa: E402
+
+SECRET = b"alfwrapper test secret 0123456789"
+PORT = 8080
+WINDOW = 30
+SENDER = 0xC6336409  # 198.51.100.9, where the frames come from
+
+
+def man_vectors() -> dict[str, Any]:
+    """The test vectors as alfwrapper.policy(5) writes them (what a client author reads)."""
+    text = (ROOT / "man/alfwrapper.policy.5").read_text()
+    section = text.split(".Sh SPA DATAGRAMS", 1)[1].split(".Sh ", 1)[0]
+    blocks = re.findall(r"\.Bd -literal -offset indent\n([0-9a-f\n]+)\.Ed", section)
+    datagrams = [bytes.fromhex(b.replace("\n", "")) for b in blocks]
+    return {
+        "siphash": re.search(r"2f:\n\.Li ([0-9a-f]{16}) \.", section).group(1),  # type: ignore[union-attr]
+        "key": re.search(r"gives the key\n\.Li ([0-9a-f]{32}) ;", section).group(1),  # type: ignore[union-attr]
+        "secret": re.search(r"The secret\n\.Li (.+)\n", section).group(1).encode(),  # type: ignore[union-attr]
+        "datagrams": dict(zip(("203.0.113.7", "2001:db8::7", None), datagrams, strict=True)),
+        "sent": 1800000000123456789,
+        "nonce": bytes(range(16)),
+    }
+
+
+def test_the_documented_vectors_are_what_both_clients_make() -> None:
+    v = man_vectors()
+    assert v["secret"] == SECRET
+    assert spa.siphash24(bytes(range(16)), bytes(range(48))).hex() == v["siphash"]
+    assert spa_knock.siphash24(bytes(range(16)), bytes(range(48))).hex() == v["siphash"]
+    assert spa.key_of(SECRET).hex() == v["key"]
+    for address, raw in v["datagrams"].items():
+        ours = spa.Datagram(PORT, v["sent"], v["nonce"], address).sealed(spa.key_of(SECRET))
+        theirs = spa_knock.datagram(SECRET, PORT, address or "sender", v["sent"], v["nonce"])
+        assert ours == theirs == raw, address
+        assert spa.read(raw, spa.key_of(SECRET)) == spa.Datagram(PORT, v["sent"], v["nonce"],
+                                                                 address)  # fmt: skip
+
+
+class Verifier:
+    """The SPA socket's program, loaded and filled as a start fills it (no pins)."""
+
+    def __init__(self, sender: bool = False) -> None:
+        knock = KnockRules(secret=SECRET, spa=True, verifier=True, window=WINDOW,
+                           spa_sender=sender)  # fmt: skip
+        self.loaded = compiler.load_program(program.plan_program(SocketRules(knock=knock)),
+                                            FillEnv())  # fmt: skip
+        self.tables = self.loaded.tables
+
+    def clock(self, utc_ns: int) -> None:
+        """Make the kernel's UTC (its TAI clock plus the offset) read ``utc_ns`` now."""
+        config = self.tables[b"knock_config"]
+        leaf = config[config.Key(0)]
+        leaf.tai_to_utc_ns = utc_ns - time.clock_gettime_ns(time.CLOCK_TAI)
+        config[config.Key(0)] = leaf
+
+    def send(self, raw: bytes, source: int = SENDER, family: int = 4, port: int = PORT) -> int:
+        return prog_test_run(self.loaded.fd, udp_frame(family, source, raw, dport=port)).retval
+
+    def counts(self) -> dict[str, int]:
+        table = self.tables[b"knock_spa_counts"]
+        return {v: sum(table.per_cpu(table.Key(i))) for i, v in enumerate(SPA_VERDICTS)}
+
+    def opened(self) -> set[str]:
+        """The addresses knock_state holds open now."""
+        table = self.tables[b"knock_state"]
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        found = set()
+        for key in table.keys():
+            raw = bytes(key)
+            family, address = raw[0], raw[4:20]
+            if table[key].open_until_ns > now:
+                packed = address[:4] if family == 4 else address
+                found.add(str(ipaddress.ip_address(packed)))
+        return found
+
+
+@pytest.fixture
+def verifier(bpf_root: None) -> Iterator[Verifier]:
+    yield Verifier()
+
+
+def test_the_kernel_takes_the_documented_vectors_once(verifier: Verifier) -> None:
+    v = man_vectors()
+    verifier.clock(v["sent"])
+    for address in ("203.0.113.7", "2001:db8::7"):
+        assert verifier.send(v["datagrams"][address]) == 0  # nothing is ever delivered
+    assert verifier.opened() == {"203.0.113.7", "2001:db8::7"}
+    assert verifier.counts()["accepted"] == 2
+    # The third names no address: only a policy with knock-spa-sender takes it.
+    assert verifier.send(v["datagrams"][None]) == 0
+    assert verifier.counts()["malformed"] == 1 and len(verifier.opened()) == 2
+    lenient = Verifier(sender=True)
+    lenient.clock(v["sent"])
+    lenient.send(v["datagrams"][None], source=0xCB00710B)  # from 203.0.113.11
+    assert lenient.opened() == {"203.0.113.11"} and lenient.counts()["accepted"] == 1
+    # Again, from the same sender and from another: replays, opening nothing more.
+    verifier.send(v["datagrams"]["203.0.113.7"])
+    verifier.send(v["datagrams"]["2001:db8::7"], source=0xCB00710B)
+    assert verifier.counts()["replayed"] == 2 and len(verifier.opened()) == 2
+
+
+def _sealed(body: bytes, key: bytes = spa.key_of(SECRET)) -> bytes:
+    return body + spa.siphash24(key, body)
+
+
+def test_nothing_unsound_opens_and_each_is_counted(verifier: Verifier) -> None:
+    now = time.time_ns()
+    verifier.clock(now)
+    good = spa.datagram(SECRET, PORT, "192.0.2.7", now)
+    body = good[:48]
+    expect = dict.fromkeys(SPA_VERDICTS, 0)
+    cases = {
+        "malformed": [
+            good[:55],
+            good + b"\0",
+            b"",
+            good[:48],  # cut, padded, empty, no tag
+            spa.datagram(SECRET, PORT + 1, "192.0.2.7", now),  # for another SPA port
+            _sealed(body[:36] + b"\1" + body[37:]),  # an IPv4 address with more after it
+            _sealed(body[:5] + b"\7" + body[6:]),  # family 7
+            spa.Datagram(PORT, now, os.urandom(16), None).sealed(spa.key_of(SECRET)),
+            _sealed(
+                spa.Datagram(PORT, now, os.urandom(16), "2001:db8::1").body()[:32]
+                + bytes(10)
+                + b"\xff\xff"
+                + bytes([192, 0, 2, 7])
+            ),  # ::ffff:192.0.2.7
+        ],
+        "bad_mac": [
+            spa.datagram(b"another secret, just as long as it", PORT, "192.0.2.7", now),
+            body + bytes(8),
+        ],
+        "stale": [
+            spa.datagram(SECRET, PORT, "192.0.2.7", now - (WINDOW + 2) * 10**9),
+            spa.datagram(SECRET, PORT, "192.0.2.7", now + (WINDOW + 2) * 10**9),
+            spa.datagram(SECRET, PORT, "192.0.2.7", 0),
+            spa.datagram(SECRET, PORT, "192.0.2.7", (1 << 64) - 1),
+        ],
+    }
+    for verdict, datagrams in cases.items():
+        for raw in datagrams:
+            verifier.send(raw)
+            expect[verdict] += 1
+    # A bit flipped anywhere: in the magic or version, malformed; anywhere else, the tag
+    # does not fit.
+    for bit in range(len(good) * 8):
+        flipped = bytearray(good)
+        flipped[bit // 8] ^= 1 << bit % 8
+        verifier.send(bytes(flipped))
+        expect["malformed" if bit < 40 else "bad_mac"] += 1
+    assert verifier.counts() == expect
+    assert verifier.opened() == set()
+    # Sound, it opens (once), over IPv6 as over IPv4.
+    verifier.send(good, family=6, source=(0x20010DB8 << 96) | 9)
+    expect["accepted"] += 1
+    assert verifier.counts() == expect and verifier.opened() == {"192.0.2.7"}
+
+
+def _same_slot(now: int, tag: bytes, address: str) -> bytes:
+    """A sound datagram whose tag shares knock_spa_seen's slot with ``tag``'s."""
+    key = spa.key_of(SECRET)
+    slot = int.from_bytes(tag, "little") & 0xFFFF
+    for _ in range(2_000_000):
+        raw = spa.Datagram(PORT, now, os.urandom(16), address).sealed(key)
+        if int.from_bytes(raw[48:], "little") & 0xFFFF == slot:
+            return raw
+    raise AssertionError("no datagram of the same slot in 2,000,000 tries")
+
+
+def test_a_slot_is_taken_only_from_a_datagram_the_window_refuses(verifier: Verifier) -> None:
+    """Two sound datagrams whose tags share a slot: while the first could still be
+    replayed, the second is refused (busy), not let in at the price of forgetting the
+    first; once the window is past the first, the slot is taken, and the first,
+    replayed, is stale."""
+    now = time.time_ns()
+    verifier.clock(now)
+    first = spa.datagram(SECRET, PORT, "192.0.2.7", now)
+    second = _same_slot(now, first[48:], "192.0.2.8")
+    verifier.send(first)
+    verifier.send(second)
+    assert verifier.counts()["busy"] == 1 and verifier.opened() == {"192.0.2.7"}
+    later = now + (WINDOW + 3) * 10**9
+    verifier.clock(later)
+    third = _same_slot(later, first[48:], "192.0.2.9")
+    verifier.send(third)
+    verifier.send(first)
+    counts = verifier.counts()
+    assert (counts["accepted"], counts["stale"]) == (2, 1), counts
+    assert "192.0.2.9" in verifier.opened()
+
+
+def test_the_example_client_sends_what_the_kernel_takes(verifier: Verifier, tmp_path: Path) -> None:
+    """examples/spa_knock.py, run as a user would, on the loopback: its datagram,
+    caught and replayed into the kernel, opens what it says."""
+    import socket  # noqa: PLC0415
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as catcher:
+        catcher.bind(("127.0.0.1", 0))
+        port = catcher.getsockname()[1]
+        secret = tmp_path / "spa.secret"
+        secret.write_bytes(SECRET + b"\n")
+        out = subprocess.run([sys.executable, str(ROOT / "examples/spa_knock.py"), "127.0.0.1",
+                              str(port), str(secret), "198.51.100.77"],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        catcher.settimeout(5)
+        raw, _ = catcher.recvfrom(100)
+    verifier.clock(time.time_ns())
+    verifier.send(raw, port=port)
+    assert verifier.opened() == {"198.51.100.77"}
+    assert struct.unpack(">H", raw[6:8])[0] == port
+
+
+def test_a_datagram_sent_before_what_was_seen_began_is_refused(verifier: Verifier) -> None:
+    """What has been seen began (knock_spa_since) when this state was made: a datagram
+    sent earlier may have been seen by a state since lost, and is refused as stale."""
+    now = time.time_ns()
+    verifier.clock(now)
+    since = verifier.tables[b"knock_spa_since"]
+    began = since[since.Key(0)].value
+    assert now - 60 * 10**9 < began <= now
+    verifier.send(spa.datagram(SECRET, PORT, "192.0.2.7", began - 10**9))
+    assert verifier.counts()["stale"] == 1 and verifier.opened() == set()
+    verifier.send(spa.datagram(SECRET, PORT, "192.0.2.7", began + 1))
+    assert verifier.counts()["accepted"] == 1
+
+
+def test_explain_gives_the_spa_sockets_verdict_on_a_datagram(
+    bpf_root: None, tmp_path: Path
+) -> None:
+    """`explain --spa-datagram`: the SPA socket's own verdict on a datagram, from the
+    kernel (a program of its own for each source), and what it would open."""
+    from support import WRAPPER  # noqa: PLC0415
+
+    secret = tmp_path / "spa.secret"
+    secret.write_bytes(SECRET)
+    good = spa.datagram(SECRET, PORT, "203.0.113.7")
+    base = [*WRAPPER, "explain", "--listen", f"[::]:{PORT}", "--knock-secret", str(secret),
+            "--knock-spa", "--json"]  # fmt: skip
+    said = {}
+    cases = {"good": good, "forged": good[:-1] + bytes([good[-1] ^ 1]), "cut": good[:40],
+             "stale": spa.datagram(SECRET, PORT, "203.0.113.7", 1)}  # fmt: skip
+    for label, raw in cases.items():
+        out = subprocess.run([*base, "--from", "198.51.100.9", "--spa-datagram", raw.hex()],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        said[label] = json.loads(out.stdout)
+    assert said["good"]["spa"] == "accepted" and "opens 203.0.113.7" in said["good"]["rule"]
+    assert [said[k]["spa"] for k in ("forged", "cut", "stale")] == ["bad_mac", "malformed", "stale"]
+    assert all(s["verdict"] == "drop" for s in said.values())
