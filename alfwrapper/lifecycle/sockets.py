@@ -93,43 +93,55 @@ def gather_sockets(policy: Policy) -> list[SocketRecord]:
 
 
 def spa_sockets(policy: Policy, records: list[SocketRecord]) -> list[SocketRecord]:
-    """Each SPA socket the records' rules ask for (knock-spa): an inherited one named
-    NAME.spa (a socket unit's ListenDatagram= with FileDescriptorName=NAME.spa), or
-    one created here on the socket's address, at knock-spa-port or the socket's own
-    port number over UDP."""
-    waiting = {r.name: r for r in records if r.spa and r.inherited}
+    """The SPA socket of each socket name whose rules ask for one (knock-spa; sockets of
+    one name share their rules, so their knock state, and one SPA socket): an inherited
+    one named NAME.spa (a socket unit's ListenDatagram= with FileDescriptorName=
+    NAME.spa), or one created here on the first such socket's address, at
+    knock-spa-port or that socket's port number over UDP, which must not be a port a
+    UDP socket of that name serves."""
+    inherited = {r.name for r in records if r.spa and r.inherited}
     made: list[SocketRecord] = []
+    groups: dict[str, list[SocketRecord]] = {}
     for record in records:
         knock = record.rules.knock
-        if knock is None or not knock.spa or record.spa or record.connected:
-            continue
-        name = record.name + SPA_SUFFIX
-        if name in waiting:
-            if waiting.pop(name).sock.type != socket.SOCK_DGRAM:
+        if knock is not None and knock.spa and not record.spa and not record.connected:
+            groups.setdefault(record.name, []).append(record)
+    for base, group in groups.items():
+        name = base + SPA_SUFFIX
+        if name in inherited:
+            door = next(r for r in records if r.name == name)
+            if door.sock.type != socket.SOCK_DGRAM:
                 raise AlfError(f"socket {name}", "is not a datagram (UDP) socket",
                                "give it with ListenDatagram=", EX_USAGE)  # fmt: skip
             continue
-        host, port = (record.spec.host, record.spec.port) if record.spec else (
-            record.sock.getsockname()[:2])  # fmt: skip
-        if not knock.spa_port and record.protocol == "udp":
+        first = group[0]
+        host, port = (first.spec.host, first.spec.port) if first.spec else (
+            first.sock.getsockname()[:2])  # fmt: skip
+        spa_port = first.rules.knock.spa_port or port  # type: ignore[union-attr]
+        served = [r for r in group if r.protocol == "udp" and _port_of(r) == spa_port]
+        if served:
             raise AlfError(
-                f"knock-spa for {record.name} (udp port {port})",
-                "its SPA datagrams would go to the service's own port",
+                f"knock-spa for {base} (udp port {spa_port})",
+                "its SPA datagrams would go to the service's own UDP socket",
                 "give the SPA socket a port of its own: --knock-spa-port PORT",
                 EX_USAGE,
             )
-        spec = ListenSpec("datagram", host, knock.spa_port or port, name)
+        spec = ListenSpec("datagram", host, spa_port, name)
         clash = next((r for r in made if r.spec and (r.spec.host, r.spec.port) == (host,
-                      spec.port)), None)  # fmt: skip
+                      spa_port)), None)  # fmt: skip
         if clash is not None:
             raise AlfError(
-                f"knock-spa for {record.name}",
-                f"its SPA socket would share udp port {spec.port} with {clash.name}'s",
-                "give each socket its own knock-spa-port ([socket.NAME] or NAME=PORT)",
+                f"knock-spa for {base}",
+                f"its SPA socket would share udp port {spa_port} with {clash.name}",
+                "give each socket name its own knock-spa-port ([socket.NAME] or NAME=PORT)",
                 EX_USAGE,
             )
         made.append(SocketRecord(open_socket(spec), name, policy.rules_for(name), spec))
     return made
+
+
+def _port_of(record: SocketRecord) -> int:
+    return record.spec.port if record.spec else int(record.sock.getsockname()[1])
 
 
 def open_socket(spec: ListenSpec) -> socket.socket:

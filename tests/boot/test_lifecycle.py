@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -128,6 +129,44 @@ def test_restarts_and_idle_exits_keep_the_current_rules(clean: Guest) -> None:
     expect(g, ECHO, "answered", "tcp", DENY4, GUEST4B, "8080", FIRST)
     expect(g, ECHO, "timeout", "tcp", ALLOW6, GUEST6, "8080", "4")
     assert subnet_drops(g) > before
+
+
+SPA_SEND = """
+import socket
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    s.bind(({source!r}, 0))
+    s.sendto(bytes.fromhex({raw!r}), ({guest!r}, 62201))
+"""
+
+
+def test_single_packet_authorization_under_systemd(clean: Guest) -> None:
+    """The shipped echo units, as shipped, with an SPA policy drop-in: the wrapper,
+    under systemd and the unit's sandbox, makes the SPA socket (the echo service's TCP
+    and UDP 8080 share one, at 62201); an allowed host is shut out until its datagram
+    opens the service for it alone, and the same datagram again is a replay."""
+    from alfwrapper.policy import spa  # noqa: PLC0415
+
+    g = clean
+    secret = b"the boot tier's SPA secret, 32 bytes long"
+    write(g, "/etc/alfwrapper/spa.secret", secret.decode())
+    g.run("chmod 644 /etc/alfwrapper/spa.secret")  # the unit's DynamicUser reads it
+    write(g, f"{POLICY_D}/50-spa.toml", 'knock-secret = "/etc/alfwrapper/spa.secret"\n'
+          "knock-spa = true\nknock-spa-port = 62201\nknock-open-for = 120\n")  # fmt: skip
+    g.run("systemctl start alfwrapper-echo.socket")
+    expect(g, ECHO, "timeout", "tcp", ALLOW4, GUEST4, "8080", "4")  # starts it: shut
+    g.wait(f"systemctl is-active --quiet {ECHO} && alfwrapper status alfwrapper-echo | "
+           "grep -q 'echo.spa udp'")  # fmt: skip
+    raw = spa.datagram(secret, 62201, ALLOW4).hex()
+    for _ in range(2):
+        send = SPA_SEND.format(source=ALLOW4, raw=raw, guest=GUEST4)
+        g.script("client", f"{shlex.quote(sys.executable)} -c {shlex.quote(send)}")
+    expect(g, ECHO, "answered", "tcp", ALLOW4, GUEST4, "8080", "10")
+    expect(g, ECHO, "answered", "udp", ALLOW4, GUEST4, "8080", "10")
+    expect(g, ECHO, "timeout", "tcp", ALLOW6, GUEST6, "8080", "4")  # opened for one address
+    report = json.loads(g.run("alfwrapper status alfwrapper-echo --json"))
+    door = [s for s in report["services"][0]["sockets"] if s["name"] == "echo.spa"]
+    assert len(door) == 1, report
+    assert (door[0]["spa"]["accepted"], door[0]["spa"]["replayed"]) == (1, 1), door
 
 
 def test_reload_keeps_a_long_lived_connection(clean: Guest) -> None:

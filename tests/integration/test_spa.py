@@ -312,3 +312,30 @@ def test_spa_without_pinned_state_is_refused(bpf_root: None, secret: Path, tmp_p
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 64 and not mark.exists(), out.stderr
     assert out.stderr.count("\n") == 1 and "cannot keep" in out.stderr, out.stderr
+
+
+def test_sockets_of_one_name_share_one_spa_socket(
+    network: Network, services: list[Service], secret: Path
+) -> None:
+    """A TCP and a UDP socket of one name (the echo service's) have one knock state and
+    one SPA socket, at the --knock-spa-port their UDP port needs: one datagram opens
+    both.  The SPA socket would go to the service's own UDP port without one, and two
+    names' SPA sockets on one port are refused, before anything starts (exit 64)."""
+    a, b = network.allowed, network.denied
+    both = ["--listen", "[::]:8080", "--listen-datagram", "[::]:8080", "--knock-secret",
+            str(secret), "--knock-spa"]  # fmt: skip
+    for extra, needle in (
+        ([], "would go to the service's own UDP socket"),
+        (["--listen", "[::]:8081", "--name", "b", "--knock-spa-port", "62201"],
+         "would share udp port 62201"),
+    ):  # fmt: skip
+        out = subprocess.run(network.server.command([*WRAPPER, *both, *extra, "--", "true"]),
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 64 and needle in out.stderr, out.stderr
+    svc = start(network, services, wrapped("--service", "spaboth", *both,
+                                           "--knock-spa-port", "62201"))  # fmt: skip
+    assert "ready fds=0,1,2,3,4,5 names=unknown:unknown" in svc.output(), svc.output()
+    probes = [Probe(a, "tcp", 4, 8080), Probe(a, "udp", 4, 8080)]
+    check_policy(svc, served=[], dropped=probes)
+    send_raw(a, [spa.datagram(SECRET.strip(), 62201, a.v4)], port=62201)
+    check_policy(svc, served=probes, dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "udp", 4, 8080)])
