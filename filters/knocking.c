@@ -60,8 +60,8 @@
  *   knock_listeners HASH u64 socket cookie -> u8, the TCP listeners this
  *                 program is attached to (KNOCK_LISTENERS entries)
  *   knock_spa_seen ARRAY[KNOCK_SPA_SEEN] u64 (KNOCK_SPA 2)
- *   knock_spa_since ARRAY[1] u64: when knock_spa_seen began (UTC ns); a datagram
- *                 sent before is refused (a state that saw it may have been lost)
+ *   knock_spa_since ARRAY[1] u64: a window after knock_spa_seen began (UTC ns); a
+ *                 datagram sent before is refused (a table that took it may be lost)
  *   knock_spa_counts PERCPU_ARRAY[KNOCK_SPA_REASONS] u64: SPA datagrams by verdict
  *
  * Macros: KNOCK_ROWS, KNOCK_SOURCES, KNOCK_SECRET (1 for secret rows),
@@ -138,7 +138,7 @@ BPF_TABLE("lru_hash", struct knock_key, struct knock_state, knock_state, KNOCK_S
 BPF_HASH(knock_listeners, u64, u8, KNOCK_LISTENERS);
 #if KNOCK_SPA == 2
 BPF_ARRAY(knock_spa_seen, u64, KNOCK_SPA_SEEN);
-BPF_ARRAY(knock_spa_since, u64, 1); /* when knock_spa_seen began, UTC ns */
+BPF_ARRAY(knock_spa_since, u64, 1); /* a window after knock_spa_seen began, UTC ns */
 BPF_PERCPU_ARRAY(knock_spa_counts, u64, KNOCK_SPA_REASONS);
 #endif
 
@@ -236,8 +236,10 @@ static __always_inline int knock_spa(struct __sk_buff *skb, struct alf_packet *p
     u64 now = bpf_ktime_get_tai_ns() + cfg->tai_to_utc_ns;
     if (sent > now + cfg->window_ns || sent + cfg->window_ns < now)
         return knock_spa_said(KNOCK_SPA_STALE);
-    /* Sent before what has been seen began: an earlier state that saw it may be gone
-     * (a service with none of its sockets left): refused, as a replay could be. */
+    /* Sent before what has been seen began (made a window after the table, since a
+     * datagram is taken up to a window before its time): an earlier table that took
+     * it may be gone (a service with none of its sockets left, or new knock rules):
+     * refused, as a replay could be. */
     u64 *since = knock_spa_since.lookup((u32 *)&zero);
     if (!since || sent < *since)
         return knock_spa_said(KNOCK_SPA_STALE);

@@ -977,6 +977,27 @@ MUTATIONS += [
         (SPA_TEST + "test_a_start_killed_anywhere_leaves_the_spa_door_shut[pinned]",),
     ),
     Mutation(
+        "spa-new-table-takes-its-first-window",
+        "alfwrapper/bpf/parts.py",
+        "                began = time.time_ns() + rules.knock.window * 1_000_000_000\n",
+        "                began = time.time_ns()\n",
+        (SPA_KERNEL + "test_a_datagram_sent_before_what_was_seen_began_is_refused",),
+    ),
+    Mutation(
+        "spa-reload-turns-it-on-without-a-socket",
+        "alfwrapper/lifecycle/service.py",
+        "        if door and m.name + SPA_SUFFIX not in names:\n",
+        "        if False:\n",
+        (SPA_TEST + "test_a_reload_cannot_turn_spa_on_without_its_socket",),
+    ),
+    Mutation(
+        "spa-through-the-loader-unsaid",
+        "alfwrapper/lifecycle/kept.py",
+        "        if spa is not None:\n            raise AlfError(\n",
+        "        if False:\n            raise AlfError(\n",
+        ("tests/integration/test_errors.py::test_spa_without_cap_bpf_is_refused",),
+    ),
+    Mutation(
         "knock-state-collected-before-its-start-names-it",
         "alfwrapper/lifecycle/kept.py",
         "    if pinned:  # after the meta names this start's knock state: a gc keeps what "

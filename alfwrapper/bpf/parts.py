@@ -613,7 +613,10 @@ class Knocking(Part):
         if rules.knock.spa and rules.knock.verifier:
             since = tables[b"knock_spa_since"]
             if not since[since.Key(0)].value:  # made now (not kept from an earlier start)
-                since[since.Key(0)] = since.Leaf(time.time_ns())
+                # A table before this one (lost with its state) may have taken datagrams
+                # sent up to a window ahead of their taking: none of those is taken here.
+                began = time.time_ns() + rules.knock.window * 1_000_000_000
+                since[since.Key(0)] = since.Leaf(began)
         width = knocking.MAX_STEPS
         ports = [0] * (knock.rows * width)
         for row, sequence in enumerate(knock.ports):

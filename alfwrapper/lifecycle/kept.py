@@ -81,6 +81,15 @@ def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> N
     from alfwrapper.loader import client  # noqa: PLC0415
 
     if client.use_if_needed():
+        spa = next((r for r in records if r.spa), None)
+        if spa is not None:
+            raise AlfError(
+                f"knock-spa ({spa.name})",
+                "without CAP_BPF, filters come from the loader, which does not make SPA "
+                "sockets' programs",
+                "use port sequences (--knock-secret alone), or give the service CAP_BPF",
+                EX_USAGE,
+            )
         following = sorted({i for r in records for i in r.rules.interfaces})
         if following:
             raise AlfError(

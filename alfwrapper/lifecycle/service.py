@@ -25,7 +25,7 @@ from alfwrapper.host import activation
 from alfwrapper.host.faults import crash_point
 from alfwrapper.host.netns import netns as enter_netns
 from alfwrapper.lifecycle import companions
-from alfwrapper.policy.files import Policy
+from alfwrapper.policy.files import SPA_SUFFIX, Policy
 from alfwrapper.policy.prefixes import Prefix, parse_cidrs
 from alfwrapper.policy.rules import SocketRules, check_service
 from alfwrapper.record import Record
@@ -126,6 +126,18 @@ def reload(
         os.chdir(here)
     policy.check_names([m.name for m in found])
     rules = {id(m): policy.rules_for(m.name) for m in found}
+    names = {m.name for m in found}
+    for m in found:
+        knock = rules[id(m)].knock
+        door = knock is not None and knock.spa and not knock.verifier
+        if door and m.name + SPA_SUFFIX not in names:
+            raise AlfError(
+                f"reloading {service}",
+                f"socket {m.title()} would take SPA datagrams, and has no SPA socket (a start "
+                "makes it)",
+                "nothing was changed; restart the service to make it",
+                EX_USAGE,
+            )
     pids = [int(str(m.meta.get("pid", 0)) or 0) for m in found]
     app = next((p for p in pids if alive(p)), 0)
     # Interface names and indexes mean the service's network namespace: its watcher

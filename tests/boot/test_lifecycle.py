@@ -13,6 +13,7 @@ import json
 import re
 import shlex
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -151,22 +152,36 @@ def test_single_packet_authorization_under_systemd(clean: Guest) -> None:
     write(g, "/etc/alfwrapper/spa.secret", secret.decode())
     g.run("chmod 644 /etc/alfwrapper/spa.secret")  # the unit's DynamicUser reads it
     write(g, f"{POLICY_D}/50-spa.toml", 'knock-secret = "/etc/alfwrapper/spa.secret"\n'
-          "knock-spa = true\nknock-spa-port = 62201\nknock-open-for = 120\n")  # fmt: skip
+          "knock-spa = true\nknock-spa-port = 62201\nknock-open-for = 120\n"
+          "knock-window = 5\n")  # fmt: skip
     g.run("systemctl start alfwrapper-echo.socket")
     expect(g, ECHO, "timeout", "tcp", ALLOW4, GUEST4, "8080", "4")  # starts it: shut
     g.wait(f"systemctl is-active --quiet {ECHO} && alfwrapper status alfwrapper-echo | "
            "grep -q 'echo.spa udp'")  # fmt: skip
-    raw = spa.datagram(secret, 62201, ALLOW4).hex()
-    for _ in range(2):
-        send = SPA_SEND.format(source=ALLOW4, raw=raw, guest=GUEST4)
-        g.script("client", f"{shlex.quote(sys.executable)} -c {shlex.quote(send)}")
+
+    def door() -> dict[str, int]:
+        report = json.loads(g.run("alfwrapper status alfwrapper-echo --json"))
+        found = [s for s in report["services"][0]["sockets"] if s["name"] == "echo.spa"]
+        assert len(found) == 1, report
+        return dict(found[0]["spa"])
+
+    def send(raw: str) -> None:
+        code = SPA_SEND.format(source=ALLOW4, raw=raw, guest=GUEST4)
+        g.script("client", f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}")
+
+    # A new table takes no datagram sent in its first window (5 s here): knock until
+    # one is taken, as a user would, for at most 30 s.
+    deadline = time.monotonic() + 30
+    while not door()["accepted"]:
+        assert time.monotonic() < deadline, door()
+        raw = spa.datagram(secret, 62201, ALLOW4).hex()
+        send(raw)
+        time.sleep(0.5)
+    send(raw)  # the one taken, again
     expect(g, ECHO, "answered", "tcp", ALLOW4, GUEST4, "8080", "10")
     expect(g, ECHO, "answered", "udp", ALLOW4, GUEST4, "8080", "10")
     expect(g, ECHO, "timeout", "tcp", ALLOW6, GUEST6, "8080", "4")  # opened for one address
-    report = json.loads(g.run("alfwrapper status alfwrapper-echo --json"))
-    door = [s for s in report["services"][0]["sockets"] if s["name"] == "echo.spa"]
-    assert len(door) == 1, report
-    assert (door[0]["spa"]["accepted"], door[0]["spa"]["replayed"]) == (1, 1), door
+    assert (door()["accepted"], door()["replayed"]) == (1, 1), door()
 
 
 def test_reload_keeps_a_long_lived_connection(clean: Guest) -> None:

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""Send SPA datagrams of the right form with random tags, then replays of one sound one,
-to a UDP port: what an attacker without the key, or with a captured datagram, can send.
+"""Send replays of one sound SPA datagram, then datagrams of the right form with random
+tags, to a UDP port: what an attacker with a captured datagram, or without the key, can
+send.
 
     spa_flood.py HOST PORT FORGED DATAGRAM_HEX REPLAYS
 
@@ -23,6 +24,13 @@ def main() -> None:
     deadline = time.monotonic() + 120
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
+    # The replays first, while the datagram is within its window (a stale one is
+    # refused before the replay table is asked), then the forgeries.
+    raw = bytes.fromhex(replayed)
+    again = 0
+    while again < replays_n and time.monotonic() < deadline:
+        s.sendto(raw, target)
+        again += 1
     sent = 0
     chunk = 4096
     while sent < forged_n and time.monotonic() < deadline:
@@ -33,11 +41,6 @@ def main() -> None:
             except BlockingIOError:
                 pass
             sent += 1
-    raw = bytes.fromhex(replayed)
-    again = 0
-    while again < replays_n and time.monotonic() < deadline:
-        s.sendto(raw, target)
-        again += 1
     print(f"sent {sent} {again}")
 
 

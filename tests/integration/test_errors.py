@@ -122,6 +122,19 @@ def test_missing_privilege(bpf_root: None, tmp_path: Path) -> None:
     assert_one_line(stderr, "the loader does not answer", "alfwrapper-loader.socket", "CAP_BPF")
 
 
+def test_spa_without_cap_bpf_is_refused(bpf_root: None, tmp_path: Path) -> None:
+    """Without CAP_BPF filters come from the loader, which makes no SPA socket's program:
+    said before anything is asked of it (exit 64), not left to fail later."""
+    secret = tmp_path / "spa.secret"
+    secret.write_text("a secret of thirty-two bytes, or so\n")
+    returncode, stderr, ran = run(
+        tmp_path, "--listen", "127.0.0.1:8093", "--knock-secret", str(secret), "--knock-spa",
+        prefix=NO_CAPS,
+    )  # fmt: skip
+    assert (returncode, ran) == (64, False), stderr
+    assert_one_line(stderr, "knock-spa (unknown.spa)", "the loader", "CAP_BPF")
+
+
 def test_verbose_adds_details_but_no_traceback(bpf_root: None, tmp_path: Path) -> None:
     path = ROOT / "tests/data/broken.c"
     quiet = run(tmp_path, "--listen", "127.0.0.1:8097", "--filter", str(path))

@@ -20,6 +20,7 @@ from wrapping import start, wrapped
 from alfwrapper.policy import spa
 
 SEQ = "7001,7002,7003"
+SPA = ["--knock-spa", "--knock-window", "5"]  # a short first window (wait_for_the_door)
 SECRET = b"a knock secret for SPA, long enough\n"
 HERE = Path(__file__).resolve().parent
 
@@ -86,6 +87,22 @@ def spa_counts(service: str) -> dict[str, int]:
     return counts[0]
 
 
+def wait_for_the_door(service: str) -> None:
+    """Until the service's SPA table takes datagrams: a table takes none sent in the
+    window after it was made (knock_spa_since), which a start shortens here with
+    --knock-window 5 (one a lost table could have taken)."""
+    from alfwrapper.host import bpf_calls  # noqa: PLC0415
+
+    fd = bpf_calls.obj_get(_pins(service, "spa_since")[0], True)
+    try:
+        since = int.from_bytes(bpf_calls.map_lookup(fd, bytes(4), 8) or bytes(8), "little")
+    finally:
+        os.close(fd)
+    wait = (since - time.time_ns()) / 1e9 + 0.1
+    assert wait < 6, wait
+    time.sleep(max(0.0, wait))
+
+
 def test_spa_opens_from_behind_a_port_randomising_nat(
     network: Network, services: list[Service], secret: Path, laptop: Host
 ) -> None:
@@ -99,11 +116,12 @@ def test_spa_opens_from_behind_a_port_randomising_nat(
             "[::]:8080",
             "--knock-secret",
             str(secret),
-            "--knock-spa",
+            *SPA,
         ),
     )
     behind = Probe(laptop, "tcp", 4, 8080)
     check_policy(svc, served=[], dropped=[behind])
+    wait_for_the_door("spanat")
     # Its own address is not what the server sees: it opens nothing useful, and the
     # client says why it may be so.
     out = knock_spa(laptop, "--secret", str(secret), "--wait", "2")
@@ -138,8 +156,9 @@ def test_a_datagram_opens_once_and_replays_open_nothing(
 ) -> None:
     a, b = network.allowed, network.denied
     argv = ["--service", "spareplay", "--listen", "[::]:8080", "--knock-secret", str(secret),
-            "--knock-spa", "--knock-open-for", "2"]  # fmt: skip
+            *SPA, "--knock-open-for", "2"]  # fmt: skip
     svc = start(network, services, wrapped(*argv))
+    wait_for_the_door("spareplay")
     good = spa.datagram(SECRET.strip(), 8080, a.v4)
     send_raw(a, [good])
     check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
@@ -192,9 +211,10 @@ def test_a_flood_of_forgeries_and_replays_keeps_no_one_out(
             "[::]:8080",
             "--knock-secret",
             str(secret),
-            "--knock-spa",
+            *SPA,
         ),
     )
+    wait_for_the_door("spaflood")
     replayed = spa.datagram(SECRET.strip(), 8080, b.v4)
     send_raw(b, [replayed])
     flood = subprocess.Popen(
@@ -258,7 +278,7 @@ def test_a_start_killed_anywhere_leaves_the_spa_door_shut(
     a, b = network.allowed, network.denied
     go = tmp_path / "go"
     service = f"spacrash-{point}"
-    wrapper = wrapped("--service", service, "--knock-secret", str(secret), "--knock-spa")
+    wrapper = wrapped("--service", service, "--knock-secret", str(secret), *SPA)
     sockets = ["tcp:[::]:8080:web", "udp:[::]:8080:web.spa"]
     argv = [sys.executable, str(ACTIVATE), "--go", str(go), "--supervise", "--generations", "3",
             "--crash", point, *sockets, "--", *wrapper]  # fmt: skip
@@ -275,6 +295,7 @@ def test_a_start_killed_anywhere_leaves_the_spa_door_shut(
     svc.wait_for(r"^ready ")
     assert "names=web\n" in svc.output() + "\n", svc.output()  # the SPA socket not handed on
     check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)])
+    wait_for_the_door(service)
     fresh = spa.datagram(SECRET.strip(), 8080, a.v4)
     send_raw(a, [fresh])
     check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
@@ -323,7 +344,7 @@ def test_sockets_of_one_name_share_one_spa_socket(
     names' SPA sockets on one port are refused, before anything starts (exit 64)."""
     a, b = network.allowed, network.denied
     both = ["--listen", "[::]:8080", "--listen-datagram", "[::]:8080", "--knock-secret",
-            str(secret), "--knock-spa"]  # fmt: skip
+            str(secret), *SPA]  # fmt: skip
     for extra, needle in (
         ([], "would go to the service's own UDP socket"),
         (["--listen", "[::]:8081", "--name", "b", "--knock-spa-port", "62201"],
@@ -337,5 +358,41 @@ def test_sockets_of_one_name_share_one_spa_socket(
     assert "ready fds=0,1,2,3,4,5 names=unknown:unknown" in svc.output(), svc.output()
     probes = [Probe(a, "tcp", 4, 8080), Probe(a, "udp", 4, 8080)]
     check_policy(svc, served=[], dropped=probes)
+    wait_for_the_door("spaboth")
     send_raw(a, [spa.datagram(SECRET.strip(), 62201, a.v4)], port=62201)
     check_policy(svc, served=probes, dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "udp", 4, 8080)])
+
+
+def test_a_reload_cannot_turn_spa_on_without_its_socket(
+    network: Network, services: list[Service], secret: Path
+) -> None:
+    """A reload puts programs into the sockets' slots and makes no socket: one that
+    would have them wait for SPA datagrams no SPA socket takes is refused, and the
+    rules in force stay."""
+    a = network.allowed
+    argv = ["--service", "spareload", "--listen", "[::]:8080", "--allow", "192.0.2.0/24"]
+    svc = start(network, services, wrapped(*argv))
+    out = subprocess.run(
+        network.server.command([*WRAPPER, "reload", "spareload", *argv[2:], "--knock-secret",
+                                str(secret), "--knock-spa"]),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 64, out.stderr
+    assert "has no SPA socket" in out.stderr and "restart the service" in out.stderr
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[])
+
+
+def test_a_datagram_opens_every_socket_that_shares_the_knock_state(
+    network: Network, services: list[Service], secret: Path
+) -> None:
+    """Two socket names with the same knock rules share one knock state: a datagram to
+    one's SPA socket opens the address for both (the README says so)."""
+    a = network.allowed
+    argv = ["--service", "spashared", "--listen", "[::]:8080", "--name", "web", "--listen",
+            "[::]:8081", "--name", "admin", "--knock-secret", str(secret), *SPA]  # fmt: skip
+    svc = start(network, services, wrapped(*argv))
+    probes = [Probe(a, "tcp", 4, 8080), Probe(a, "tcp", 4, 8081)]
+    check_policy(svc, served=[], dropped=probes)
+    wait_for_the_door("spashared")
+    send_raw(a, [spa.datagram(SECRET.strip(), 8080, a.v4)])
+    check_policy(svc, served=probes, dropped=[])

@@ -75,6 +75,21 @@ HOSTILE: list[Any] = [
         }
     },  # fmt: skip
     {"knock": {"ports": [1] * 9, "secret": ""}},
+    *(  # SPA: the loader makes neither its socket's programs nor its SPA socket's
+        {
+            "knock": {
+                "ports": [],
+                "secret": "00" * 32,
+                "steps": 3,
+                "timeout": 5.0,
+                "open_for": 30.0,
+                "window": 30,
+                "sources": 131072,
+                key: True,
+            }
+        }
+        for key in ("spa", "verifier")
+    ),  # fmt: skip
     {"filter": {"name": "x.c"}},
     {"filter": {"name": "x.c", "source": ""}},
     {"filter": {"name": "x.c", "source": "x" * (2 << 20)}},
