@@ -8,6 +8,7 @@ live allow/deny, status and gc all find a socket's state here by its cookie.
     /sys/fs/bpf/alfwrapper/             0700, owned by the alfwrapper user (root's services)
       SERVICE/                          0700
         knock-HASH/                     knock state of the sockets sharing knock rules
+        knock-spa/                      the service's SPA replay table (parts.SPA_TABLE)
         sock-COOKIE/                    one socket, by its SO_COOKIE
           dispatch                      the program attached and locked on the socket
           slot                          PROG_ARRAY[1]: the policy program in force
@@ -508,12 +509,12 @@ class Store:
         ``cookies``: the knock part's listening sockets; ``sock``: the socket of an
         unpinned program (the loader checks it; here unused)."""
         from alfwrapper.bpf import compiler, program  # noqa: PLC0415  (BCC only to load)
-        from alfwrapper.bpf.parts import FillEnv, Pins, knock_key  # noqa: PLC0415
+        from alfwrapper.bpf.parts import FillEnv, Pins, knock_folders  # noqa: PLC0415
 
         pins = None
         if where is not None:
-            if rules.knock:
-                trusted_dir(where.service_dir / knock_key(rules), create=True)
+            for folder in knock_folders(rules):
+                trusted_dir(where.service_dir / folder, create=True)
             pins = Pins(str(where.dir), str(where.service_dir))
         loaded = compiler.load_program(program.plan_program(rules, pins, label), env or FillEnv())
         if cookies and rules.knock:
@@ -825,8 +826,9 @@ class Store:
             if known and not owner_alive and where.cookie not in live():
                 self.remove(where)
                 removed.append(where)
-            elif "knock" in meta:
-                kept_knock.add(str(meta["knock"]))
+            elif "knock" in meta:  # its knock folders (or one, as a string)
+                named = meta["knock"]
+                kept_knock.update(map(str, named) if isinstance(named, list) else [str(named)])
             elif meta.get("pid") != os.getpid():
                 # Another process's start in progress: its knock state may be pinned
                 # and not named yet.  (This process's own is named once it runs.)

@@ -49,7 +49,11 @@
  * window refuses by now (or from none), atomically (a datagram sent twice at once
  * opens once), and a datagram whose slot holds a live one of another tag is
  * refused (busy): what has been seen is never forgotten while it could be replayed.
- * With pinned state it outlives restarts and reloads, as knock_used does.
+ * A slot is live while its second is within the widest window of any program that
+ * has used the table (knock_spa_since[1], which only grows): with pinned state the
+ * table is the service's, one for all its SPA sockets whatever their rules, so a
+ * datagram taken at one is a replay at every other, and after a reload that widens
+ * the window; it outlives restarts and reloads, as knock_used does.
  *
  * Maps:
  *   knock_config  ARRAY[1] struct knock_config (timeouts, window, sizes, SPA key)
@@ -60,8 +64,10 @@
  *   knock_listeners HASH u64 socket cookie -> u8, the TCP listeners this
  *                 program is attached to (KNOCK_LISTENERS entries)
  *   knock_spa_seen ARRAY[KNOCK_SPA_SEEN] u64 (KNOCK_SPA 2)
- *   knock_spa_since ARRAY[1] u64: a window after knock_spa_seen began (UTC ns); a
- *                 datagram sent before is refused (a table that took it may be lost)
+ *   knock_spa_since ARRAY[2] u64: [0] a window after knock_spa_seen began (UTC
+ *                 ns), a datagram sent before is refused (a table that took it may
+ *                 be lost); [1] the widest window, in seconds, of the programs that
+ *                 have used knock_spa_seen (the wrapper raises it before loading)
  *   knock_spa_counts PERCPU_ARRAY[KNOCK_SPA_REASONS] u64: SPA datagrams by verdict
  *
  * Macros: KNOCK_ROWS, KNOCK_SOURCES, KNOCK_SECRET (1 for secret rows),
@@ -138,7 +144,7 @@ BPF_TABLE("lru_hash", struct knock_key, struct knock_state, knock_state, KNOCK_S
 BPF_HASH(knock_listeners, u64, u8, KNOCK_LISTENERS);
 #if KNOCK_SPA == 2
 BPF_ARRAY(knock_spa_seen, u64, KNOCK_SPA_SEEN);
-BPF_ARRAY(knock_spa_since, u64, 1); /* a window after knock_spa_seen began, UTC ns */
+BPF_ARRAY(knock_spa_since, u64, 2); /* [0] since, UTC ns; [1] the widest window, s */
 BPF_PERCPU_ARRAY(knock_spa_counts, u64, KNOCK_SPA_REASONS);
 #endif
 
@@ -238,10 +244,14 @@ static __always_inline int knock_spa(struct __sk_buff *skb, struct alf_packet *p
         return knock_spa_said(KNOCK_SPA_STALE);
     /* Sent before what has been seen began (made a window after the table, since a
      * datagram is taken up to a window before its time): an earlier table that took
-     * it may be gone (a service with none of its sockets left, or new knock rules):
+     * it may be gone (a service with none of its SPA sockets left, or a reboot):
      * refused, as a replay could be. */
     u64 *since = knock_spa_since.lookup((u32 *)&zero);
     if (!since || sent < *since)
+        return knock_spa_said(KNOCK_SPA_STALE);
+    u64 one = 1; /* stored whole (common.h) */
+    u64 *widest = knock_spa_since.lookup((u32 *)&one);
+    if (!widest)
         return knock_spa_said(KNOCK_SPA_STALE);
     /* Seen before?  A slot holds a tag's high bits and its datagram's second. */
     u64 slot = tag & (KNOCK_SPA_SEEN - 1);
@@ -253,8 +263,13 @@ static __always_inline int knock_spa(struct __sk_buff *skb, struct alf_packet *p
     if ((old & ~0xfffffULL) == (mine & ~0xfffffULL))
         return knock_spa_said(KNOCK_SPA_REPLAYED);
     if (old) {
-        /* Live while a datagram of its second could still pass the time test. */
-        u64 reach = cfg->window_ns / 1000000000ULL + 2;
+        /* Live while a datagram of its second could still pass the time test of
+         * any program sharing the table: within the widest window, or this one's. */
+        u64 reach = cfg->window_ns / 1000000000ULL;
+        u64 wide = *widest;
+        if (wide > reach)
+            reach = wide;
+        reach += 2;
         u64 age = ((now / 1000000000ULL) - old) & 0xfffff;
         if (age <= reach || age >= 0x100000 - reach)
             return knock_spa_said(KNOCK_SPA_BUSY);

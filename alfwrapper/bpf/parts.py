@@ -546,6 +546,19 @@ def knock_key(rules: SocketRules) -> str:
 # Single-packet authorization (knocking.c, KNOCK_SPA; the datagram: policy/spa.py).
 SPA_VERDICTS = ("accepted", "malformed", "bad_mac", "stale", "replayed", "busy")
 SPA_SEEN = 65536  # knock_spa_seen's slots (a power of two): 512 KiB
+# The folder of the service's SPA replay table, beside its knock folders (and named as
+# they are, for gc): one for all its SPA sockets, whatever their knock rules, so that a
+# datagram is taken once by the service, whichever of its SPA sockets it reaches and
+# whatever a reload changes.
+SPA_TABLE = "knock-spa"
+
+
+def knock_folders(rules: SocketRules) -> list[str]:
+    """The folders of its service's pinned state that a socket with these rules uses:
+    its knock state's, and an SPA socket's the service's replay table too."""
+    if rules.knock is None:
+        return []
+    return [knock_key(rules), *([SPA_TABLE] if rules.knock.verifier else [])]
 
 
 class Knocking(Part):
@@ -585,8 +598,9 @@ class Knocking(Part):
             folder = f"{pins.service_dir}/{knock_key(rules)}"
             pinned = (("knock_state", f"{folder}/state"), ("knock_used", f"{folder}/used"))
             if mode == 2:  # what was seen outlives a restart, as what opened does
-                pinned += (("knock_spa_seen", f"{folder}/spa_seen"),
-                           ("knock_spa_since", f"{folder}/spa_since"),
+                table = f"{pins.service_dir}/{SPA_TABLE}"
+                pinned += (("knock_spa_seen", f"{table}/spa_seen"),
+                           ("knock_spa_since", f"{table}/spa_since"),
                            ("knock_spa_counts", pins.path("spa")))  # fmt: skip
         return PartPlan(self, defines, "", knock, pinned)
 
@@ -617,6 +631,12 @@ class Knocking(Part):
                 # sent up to a window ahead of their taking: none of those is taken here.
                 began = time.time_ns() + rules.knock.window * 1_000_000_000
                 since[since.Key(0)] = since.Leaf(began)
+            # Slots stay live for the widest window of any program using the table (a
+            # datagram this one takes must stay seen while another would take it), so
+            # it is raised before this program can take one.
+            widest = since[since.Key(1)].value
+            if rules.knock.window > widest:
+                since[since.Key(1)] = since.Leaf(rules.knock.window)
         width = knocking.MAX_STEPS
         ports = [0] * (knock.rows * width)
         for row, sequence in enumerate(knock.ports):

@@ -12,7 +12,7 @@ import time
 
 from alfwrapper import state
 from alfwrapper.bpf import compiler
-from alfwrapper.bpf.parts import knock_key
+from alfwrapper.bpf.parts import knock_folders
 from alfwrapper.errors import EX_USAGE, AlfError
 from alfwrapper.host import companion
 from alfwrapper.host.faults import crash_point
@@ -36,6 +36,7 @@ def describe_sockets(
                 "protocol": record.protocol,
                 "address": host,
                 "port": port,
+                "made": record.spec is not None,  # not inherited: a reload keeps its port
                 "pid": os.getpid(),
                 "watcher": watcher,
                 "forwarder": forwarder,
@@ -43,7 +44,7 @@ def describe_sockets(
                 "netns": state.netns_cookie(),
                 "argv": argv,
                 "cwd": os.getcwd(),
-                "knock": knock_key(record.rules) if record.rules.knock else "",
+                "knock": knock_folders(record.rules),
                 "started": int(time.time()),
                 "program": compiler.prog_id(record.loaded) if record.loaded else 0,
                 "judged": True,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from alfwrapper import state
 from alfwrapper.bpf import program
-from alfwrapper.bpf.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_key
+from alfwrapper.bpf.parts import RUNTIME_ALLOW, RUNTIME_DENY, FillEnv, knock_folders
 from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import activation
 from alfwrapper.host.faults import crash_point
@@ -99,6 +99,46 @@ def default_service(given: str) -> str:
     return check_service(unit)
 
 
+def check_spa_sockets(service: str, found: list[Member], rules: dict[int, SocketRules]) -> None:
+    """A reload keeps the SPA sockets a start made (it makes and closes no socket): each
+    socket that would take SPA datagrams has one, each SPA socket stays one, and one the
+    wrapper made keeps the port the new rules give it."""
+    named = {m.name: m for m in found}
+    for m in found:
+        knock = rules[id(m)].knock
+        door = knock is not None and knock.spa and not knock.verifier
+        spa = named.get(m.name + SPA_SUFFIX)
+        if door and spa is None:
+            raise AlfError(
+                f"reloading {service}",
+                f"socket {m.title()} would take SPA datagrams, and has no SPA socket (a start "
+                "makes it)",
+                "nothing was changed; restart the service to make it",
+                EX_USAGE,
+            )
+        if door and spa is not None and spa.meta.get("made"):
+            assert knock is not None
+            # At --knock-spa-port, or the port of the first socket of its name.
+            wanted = {knock.spa_port} if knock.spa_port else {
+                f.meta.get("port") for f in found if f.name == m.name}  # fmt: skip
+            if spa.meta.get("port") not in wanted:
+                raise AlfError(
+                    f"reloading {service}",
+                    f"the SPA socket {spa.title()} would move to udp port "
+                    f"{knock.spa_port or 'of ' + m.name}",
+                    "nothing was changed; restart the service to move it",
+                    EX_USAGE,
+                )
+        if m.name.endswith(SPA_SUFFIX) and not (knock is not None and knock.verifier):
+            raise AlfError(
+                f"reloading {service}",
+                f"the SPA socket {m.title()} would take no SPA datagrams (no knock-spa for "
+                f"{m.name[: -len(SPA_SUFFIX)]}), and deliver what it is sent",
+                "nothing was changed; restart the service to remove it",
+                EX_USAGE,
+            )
+
+
 def reload(
     service: str, argv: list[str] | None, build: Callable[[list[str]], Policy]
 ) -> list[Member]:
@@ -126,18 +166,7 @@ def reload(
         os.chdir(here)
     policy.check_names([m.name for m in found])
     rules = {id(m): policy.rules_for(m.name) for m in found}
-    names = {m.name for m in found}
-    for m in found:
-        knock = rules[id(m)].knock
-        door = knock is not None and knock.spa and not knock.verifier
-        if door and m.name + SPA_SUFFIX not in names:
-            raise AlfError(
-                f"reloading {service}",
-                f"socket {m.title()} would take SPA datagrams, and has no SPA socket (a start "
-                "makes it)",
-                "nothing was changed; restart the service to make it",
-                EX_USAGE,
-            )
+    check_spa_sockets(service, found, rules)
     pids = [int(str(m.meta.get("pid", 0)) or 0) for m in found]
     app = next((p for p in pids if alive(p)), 0)
     # Interface names and indexes mean the service's network namespace: its watcher
@@ -172,7 +201,7 @@ def reload(
             rules=rules[id(m)].counts(),
             reloaded=int(time.time()),
             program=compiler.prog_id(loaded[id(m)]),
-            knock=knock_key(rules[id(m)]) if rules[id(m)].knock else "",
+            knock=knock_folders(rules[id(m)]),
         )
         if argv is not None:
             m.meta["cwd"] = here

@@ -89,7 +89,23 @@ def gather_sockets(policy: Policy) -> list[SocketRecord]:
         SocketRecord(open_socket(spec), spec.name, policy.rules_for(spec.name), spec)
         for spec in policy.listens
     ]
+    for record in records:
+        check_spa_name(record.name, record.spa, "a start")
     return records + spa_sockets(policy, records)
+
+
+def check_spa_name(name: str, spa: bool, when: str) -> None:
+    """A socket named NAME.spa must be NAME's SPA socket: one that is not would be handed
+    to the application, filtered by the rules for every socket, or for none."""
+    if name.endswith(SPA_SUFFIX) and not spa:
+        base = name[: -len(SPA_SUFFIX)]
+        raise AlfError(
+            f"socket {name}",
+            f"is named as {base}'s SPA socket, and {when} gives {base} no knock-spa",
+            f"give {base} knock-spa (with a knock-secret), or name the socket otherwise; "
+            "a reload cannot remove an SPA socket: restart the service",
+            EX_USAGE,
+        )
 
 
 def spa_sockets(policy: Policy, records: list[SocketRecord]) -> list[SocketRecord]:

@@ -87,19 +87,29 @@ def spa_counts(service: str) -> dict[str, int]:
     return counts[0]
 
 
-def wait_for_the_door(service: str) -> None:
-    """Until the service's SPA table takes datagrams: a table takes none sent in the
-    window after it was made (knock_spa_since), which a start shortens here with
-    --knock-window 5 (one a lost table could have taken)."""
+def spa_table(service: str) -> tuple[int, int]:
+    """The service's SPA table's knock_spa_since: since when it takes datagrams (UTC ns),
+    and the widest window of the programs sharing it (s)."""
     from alfwrapper.host import bpf_calls  # noqa: PLC0415
 
     fd = bpf_calls.obj_get(_pins(service, "spa_since")[0], True)
     try:
-        since = int.from_bytes(bpf_calls.map_lookup(fd, bytes(4), 8) or bytes(8), "little")
+        since, widest = (
+            int.from_bytes(bpf_calls.map_lookup(fd, i.to_bytes(4, "little"), 8) or bytes(8),
+                           "little")
+            for i in (0, 1)
+        )  # fmt: skip
     finally:
         os.close(fd)
-    wait = (since - time.time_ns()) / 1e9 + 0.1
-    assert wait < 6, wait
+    return since, widest
+
+
+def wait_for_the_door(service: str, most: float = 6) -> None:
+    """Until the service's SPA table takes datagrams: a table takes none sent in the
+    window after it was made (knock_spa_since), which a start shortens here with
+    --knock-window 5 (one a lost table could have taken)."""
+    wait = (spa_table(service)[0] - time.time_ns()) / 1e9 + 0.1
+    assert wait < most, wait
     time.sleep(max(0.0, wait))
 
 
@@ -255,7 +265,7 @@ def _pins(service: str, name: str) -> list[str]:
     from alfwrapper import state  # noqa: PLC0415
 
     sockets = state.store().sockets_of(service)
-    found = sorted(sockets[0].service_dir.glob(f"knock-*/{name}"))
+    found = sorted(sockets[0].service_dir.glob(f"knock-spa/{name}"))
     assert len(found) == 1, found
     return [str(found[0])]
 
@@ -380,6 +390,81 @@ def test_a_reload_cannot_turn_spa_on_without_its_socket(
     assert out.returncode == 64, out.stderr
     assert "has no SPA socket" in out.stderr and "restart the service" in out.stderr
     check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[])
+
+
+def test_the_service_takes_a_datagram_once_whichever_spa_socket_it_reaches(
+    network: Network, services: list[Service], secret: Path
+) -> None:
+    """Two socket names on one port number at two addresses, with knock rules of their
+    own (a window each): their SPA sockets share one table, the service's, which keeps
+    what it saw for the wider window.  A datagram taken at one SPA socket, copied and
+    sent to the other from elsewhere, is a replay, and still one after a reload gives
+    the second new rules; with --knock-spa-sender, where the copier's own address
+    would open, the copier is not served."""
+    a, b = network.allowed, network.denied
+    argv = ["--service", "spaone", "--listen", f"{a.server_v4}:8080", "--name", "web",
+            "--listen", f"[{b.server_v6}]:8080", "--name", "admin", "--knock-secret",
+            str(secret), "--knock-spa", "--knock-window", "5", "--knock-window", "admin=9",
+            "--knock-spa-sender", "yes"]  # fmt: skip
+    svc = start(network, services, wrapped(*argv))
+    assert spa_table("spaone")[1] == 9  # the wider window, whichever started first
+    wait_for_the_door("spaone", most=10)
+    taken = spa.datagram(SECRET.strip(), 8080, None)  # opens its sender
+    send_raw(a, [taken])
+    copy = ("import socket\n"
+            "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+            f"s.sendto(bytes.fromhex({taken.hex()!r}), ({b.server_v6!r}, 8080))\n")  # fmt: skip
+    subprocess.run(b.command([sys.executable, "-c", copy]), check=True, timeout=60)
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 6, 8080)])
+    out = subprocess.run(
+        network.server.command([*WRAPPER, "reload", "spaone", *argv[2:], "--knock-open-for",
+                                "admin=3"]),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    subprocess.run(b.command([sys.executable, "-c", copy]), check=True, timeout=60)
+    check_policy(svc, served=[], dropped=[Probe(b, "tcp", 6, 8080)])
+    out = subprocess.run([*WRAPPER, "status", "spaone", "--json"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    sockets = json.loads(out.stdout)["services"][0]["sockets"]
+    spa_of = {s["name"]: s["spa"] for s in sockets if s["name"].endswith(".spa")}
+    assert (spa_of["web.spa"]["accepted"], spa_of["admin.spa"]["accepted"]) == (1, 0), spa_of
+    assert spa_of["admin.spa"]["replayed"] == 2, spa_of
+
+
+def test_a_reload_keeps_an_spa_socket_one_and_where_it_is(
+    network: Network, services: list[Service], secret: Path
+) -> None:
+    """A reload makes and closes no socket: one that would leave the SPA socket without
+    knock-spa (which would deliver what it is sent to the application) or move it to
+    another port is refused, and the SPA socket goes on judging datagrams.  A socket
+    named as an SPA socket whose name has no knock-spa is refused at start (exit 64),
+    before the application starts."""
+    a = network.allowed
+    argv = ["--service", "spakeep", "--listen", "[::]:8080", "--knock-secret", str(secret),
+            *SPA]  # fmt: skip
+    svc = start(network, services, wrapped(*argv))
+    for extra, needle in (
+        (["--listen", "[::]:8080", "--allow", "0.0.0.0/0", "--allow", "::/0"],
+         "would take no SPA datagrams"),
+        ([*argv[2:], "--knock-spa-port", "62203"], "would move to udp port 62203"),
+    ):  # fmt: skip
+        out = subprocess.run(network.server.command([*WRAPPER, "reload", "spakeep", *extra]),
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 64 and needle in out.stderr, out.stderr
+        assert "restart the service" in out.stderr and out.stderr.count("\n") == 1
+    send_raw(a, [b"for the application? " * 2], count=5)
+    check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080)])
+    assert spa_counts("spakeep")["malformed"] == 5
+    assert "for the application" not in svc.output()
+    out = subprocess.run(
+        network.server.command([*WRAPPER, "--listen", "[::]:8081", "--name", "web",
+                                "--listen-datagram", "[::]:8082", "--name", "web.spa",
+                                "--", "sh", "-c", "echo STARTED"]),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 64 and "is named as web's SPA socket" in out.stderr, out.stderr
+    assert "STARTED" not in out.stdout
 
 
 def test_a_datagram_opens_every_socket_that_shares_the_knock_state(

@@ -85,6 +85,15 @@ class Verifier:
         table[table.Key(0)] = table.Leaf(utc_ns)
         return was
 
+    def widest(self, seconds: int | None = None) -> int:
+        """The widest window of the programs sharing the table (knock_spa_since[1]): set
+        to ``seconds`` if given, as a wider program's start sets it; returns what it was."""
+        table = self.tables[b"knock_spa_since"]
+        was = int(table[table.Key(1)].value)
+        if seconds is not None:
+            table[table.Key(1)] = table.Leaf(seconds)
+        return was
+
     def clock(self, utc_ns: int) -> None:
         """Make the kernel's UTC (its TAI clock plus the offset) read ``utc_ns`` now."""
         config = self.tables[b"knock_config"]
@@ -226,6 +235,27 @@ def test_a_slot_is_taken_only_from_a_datagram_the_window_refuses(verifier: Verif
     counts = verifier.counts()
     assert (counts["accepted"], counts["stale"]) == (2, 1), counts
     assert "192.0.2.9" in verifier.opened()
+
+
+def test_a_slot_stays_seen_for_the_widest_window_sharing_its_table(verifier: Verifier) -> None:
+    """The service's SPA sockets share one table, whatever their windows: a datagram
+    seen stays seen while the widest of them would take it again, not only while the
+    one that took it would.  A start sets the widest to its own window if wider."""
+    assert verifier.widest() == WINDOW
+    verifier.widest(600)  # another SPA socket of the service takes datagrams 600 s apart
+    now = time.time_ns()
+    verifier.clock(now)
+    first = spa.datagram(SECRET, PORT, "192.0.2.7", now)
+    verifier.send(first)
+    later = now + (WINDOW + 3) * 10**9  # past this window, within the wider one
+    verifier.clock(later)
+    verifier.send(_same_slot(later, first[48:], "192.0.2.8"))
+    assert verifier.counts()["busy"] == 1 and verifier.opened() == {"192.0.2.7"}
+    past = now + 603 * 10**9
+    verifier.clock(past)
+    verifier.send(_same_slot(past, first[48:], "192.0.2.9"))
+    counts = verifier.counts()
+    assert (counts["accepted"], counts["busy"]) == (2, 1), counts
 
 
 def test_the_example_client_sends_what_the_kernel_takes(verifier: Verifier, tmp_path: Path) -> None:
