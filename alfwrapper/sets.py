@@ -407,11 +407,17 @@ def check_env(env: FillEnv) -> FillEnv:
     opened, one that a start would make from its list file is stood in for by an
     empty map of its shape, and one with neither is the error a start would give."""
 
+    stand_ins: dict[str, Maps] = {}  # kept open while check runs: each open a dup
+
     def open_set(name: str, role: str) -> int:
         if exists(name) or not list_file(name).exists():
             return read_only(name, role)
         try:
-            return _new_map(name, role, 1)
+            if name not in stand_ins:  # an empty set, made as a start would make it
+                made = {r: _new_map(name, r, 1) for r in SET_ROLES}
+                _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts"]), 0)
+                stand_ins[name] = made
+            return os.dup(stand_ins[name][role])
         except OSError as err:
             raise _fail(f"checking set {name}", err) from None
 

@@ -1186,9 +1186,27 @@ MUTATIONS += [
     Mutation(
         "too-many-maps-unexplained",
         "alfwrapper/bpf/compiler.py",
-        "        if err.errno == errno.E2BIG:\n",
+        '        if maps:  # "The total number of maps per program has reached the limit"\n',
         "        if False:\n",
         (SIEVE_TEST + "test_the_most_sets_load_with_every_part_and_more_maps_are_refused",),
+    ),
+    Mutation(
+        "verifier-giving-up-said-as-too-many-maps",
+        "alfwrapper/bpf/compiler.py",
+        '        maps = err.errno == errno.E2BIG and "number of maps" in text\n',
+        "        maps = err.errno == errno.E2BIG\n",
+        (
+            "tests/integration/test_errors.py::"
+            "test_a_filter_the_verifier_gives_up_on_is_said_to_be_rejected",
+        ),
+    ),
+    Mutation(
+        "check-stand-in-sieve-without-header",
+        "alfwrapper/sets.py",
+        '                _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts"]), 0)\n'
+        "                stand_ins[name] = made\n",
+        "                stand_ins[name] = made\n",
+        (SETS_TEST + "test_allow_sets",),
     ),
     Mutation(
         "set-lookup-skips-hosts",

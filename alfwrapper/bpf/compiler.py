@@ -346,10 +346,16 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree, env: FillEnv
         programs = {f: bytes(bpf.dump_func(f.encode())) for f in plan.programs}
         entry_fd = _load_programs(plan, programs, tables, bound)
     except OSError as err:
-        text = _bcc_log(bcc, bpf, plan, log) or err.filename or ""
+        if err.errno == errno.E2BIG:  # too many maps, or too much to verify: the log
+            text = err.filename or ""  # of our own load (BCC's would verify it all again)
+        else:
+            text = _bcc_log(bcc, bpf, plan, log) or err.filename or ""
         if err.errno == errno.EPERM:
             raise _permission_error(f"loading {what}", text, plan) from None
-        if err.errno in (errno.EACCES, errno.EINVAL):
+        maps = err.errno == errno.E2BIG and "number of maps" in text
+        if err.errno in (errno.EACCES, errno.EINVAL) or (err.errno == errno.E2BIG and not maps):
+            # E2BIG too for a program the verifier gave up on ("too large", a million
+            # instructions processed) or one of too many instructions.
             raise AlfError(
                 f"loading {what}",
                 f"the verifier rejected it: {_verifier_reason(text)}",
@@ -358,7 +364,7 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree, env: FillEnv
                 EX_DATAERR,
                 details=text,
             ) from None
-        if err.errno == errno.E2BIG:
+        if maps:  # "The total number of maps per program has reached the limit"
             raise AlfError(
                 f"loading {what}",
                 f"it uses more maps than the kernel lets one program use ({MOST_MAPS})",

@@ -169,6 +169,19 @@ def test_verifier_rejection_says_why(bpf_root: None, tmp_path: Path) -> None:
     assert "processed" in stderr  # -v: the whole verifier log
 
 
+def test_a_filter_the_verifier_gives_up_on_is_said_to_be_rejected(
+    bpf_root: None, tmp_path: Path
+) -> None:
+    """The kernel refuses a program the verifier gave up on (a million instructions
+    processed) with E2BIG, the errno of a program with too many maps: it is said as
+    the verifier's rejection, with the verifier's own words, not as too many maps."""
+    path = ROOT / "tests/data/too_large.c"
+    returncode, stderr, ran = run(tmp_path, "--listen", "127.0.0.1:8096", "--filter", str(path))
+    assert (returncode, ran) == (65, False)
+    assert_one_line(stderr, "verifier rejected", "BPF program is too large")
+    assert "maps" not in stderr
+
+
 def test_check_print_filter_compiles_what_it_prints(bpf_root: None, tmp_path: Path) -> None:
     out = subprocess.run(
         [

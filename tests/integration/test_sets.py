@@ -16,6 +16,7 @@ import pytest
 from hosts import Network, Probe, Service, all_probes, check_policy, start_echo
 from support import ECHO_SERVER, WRAPPER, WRITES_INTO_A_SET
 
+from alfwrapper import sets
 from alfwrapper.bpf.parts import SET_ROLES
 
 SETS = Path("/sys/fs/bpf/alfwrapper-sets")
@@ -97,6 +98,9 @@ def test_allow_sets(network: Network, services: list[Service], set_name: str) ->
     # A set of its own list file, made at the first start that names it.
     (LISTS / f"{set_name}.list").parent.mkdir(parents=True, exist_ok=True)
     (LISTS / f"{set_name}.list").write_text(f"# the office\n{b.v4}\n")
+    # check, which changes nothing, judges the policy as the start will make it.
+    out = cli("check", "--allow-set", set_name)
+    assert out.returncode == 0 and not sets.exists(set_name), out.stderr
     # Allow sets alone: only their entries pass; a deny rule still wins over them.
     only = start(network, services, f"{set_name}-only", 8080, "--allow-set", set_name,
                  "--deny", "2001:db8:b::/48")  # fmt: skip
