@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
+# Not sysexits: the status LLVM ends the process with (exit(1)) on an error it returns
+# to no one, which alfwrapper cannot change; a child says why (compiler._exit_witness).
+EX_COMPILER_ENDED = 1
 # sysexits.h
 EX_USAGE = 64
 EX_DATAERR = 65

@@ -1209,6 +1209,16 @@ MUTATIONS += [
         (SETS_TEST + "test_allow_sets",),
     ),
     Mutation(
+        "llvm-exit-unwitnessed",
+        "alfwrapper/bpf/compiler.py",
+        "        witness = _exit_witness(tmp.fileno(), saved[1], what) if what else None\n",
+        "        witness = None\n",
+        (
+            "tests/integration/test_errors.py::"
+            "test_a_filter_llvm_ends_the_process_for_is_said_in_one_line",
+        ),
+    ),
+    Mutation(
         "set-lookup-skips-hosts",
         "filters/sets.c",
         "        if (set_standing(bpf_map_lookup_elem(hosts, host)))\n            return 1;\n",

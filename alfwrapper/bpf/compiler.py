@@ -11,7 +11,7 @@ import errno
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,15 +47,18 @@ class LoadedFilter(Record, frozen=False):
 
 
 @contextmanager
-def _output_to(sink: list[str]) -> Iterator[None]:
+def _output_to(sink: list[str], what: str = "") -> Iterator[None]:
     """Capture fds 1 and 2 while libbcc runs: clang and the verifier write to stderr,
     BCC's loader to stdout (std::cout, through C stdio: flushed here, before the fds
-    are given back, so that nothing of it comes out later on the real stdout)."""
+    are given back, so that nothing of it comes out later on the real stdout).  With
+    ``what``, LLVM's errors that end the process (exit(1): a filter's stack over 512
+    bytes) are said in one line by an _exit_witness."""
     sys.stdout.flush()
     import tempfile  # noqa: PLC0415  (with random: 2 ms a start from the cache need not pay)
 
     with tempfile.TemporaryFile() as tmp:
         saved = [os.dup(1), os.dup(2)]
+        witness = _exit_witness(tmp.fileno(), saved[1], what) if what else None
         os.dup2(tmp.fileno(), 1)
         os.dup2(tmp.fileno(), 2)
         try:
@@ -64,10 +67,57 @@ def _output_to(sink: list[str]) -> Iterator[None]:
             _flush_c_stdio()
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
+            if witness is not None:
+                witness()
             for fd in saved:
                 os.close(fd)
             tmp.seek(0)
             sink.append(tmp.read().decode("utf-8", "replace"))
+
+
+def _exit_witness(captured: int, stderr: int, what: str) -> Callable[[], None] | None:
+    """A child that outlives this process if LLVM ends it, and then says why.
+
+    LLVM ends the process on some errors (exit(1), its default for an error
+    diagnostic: no exception, no Python clean-up) while its words are in the capture
+    of fd 2, which nobody would read.  The child waits on a pipe: a byte from the
+    caller (returned: call it once the compile is over) lets it go quietly; the pipe's
+    end without one means this process is gone, and it prints the last error line of
+    the capture as alfwrapper's one line (none if the capture holds no error: a
+    kill).  The exit status stays LLVM's 1 (errors.EX_COMPILER_ENDED).  No child
+    (fork refused, as by a quota): None, and no witness."""
+    readable, writable = os.pipe()
+    try:
+        child = os.fork()
+    except OSError:
+        os.close(readable)
+        os.close(writable)
+        return None
+    if child == 0:  # only system calls here, then _exit
+        os.close(writable)
+        if os.read(readable, 1):
+            os._exit(0)
+        text = os.pread(captured, 1 << 16, 0).decode("utf-8", "replace")
+        said = [line for line in text.splitlines() if "error" in line.lower()]
+        if not said:  # killed, say, not ended by LLVM: nothing of ours to say
+            os._exit(0)
+        why = said[-1].replace("/virtual/main.c", "alfwrapper-composed.c").strip()[:400]
+        hint = (
+            "a filter's stack is at most 512 bytes: move large variables into a per-CPU array map"
+            if "stack" in why
+            else "-v shows the compiler output"
+        )
+        os.write(stderr, f"alfwrapper: {what}: the compiler (LLVM) stopped the process: {why} "
+                         f"({hint})\n".encode())  # fmt: skip
+        os._exit(0)
+    os.close(readable)
+
+    def over() -> None:
+        os.write(writable, b"1")
+        os.close(writable)
+        os.waitpid(child, 0)
+
+    return over
 
 
 def _flush_c_stdio() -> None:
@@ -306,7 +356,11 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree, env: FillEnv
     what = _what(plan)
     _return_freed_memory()  # what parsing and planning freed, before LLVM's peak
     try:
-        with _output_to(log), _in_root_directory(), kernel_headers.for_bcc(headers) as include:
+        with (
+            _output_to(log, f"compiling {what}"),
+            _in_root_directory(),
+            kernel_headers.for_bcc(headers) as include,
+        ):
             bpf = bcc.BPF(text=plan.text.encode(), cflags=[*plan.cflags, *include])
     except Exception as err:  # BCC raises bare Exception
         text = "".join(log).replace("/virtual/main.c", "alfwrapper-composed.c")

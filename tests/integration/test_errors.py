@@ -13,6 +13,7 @@ from wrapping import assert_one_line, run
 
 from alfwrapper.bpf.parts import Subnets
 from alfwrapper.bpf.subnet_table import SMALL_RULES
+from alfwrapper.errors import EX_COMPILER_ENDED
 
 
 @pytest.mark.parametrize(
@@ -180,6 +181,19 @@ def test_a_filter_the_verifier_gives_up_on_is_said_to_be_rejected(
     assert (returncode, ran) == (65, False)
     assert_one_line(stderr, "verifier rejected", "BPF program is too large")
     assert "maps" not in stderr
+
+
+def test_a_filter_llvm_ends_the_process_for_is_said_in_one_line(
+    bpf_root: None, tmp_path: Path
+) -> None:
+    """LLVM ends the process on a filter whose stack passes 512 bytes (exit(1), no
+    error back to BCC): the application never starts, the exit status is LLVM's 1,
+    and a witness says why in one line (what LLVM said, where to put the bytes)."""
+    path = ROOT / "tests/data/big_stack.c"
+    returncode, stderr, ran = run(tmp_path, "--listen", "127.0.0.1:8096", "--filter", str(path))
+    assert (returncode, ran) == (EX_COMPILER_ENDED, False)
+    assert_one_line(stderr, f"compiling the filter {path}", "BPF stack limit of 512 bytes",
+                    "per-CPU array map")  # fmt: skip
 
 
 def test_check_print_filter_compiles_what_it_prints(bpf_root: None, tmp_path: Path) -> None:
