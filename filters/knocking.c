@@ -64,10 +64,11 @@
  *   knock_listeners HASH u64 socket cookie -> u8, the TCP listeners this
  *                 program is attached to (KNOCK_LISTENERS entries)
  *   knock_spa_seen ARRAY[KNOCK_SPA_SEEN] u64 (KNOCK_SPA 2)
- *   knock_spa_since ARRAY[2] u64: [0] a window after knock_spa_seen began (UTC
- *                 ns), a datagram sent before is refused (a table that took it may
- *                 be lost); [1] the widest window, in seconds, of the programs that
- *                 have used knock_spa_seen (the wrapper raises it before loading)
+ *   knock_spa_since ARRAY[3] u64: [0] the widest window after knock_spa_seen
+ *                 began (UTC ns), a datagram sent before is refused (a table that
+ *                 took it may be lost); [1] the widest window, in seconds, of the
+ *                 programs that have used knock_spa_seen; [2] when it began (the
+ *                 wrapper raises them before loading: parts._spa_table_takes)
  *   knock_spa_counts PERCPU_ARRAY[KNOCK_SPA_REASONS] u64: SPA datagrams by verdict
  *
  * Macros: KNOCK_ROWS, KNOCK_SOURCES, KNOCK_SECRET (1 for secret rows),
@@ -144,7 +145,7 @@ BPF_TABLE("lru_hash", struct knock_key, struct knock_state, knock_state, KNOCK_S
 BPF_HASH(knock_listeners, u64, u8, KNOCK_LISTENERS);
 #if KNOCK_SPA == 2
 BPF_ARRAY(knock_spa_seen, u64, KNOCK_SPA_SEEN);
-BPF_ARRAY(knock_spa_since, u64, 2); /* [0] since, UTC ns; [1] the widest window, s */
+BPF_ARRAY(knock_spa_since, u64, 3); /* [0] since, UTC ns; [1] the widest window, s */
 BPF_PERCPU_ARRAY(knock_spa_counts, u64, KNOCK_SPA_REASONS);
 #endif
 

@@ -1019,6 +1019,23 @@ MUTATIONS += [
         (SPA_TEST + "test_the_service_takes_a_datagram_once_whichever_spa_socket_it_reaches",),
     ),
     Mutation(
+        "spa-new-table-guard-of-one-window",
+        "alfwrapper/bpf/parts.py",
+        "    began = max(since[since.Key(0)].value, made + widest * 1_000_000_000)\n",
+        "    began = max(since[since.Key(0)].value, made + window * 1_000_000_000)\n",
+        (
+            SPA_KERNEL + "test_a_wider_window_raises_the_table_it_joins",
+            SPA_TEST + "test_the_service_takes_a_datagram_once_whichever_spa_socket_it_reaches",
+        ),
+    ),
+    Mutation(
+        "spa-table-raised-unlocked",
+        "alfwrapper/bpf/parts.py",
+        "        fcntl.flock(fd, fcntl.LOCK_EX)\n",
+        "",
+        (SPA_TEST + "test_a_reload_keeps_an_spa_socket_one_and_where_it_is",),
+    ),
+    Mutation(
         "spa-slot-live-for-its-own-window",
         "filters/knocking.c",
         "        if (wide > reach)\n            reach = wide;\n",

@@ -22,13 +22,15 @@ Adding a part means adding one class here and one file in filters/.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import re
 import struct
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import compress
 from typing import TYPE_CHECKING, Any
 
@@ -625,18 +627,9 @@ class Knocking(Part):
             leaf.spa_sender = int(rules.knock.spa_sender)
         config[config.Key(0)] = leaf
         if rules.knock.spa and rules.knock.verifier:
-            since = tables[b"knock_spa_since"]
-            if not since[since.Key(0)].value:  # made now (not kept from an earlier start)
-                # A table before this one (lost with its state) may have taken datagrams
-                # sent up to a window ahead of their taking: none of those is taken here.
-                began = time.time_ns() + rules.knock.window * 1_000_000_000
-                since[since.Key(0)] = since.Leaf(began)
-            # Slots stay live for the widest window of any program using the table (a
-            # datagram this one takes must stay seen while another would take it), so
-            # it is raised before this program can take one.
-            widest = since[since.Key(1)].value
-            if rules.knock.window > widest:
-                since[since.Key(1)] = since.Leaf(rules.knock.window)
+            pinned = dict(plan.pinned).get("knock_spa_since")
+            with _spa_table_held(os.path.dirname(pinned) if pinned else None):
+                _spa_table_takes(tables[b"knock_spa_since"], rules.knock.window)
         width = knocking.MAX_STEPS
         ports = [0] * (knock.rows * width)
         for row, sequence in enumerate(knock.ports):
@@ -651,6 +644,39 @@ class Knocking(Part):
         if rules.knock and rules.knock.spa:
             return f"{packet.addr} is not open: no sound SPA datagram opened it"
         return f"{packet.addr} has not knocked"
+
+
+def _spa_table_takes(since: Table, window: int) -> None:
+    """Before a program with this window can take a datagram (knock_spa_since: [0] since
+    when the table takes datagrams, [1] the widest window, [2] when it was made).
+
+    Slots stay live for the widest window of any program using the table: a datagram
+    one takes must stay seen while another would take it.  A table made now (none kept
+    from an earlier start) may follow one lost with its state, which may have taken
+    datagrams sent up to its window ahead of their taking: none sent before a window,
+    the widest, after the table was made is taken here."""
+    made = since[since.Key(2)].value or time.time_ns()
+    widest = max(since[since.Key(1)].value, window)
+    began = max(since[since.Key(0)].value, made + widest * 1_000_000_000)
+    since[since.Key(2)] = since.Leaf(made)
+    since[since.Key(1)] = since.Leaf(widest)
+    since[since.Key(0)] = since.Leaf(began)
+
+
+@contextmanager
+def _spa_table_held(folder: str | None) -> Iterator[None]:
+    """flock(2) on the SPA table's folder while its knock_spa_since is read and raised:
+    two starts or reloads at once must not lose one's raise (held for microseconds, so
+    waited for; None: a table of the program's own, as explain's)."""
+    if folder is None:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class Filter(Part):

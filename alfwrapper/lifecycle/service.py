@@ -134,7 +134,8 @@ def check_spa_sockets(service: str, found: list[Member], rules: dict[int, Socket
                 f"reloading {service}",
                 f"the SPA socket {m.title()} would take no SPA datagrams (no knock-spa for "
                 f"{m.name[: -len(SPA_SUFFIX)]}), and deliver what it is sent",
-                "nothing was changed; restart the service to remove it",
+                "nothing was changed; restart the service without it (one a socket unit "
+                "passes: remove it from the unit first)",
                 EX_USAGE,
             )
 

@@ -102,8 +102,8 @@ def check_spa_name(name: str, spa: bool, when: str) -> None:
         raise AlfError(
             f"socket {name}",
             f"is named as {base}'s SPA socket, and {when} gives {base} no knock-spa",
-            f"give {base} knock-spa (with a knock-secret), or name the socket otherwise; "
-            "a reload cannot remove an SPA socket: restart the service",
+            f"give {base} knock-spa (with a knock-secret), or name the socket otherwise "
+            "(--name, or the socket unit's FileDescriptorName=)",
             EX_USAGE,
         )
 

@@ -4,6 +4,7 @@ host and from another, a restart, and a flood of forged datagrams and replays.""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -87,21 +88,21 @@ def spa_counts(service: str) -> dict[str, int]:
     return counts[0]
 
 
-def spa_table(service: str) -> tuple[int, int]:
+def spa_table(service: str) -> tuple[int, int, int]:
     """The service's SPA table's knock_spa_since: since when it takes datagrams (UTC ns),
-    and the widest window of the programs sharing it (s)."""
+    the widest window of the programs sharing it (s), and when it was made (UTC ns)."""
     from alfwrapper.host import bpf_calls  # noqa: PLC0415
 
     fd = bpf_calls.obj_get(_pins(service, "spa_since")[0], True)
     try:
-        since, widest = (
+        since, widest, made = (
             int.from_bytes(bpf_calls.map_lookup(fd, i.to_bytes(4, "little"), 8) or bytes(8),
                            "little")
-            for i in (0, 1)
+            for i in (0, 1, 2)
         )  # fmt: skip
     finally:
         os.close(fd)
-    return since, widest
+    return since, widest, made
 
 
 def wait_for_the_door(service: str, most: float = 6) -> None:
@@ -407,7 +408,9 @@ def test_the_service_takes_a_datagram_once_whichever_spa_socket_it_reaches(
             str(secret), "--knock-spa", "--knock-window", "5", "--knock-window", "admin=9",
             "--knock-spa-sender", "yes"]  # fmt: skip
     svc = start(network, services, wrapped(*argv))
-    assert spa_table("spaone")[1] == 9  # the wider window, whichever started first
+    since, widest, made = spa_table("spaone")
+    assert widest == 9  # the wider window, whichever started first
+    assert since == made + 9 * 10**9  # a lost table's datagrams: the wider window's
     wait_for_the_door("spaone", most=10)
     taken = spa.datagram(SECRET.strip(), 8080, None)  # opens its sender
     send_raw(a, [taken])
@@ -457,6 +460,20 @@ def test_a_reload_keeps_an_spa_socket_one_and_where_it_is(
     check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080)])
     assert spa_counts("spakeep")["malformed"] == 5
     assert "for the application" not in svc.output()
+    # A reload that keeps it raises the table's windows under the table's lock (two at
+    # once must not lose one's raise): it waits while another holds it.
+    table = os.open(Path(_pins("spakeep", "spa_since")[0]).parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(table, fcntl.LOCK_EX)
+        again = network.server.command([*WRAPPER, "reload", "spakeep", *argv[2:]])
+        reload = subprocess.Popen(again, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)  # fmt: skip
+        time.sleep(3)
+        assert reload.poll() is None, reload.communicate()
+    finally:
+        os.close(table)  # the lock goes with it
+    _, stderr = reload.communicate(timeout=120)
+    assert reload.returncode == 0, stderr
     out = subprocess.run(
         network.server.command([*WRAPPER, "--listen", "[::]:8081", "--name", "web",
                                 "--listen-datagram", "[::]:8082", "--name", "web.spa",

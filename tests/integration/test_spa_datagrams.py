@@ -258,6 +258,22 @@ def test_a_slot_stays_seen_for_the_widest_window_sharing_its_table(verifier: Ver
     assert (counts["accepted"], counts["busy"]) == (2, 1), counts
 
 
+def test_a_wider_window_raises_the_table_it_joins(verifier: Verifier) -> None:
+    """A program of a wider window joining a table raises its widest window, and the
+    time before which it takes nothing to a wider window after the table was made
+    (one lost before it may have taken datagrams that far ahead); a narrower one
+    lowers neither."""
+    from alfwrapper.bpf.parts import _spa_table_takes  # noqa: PLC0415
+
+    table = verifier.tables[b"knock_spa_since"]
+    made = int(table[table.Key(2)].value)
+    assert verifier.began == made + WINDOW * 10**9
+    for window in (600, 5):
+        _spa_table_takes(table, window)
+        assert (int(table[table.Key(0)].value), verifier.widest()) == (made + 600 * 10**9, 600)
+        assert int(table[table.Key(2)].value) == made
+
+
 def test_the_example_client_sends_what_the_kernel_takes(verifier: Verifier, tmp_path: Path) -> None:
     """examples/spa_knock.py, run as a user would, on the loopback: its datagram,
     caught and replayed into the kernel, opens what it says."""
