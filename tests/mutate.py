@@ -979,8 +979,8 @@ MUTATIONS += [
     Mutation(
         "spa-new-table-takes-its-first-window",
         "alfwrapper/bpf/parts.py",
-        "                began = time.time_ns() + rules.knock.window * 1_000_000_000\n",
-        "                began = time.time_ns()\n",
+        "    began = max(since[since.Key(0)].value, made + widest * 1_000_000_000)\n",
+        "    began = max(since[since.Key(0)].value, made)\n",
         (SPA_KERNEL + "test_a_datagram_sent_before_what_was_seen_began_is_refused",),
     ),
     Mutation(
@@ -1019,14 +1019,11 @@ MUTATIONS += [
         (SPA_TEST + "test_the_service_takes_a_datagram_once_whichever_spa_socket_it_reaches",),
     ),
     Mutation(
-        "spa-new-table-guard-of-one-window",
+        "spa-new-table-guard-of-the-first-window",
         "alfwrapper/bpf/parts.py",
         "    began = max(since[since.Key(0)].value, made + widest * 1_000_000_000)\n",
-        "    began = max(since[since.Key(0)].value, made + window * 1_000_000_000)\n",
-        (
-            SPA_KERNEL + "test_a_wider_window_raises_the_table_it_joins",
-            SPA_TEST + "test_the_service_takes_a_datagram_once_whichever_spa_socket_it_reaches",
-        ),
+        "    began = since[since.Key(0)].value or made + widest * 1_000_000_000\n",
+        (SPA_TEST + "test_the_service_takes_a_datagram_once_whichever_spa_socket_it_reaches",),
     ),
     Mutation(
         "spa-table-raised-unlocked",
@@ -1045,9 +1042,12 @@ MUTATIONS += [
     Mutation(
         "spa-widest-not-raised",
         "alfwrapper/bpf/parts.py",
-        "            if rules.knock.window > widest:\n",
-        "            if False:\n",
-        (SPA_TEST + "test_the_service_takes_a_datagram_once_whichever_spa_socket_it_reaches",),
+        "    widest = max(since[since.Key(1)].value, window)\n",
+        "    widest = since[since.Key(1)].value or window\n",
+        (
+            SPA_KERNEL + "test_a_wider_window_raises_the_table_it_joins",
+            SPA_TEST + "test_the_service_takes_a_datagram_once_whichever_spa_socket_it_reaches",
+        ),
     ),
     Mutation(
         "knock-folders-named-in-a-list-collected",
