@@ -97,7 +97,8 @@ def _exit_witness(captured: int, stderr: int, what: str) -> Callable[[], None] |
         os.close(writable)
         if os.read(readable, 1):
             os._exit(0)
-        text = os.pread(captured, 1 << 16, 0).decode("utf-8", "replace")
+        size = os.fstat(captured).st_size  # its last 64 KiB: LLVM's words come last
+        text = os.pread(captured, 1 << 16, max(0, size - (1 << 16))).decode("utf-8", "replace")
         said = [line for line in text.splitlines() if "error" in line.lower()]
         if not said:  # killed, say, not ended by LLVM: nothing of ours to say
             os._exit(0)
