@@ -155,7 +155,12 @@ def test_single_packet_authorization_under_systemd(clean: Guest) -> None:
           "knock-spa = true\nknock-spa-port = 62201\nknock-open-for = 120\n"
           "knock-window = 5\n")  # fmt: skip
     g.run("systemctl start alfwrapper-echo.socket")
-    expect(g, ECHO, "timeout", "tcp", ALLOW4, GUEST4, "8080", "4")  # starts it: shut
+    # It starts the service, and is not served: dropped once the filter is on, or, if
+    # its handshake was queued before, held, then removed with nothing written
+    # (backlog.py), by the time the client gives up or before.
+    first = g.client("tcp", ALLOW4, GUEST4, "8080", "4")
+    assert first in ("timeout", "timeout (connected, b'')", "closed b''"), (
+        f"{first}\n" + g.journal(ECHO))  # fmt: skip
     g.wait(f"systemctl is-active --quiet {ECHO} && alfwrapper status alfwrapper-echo | "
            "grep -q 'echo.spa udp'")  # fmt: skip
 
