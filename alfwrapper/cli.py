@@ -423,8 +423,10 @@ def reload_main(argv: Sequence[str]) -> int:
     given = argv[0] if argv and not argv[0].startswith("-") else ""
     options = list(argv[1:] if given else argv)
     service = default_service(given)
-    found = _service_ops().reload(service, options or None, parse_policy)
-    print(f"reloaded {service}: {len(found)} socket(s), " + ", ".join(m.title() for m in found))
+    ops = _service_ops()
+    found = ops.reload(service, options or None, parse_policy)
+    print(f"reloaded {service}: {len(found)} socket(s), " + ", ".join(m.title() for m in found)
+          + f"; kept {ops.runtime_rule_count(found)} runtime rule(s)")  # fmt: skip
     return 0
 
 
@@ -454,27 +456,35 @@ def default_service(given: str) -> str:
 
 _CHANGES = {
     "deny": "Drop packets from these subnets on a running service, from the next packet "
-    "on, until its next start or reload.",
+    "on, until revoked: the rule stays through reloads and restarts.",
     "allow": "Pass packets from these subnets on a running service (a runtime rule decides "
-    "before the policy's subnet rules), until its next start or reload.",
-    "revoke": "Remove runtime rules made by allow or deny.",
+    "before the policy's subnet rules), until revoked: the rule stays through reloads and "
+    "restarts.",
+    "revoke": "Remove runtime rules made by allow or deny (--all: every one).",
 }
 
 
 def change_parser(verb: str) -> Callable[[], Parser]:
     def parser() -> Parser:
+        every = verb == "revoke"
         p = Parser(
             prog=f"alfwrapper {verb}",
-            usage=f"alfwrapper {verb} SERVICE [--socket NAME] CIDR...",
+            usage=f"alfwrapper {verb} SERVICE [--socket NAME] "
+            + ("{CIDR... | --all}" if every else "CIDR..."),
             description=_CHANGES[verb],
             epilog=examples(
                 f"alfwrapper {verb} web 198.51.100.7 2001:db8::/48",
                 f"alfwrapper {verb} web --socket admin 203.0.113.0/24",
+                *([f"alfwrapper {verb} web --all"] if every else []),
             ),
         )
         p.add_argument("service", help="the service's name (as in alfwrapper status)")
-        p.add_argument("cidrs", nargs="+", metavar="CIDR", help="addresses or subnets")
+        p.add_argument(
+            "cidrs", nargs="*" if every else "+", metavar="CIDR", help="addresses or subnets"
+        )
         p.add_argument("--socket", default="", metavar="NAME", help="only the sockets so named")
+        if every:
+            p.add_argument("--all", action="store_true", help="every runtime rule")
         return p
 
     return parser
@@ -482,9 +492,14 @@ def change_parser(verb: str) -> Callable[[], Parser]:
 
 def change_main(verb: str) -> Callable[[Sequence[str]], int]:
     def run(argv: Sequence[str]) -> int:
-        args = change_parser(verb)().parse_args(argv)
+        p = change_parser(verb)()
+        args = p.parse_args(argv)
+        every = bool(getattr(args, "all", False))
+        if every == bool(args.cidrs):
+            p.error("give CIDRs or --all, not both" if every else "give CIDRs or --all")
         ops = _service_ops()
-        return int(ops.out(ops.change(check_service(args.service), args.socket, verb, args.cidrs)))
+        service = check_service(args.service)
+        return int(ops.out(ops.change(service, args.socket, verb, args.cidrs, every)))
 
     return run
 

@@ -423,8 +423,8 @@ def runtime_rules(where: SocketState) -> list[tuple[int, int, int, int]]:
 def set_runtime(where: SocketState, key: bytes, verdict: int | None) -> bool:
     """Add (verdict 1 allow, 2 deny) or remove (None) one runtime rule.  Returns whether
     anything changed.  Touches one map entry, and the "may have rules" flag the filter
-    checks first: set on the first rule, cleared only when a start or reload empties
-    the map (clearing it on a revoke could race with a deny made at the same time)."""
+    checks first: set on the first rule, never cleared (clearing it on a revoke could
+    race with a deny made at the same time)."""
     fd, flag = open_pin(where, "runtime"), open_pin(where, "runtime_count")
     try:
         if verdict is None:
@@ -441,6 +441,54 @@ def set_runtime(where: SocketState, key: bytes, verdict: int | None) -> bool:
     finally:
         os.close(fd)
         os.close(flag)
+
+
+def holds_runtime_rules(where: SocketState, tree: Store | None = None) -> bool:
+    """Does the socket's runtime map hold any rule (one key looked up, not all)?"""
+    tree = tree or store()
+    if not tree.has_pin(where, "runtime"):
+        return False
+    try:
+        fd = tree.open_pin(where, "runtime")
+    except AlfError:
+        return False  # removed meanwhile
+    try:
+        return bpf_calls.map_first_key(fd, RUNTIME_KEY.size) is not None
+    finally:
+        os.close(fd)
+
+
+def inherit_runtime(where: SocketState, name: str) -> int:
+    """Give this socket the runtime rules of its service's other sockets named ``name``
+    (gone or alive: the state of a gone one with rules is kept until a socket of its
+    name holds them, Store._collect_service), so that a restart that makes new sockets
+    keeps every ban.  A prefix one holds as allow and another as deny is denied.  Run
+    by every start before its program is installed, and again once its meta names the
+    socket (a deny in between reached the old sockets alone).  Returns how many rules
+    this socket was given."""
+    wanted: dict[bytes, int] = {}
+    for other in store().sockets_of(where.service):
+        if other.cookie == where.cookie:
+            continue
+        try:
+            if read_meta(other).get("name") != name or not store().has_pin(other, "runtime"):
+                continue
+            rules = runtime_rules(other)
+        except AlfError:
+            continue  # collected meanwhile: a socket of this name holds its rules
+        for family, value, length, verdict in rules:
+            key = runtime_key(family, value, length)
+            wanted[key] = max(wanted.get(key, 0), verdict)  # RUNTIME_DENY (2) wins
+    if not wanted:
+        return 0
+    mine = {runtime_key(f, v, n): verdict for f, v, n, verdict in runtime_rules(where)}
+    given = 0
+    for key, verdict in wanted.items():
+        if mine.get(key, 0) < verdict:
+            set_runtime(where, key, verdict)
+            crash_point("rule-inherited")
+            given += 1
+    return given
 
 
 def live_cookies() -> set[int]:
@@ -589,18 +637,8 @@ class Store:
         return Taken(found, judged=claim(found, pid).get("judged") is True, made=False)
 
     def install(self, where: SocketState, prog_fd: int) -> None:
-        """Forget the socket's runtime rules (they last until the next start or
-        reload), then put the program in its slot: one atomic update, no unfiltered
-        moment."""
-        if self.has_pin(where, "runtime"):
-            fd, count_fd = self.open_pin(where, "runtime"), self.open_pin(where, "runtime_count")
-            try:
-                bpf_calls.map_update(count_fd, _U32.pack(0), _U32.pack(0))
-                for key in bpf_calls.map_keys(fd, RUNTIME_KEY.size):
-                    bpf_calls.map_delete(fd, key)
-            finally:
-                os.close(fd)
-                os.close(count_fd)
+        """Put the program in the socket's slot: one atomic update, no unfiltered moment.
+        The socket's runtime rules stay (they are the socket's, not the program's)."""
         slot = self.open_pin(where, "slot")
         try:
             bpf_calls.prog_array_set(slot, 0, prog_fd)
@@ -801,6 +839,8 @@ class Store:
         without meta is a start's in progress, and the folder stays."""
         removed = []
         kept_knock = set()
+        gone: list[tuple[SocketState, dict[str, object]]] = []
+        staying: set[object] = set()  # the names of the sockets that stay
         try:
             entries = sorted(service_dir.iterdir())
         except FileNotFoundError:
@@ -824,15 +864,26 @@ class Store:
             known = namespaces is None or meta.get("netns") in namespaces or not meta
             owner_alive = alive(meta.get("pid"))  # its process: the socket may be unbound
             if known and not owner_alive and where.cookie not in live():
-                self.remove(where)
-                removed.append(where)
-            elif "knock" in meta:  # its knock folders (or one, as a string)
+                gone.append((where, meta))
+                continue
+            staying.add(meta.get("name"))
+            if "knock" in meta:  # its knock folders (or one, as a string)
                 named = meta["knock"]
                 kept_knock.update(map(str, named) if isinstance(named, list) else [str(named)])
             elif meta.get("pid") != os.getpid():
                 # Another process's start in progress: its knock state may be pinned
                 # and not named yet.  (This process's own is named once it runs.)
                 kept_knock.add("*")
+        for where, meta in gone:
+            # A gone socket's runtime rules stay until a socket of its name holds them
+            # (inherit_runtime): a restart that makes new sockets keeps every ban.
+            # (One that was never named, a start's killed before its meta, was given
+            # its rules by the sockets that keep them.)
+            name = meta.get("name")
+            if name is not None and name not in staying and holds_runtime_rules(where, self):
+                continue
+            self.remove(where)
+            removed.append(where)
         for knock in entries:
             if not knock.name.startswith("knock-") or knock.name in kept_knock or "*" in kept_knock:
                 continue
@@ -911,6 +962,23 @@ def user_stores() -> list[Store]:
     return [Store(USERS_ROOT / uid, USERS_ROOT) for uid in sorted(uids)]
 
 
+def live_everywhere(strict: bool = True) -> tuple[set[int], set[int]]:
+    """The cookies of every socket in every network namespace we can enter (as root),
+    and those namespaces' cookies; unless ``strict``, in this one alone where we may
+    not enter them (an OSError otherwise)."""
+    live: set[int] = set()
+    seen: set[int] = set()
+    try:
+        for _ in netns.each_netns():
+            live |= live_cookies()
+            seen.add(netns_cookie())
+    except OSError:
+        if strict:
+            raise
+        return live_cookies(), {netns_cookie()}
+    return live, seen
+
+
 def gc_everywhere() -> list[SocketState]:
     """As root: gc over every network namespace we can find (processes' and /run/netns),
     in root's tree and in every user's.
@@ -921,11 +989,7 @@ def gc_everywhere() -> list[SocketState]:
     """
     trees = [Store(ROOT), *user_stores()]
     settled = {p for tree in trees for p in tree.socket_folders()}
-    live: set[int] = set()
-    seen: set[int] = set()
-    for _ in netns.each_netns():
-        live |= live_cookies()
-        seen.add(netns_cookie())
+    live, seen = live_everywhere()
     removed = []
     for tree in trees:
         removed += tree._collect(settled, lambda: live, seen)  # noqa: SLF001

@@ -4,14 +4,15 @@
  *   alf_runtime        LPM_TRIE struct alf_runtime_key -> u8 verdict, per
  *                      socket, pinned (state.py): ALF_RUNTIME_ALLOW or
  *                      ALF_RUNTIME_DENY.  The most specific rule decides.
- *   alf_runtime_count  ARRAY[1] u32: 1 once alf_runtime may hold rules (a start
- *                      or reload clears both), so that a socket that never had
+ *   alf_runtime_count  ARRAY[1] u32: 1 once alf_runtime may hold rules (never
+ *                      cleared: a revoke may race a deny), so that a socket that never had
  *                      any pays one array lookup, not a trie walk.
  *
  * A runtime rule decides before the policy's subnet rules: a runtime deny
  * drops, a runtime allow passes the subnet check (interface, knocking and a
- * developer's filter still apply).  The rules last until the next start or
- * reload of the service.
+ * developer's filter still apply).  The rules stay until revoked: a reload or
+ * restart keeps them (state.inherit_runtime gives a new socket those of the
+ * service's earlier sockets of its name).
  *
  * Both maps are the socket's own, pinned: the wrapper hands the program the
  * pinned ones in place of fresh ones (compiler.py).

@@ -4,9 +4,11 @@ BPF; ``network`` (three namespaced hosts), ``services`` (stopped afterwards) and
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,10 @@ import pytest
 from hosts import Network, Service, make_network
 from managers import UserManager
 from support import ROOT, WRAPPER, bpf_problem, host_hold, require
+
+from alfwrapper import state
+from alfwrapper.bpf.parts import RUNTIME_KEY
+from alfwrapper.host import bpf_calls
 
 # The program cache of every start the tests make (alfwrapper/bpf/cache.py): the
 # checkout's own, so that a clean clone starts cold and nothing outside is used.
@@ -70,9 +76,52 @@ def network(bpf_root: None) -> Iterator[Network]:
                     break
                 subprocess.run(["kill", "-9", *pids], capture_output=True)
                 time.sleep(0.05)
+        forget_runtime_rules(net.names)
         subprocess.run([*WRAPPER, "gc"], capture_output=True, timeout=60)
         for name in net.names:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+_NETNS_COOKIE = (
+    "import socket; s = socket.socket(); "
+    "print(int.from_bytes(s.getsockopt(socket.SOL_SOCKET, 71, 8), 'little'))"
+)
+
+
+def forget_runtime_rules(names: list[str]) -> None:
+    """Revoke the runtime rules of the gone sockets of these namespaces: gc keeps a gone
+    socket's state for its rules until its next start (state.inherit_runtime), which
+    a test's service never has, and a later test's service of the same name would
+    inherit them."""
+    cookies = set()
+    for name in names:
+        inside = ["nsenter", f"--net=/run/netns/{name}", sys.executable, "-c", _NETNS_COOKIE]
+        out = subprocess.run(inside, capture_output=True, text=True, timeout=30)
+        if out.returncode == 0:
+            cookies.add(int(out.stdout))
+    for tree in (state.ROOT, *state.USERS_ROOT.glob("[0-9]*")):
+        for where in tree.glob("*/sock-*/runtime"):
+            try:
+                meta = json.loads(_meta_text(where.parent / "meta"))
+                if meta.get("netns") not in cookies or state.alive(meta.get("pid")):
+                    continue
+                fd = bpf_calls.obj_get(str(where))
+                try:
+                    for key in bpf_calls.map_keys(fd, RUNTIME_KEY.size):
+                        bpf_calls.map_delete(fd, key)
+                finally:
+                    os.close(fd)
+            except (OSError, ValueError):
+                continue  # collected meanwhile
+
+
+def _meta_text(path: Path) -> bytes:
+    fd = bpf_calls.obj_get(str(path))
+    try:
+        raw = bpf_calls.map_lookup(fd, b"\0\0\0\0", state.META_SIZE) or b""
+    finally:
+        os.close(fd)
+    return raw.rstrip(b"\0") or b"{}"
 
 
 @pytest.fixture

@@ -2025,11 +2025,49 @@ MUTATIONS += [
         ("tests/integration/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
     ),
     Mutation(
-        "install-keeps-runtime-rules",
+        "install-forgets-runtime-rules",
         "alfwrapper/state.py",
-        '        if self.has_pin(where, "runtime"):\n',
-        "        if False:\n",
+        '        slot = self.open_pin(where, "slot")\n        try:\n',
+        '        fd = self.open_pin(where, "runtime")\n'
+        "        for key in bpf_calls.map_keys(fd, RUNTIME_KEY.size):\n"
+        "            bpf_calls.map_delete(fd, key)\n"
+        "        os.close(fd)\n"
+        '        slot = self.open_pin(where, "slot")\n        try:\n',
         ("tests/integration/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
+    ),
+    Mutation(
+        "restart-inherits-runtime-rules-after-install",
+        "alfwrapper/lifecycle/programs.py",
+        "            state.inherit_runtime(record.pins, record.name)  # before a packet meets it\n",
+        "",
+        (
+            "tests/adversarial/test_startup.py::"
+            "test_a_banned_host_gets_nothing_into_a_restart_before_it_is_described",
+        ),
+    ),
+    Mutation(
+        "gone-sockets-runtime-rules-collected",
+        "alfwrapper/state.py",
+        "            if name is not None and name not in staying and holds_runtime_rules(",
+        "            if False and (",
+        ("tests/integration/test_live.py::test_runtime_rules_outlive_a_restart_with_new_sockets",),
+    ),
+    Mutation(
+        "unnamed-gone-sockets-runtime-rules-kept",
+        "alfwrapper/state.py",
+        "            if name is not None and name not in staying and holds_runtime_rules(",
+        "            if name not in staying and holds_runtime_rules(",
+        (
+            "tests/adversarial/test_crash.py::"
+            "test_a_restart_killed_while_it_inherits_runtime_rules_loses_none",
+        ),
+    ),
+    Mutation(
+        "inherited-allow-beats-deny",
+        "alfwrapper/state.py",
+        "            wanted[key] = max(wanted.get(key, 0), verdict)  # RUNTIME_DENY (2) wins\n",
+        "            wanted[key] = min(wanted.get(key, 3), verdict)\n",
+        ("tests/unit/test_runtime_inherit.py",),
     ),
     Mutation(
         "rules-go-to-the-loader-unencoded",

@@ -503,6 +503,18 @@ def map_delete(map_fd: int, key: bytes) -> bool:
 
 
 @_fd_call("map_fd")
+def map_first_key(map_fd: int, key_size: int) -> bytes | None:
+    """A map's first key, or None if it is empty."""
+    current = ctypes.create_string_buffer(key_size)
+    result = libbpf().bpf_map_get_next_key(map_fd, None, current)
+    if result < 0:
+        if (ctypes.get_errno() or -result) == 2:  # ENOENT: no key
+            return None
+        bpf_check(result, "map iteration", f"map fd {map_fd}")
+    return current.raw
+
+
+@_fd_call("map_fd")
 def map_keys(map_fd: int, key_size: int) -> list[bytes]:
     """Every key of a hash map."""
     keys: list[bytes] = []

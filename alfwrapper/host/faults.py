@@ -31,6 +31,7 @@ POINTS = (
     "attached",  # the dispatcher is attached and locked; its slot is empty: it drops
     "cache-written",  # a compiled program's cache entry is written, not yet renamed in
     "loaded",  # the program is compiled and loaded, not yet in the slot
+    "rule-inherited",  # a restart's new socket has one of the earlier sockets' runtime rules
     "installed",  # the program is in the slot; what was queued is not judged yet
     "judged",  # what was queued is judged; not yet written down
     "bound",  # created sockets are bound

@@ -50,6 +50,9 @@ def describe_sockets(
                 "judged": True,
             },
         )
+        # A deny made since the first inherit_runtime (programs.filter_sockets) found
+        # the earlier sockets alone, not this one, which it could not name yet.
+        state.inherit_runtime(record.pins, record.name)
 
 
 def state_available() -> str:

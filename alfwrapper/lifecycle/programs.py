@@ -63,6 +63,7 @@ def filter_sockets(records: list[SocketRecord], service: str, pinned: bool) -> l
     for record in kept:
         if record.pins is not None:
             assert record.loaded is not None
+            state.inherit_runtime(record.pins, record.name)  # before a packet meets it
             state.store().install(record.pins, record.loaded.fd)
         elif record.loaded is not None:
             attach.attach_filter(record.sock, record.loaded.fd)

@@ -9,6 +9,7 @@ each socket's runtime map, in force from the next packet.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -40,6 +41,9 @@ class Member(Record, frozen=False):
 
     pins: state.SocketState  # where its pinned state is
     meta: dict[str, object]
+    # A gone socket whose state gc keeps for its runtime rules, until a socket of its
+    # name holds them (state.inherit_runtime); allow, deny and revoke change them too.
+    gone: bool = False
 
     @property
     def name(self) -> str:
@@ -55,7 +59,10 @@ class Member(Record, frozen=False):
         """How messages name it: name (protocol address:port)."""
         address = str(self.meta.get("address", "?"))
         host = f"[{address}]" if ":" in address else address
-        return f"{self.name} ({self.meta.get('protocol', '?')} {host}:{self.meta.get('port', '?')})"
+        where = f"{self.meta.get('protocol', '?')} {host}:{self.meta.get('port', '?')}"
+        return f"{self.name} ({where}" + (
+            ", gone: its runtime rules wait for its next start)" if self.gone else ")"
+        )
 
 
 def collect() -> tuple[list[state.SocketState], str]:
@@ -64,10 +71,20 @@ def collect() -> tuple[list[state.SocketState], str]:
     return state.store().collect()
 
 
-def members(service: str, name: str = "") -> list[Member]:
-    """The service's live sockets (those named ``name``, if given)."""
+def members(service: str, name: str = "", gone: bool = True) -> list[Member]:
+    """The service's sockets (those named ``name``, if given): the live ones, and unless
+    not ``gone`` those gone whose runtime rules gc keeps."""
     collect()
     found = [Member(s, state.read_meta(s)) for s in state.store().sockets_of(service)]
+    live = functools.cache(lambda: state.live_everywhere(strict=False))
+    for m in found:  # as gc judges them (state.Store._collect_service)
+        m.gone = (
+            not alive(m.meta.get("pid"))
+            and m.meta.get("netns") in live()[1]
+            and m.pins.cookie not in live()[0]
+        )
+    if not gone:
+        found = [m for m in found if not m.gone]
     if name:
         chosen = [m for m in found if m.name == name]
         if not chosen:
@@ -145,7 +162,7 @@ def reload(
 ) -> list[Member]:
     """Put the service's policy, built anew from ``argv`` (or the argv it was started
     with), into every socket's slot.  Returns the sockets."""
-    found = members(service)
+    found = members(service, gone=False)
     for m in found:  # what is read is checked before anything is changed
         problem = state.store().check_pins(m.pins)
         if problem:
@@ -293,8 +310,14 @@ def service_netns(service: str, netns: object, app: int, strict: bool = True) ->
 VERDICTS = {"allow": RUNTIME_ALLOW, "deny": RUNTIME_DENY, "revoke": None}
 
 
-def change(service: str, name: str, verb: str, cidrs: Sequence[str]) -> list[str]:
-    """allow, deny or revoke CIDRs on the service's sockets, at once; one line per change."""
+def change(
+    service: str, name: str, verb: str, cidrs: Sequence[str], every: bool = False
+) -> list[str]:
+    """allow, deny or revoke CIDRs on the service's sockets (the gone ones whose rules
+    wait for the next start too), at once; one line per change.  ``every``: revoke
+    every rule (revoke --all)."""
+    if every:
+        return flush(service, name)
     prefixes = parse_cidrs(cidrs)
     verdict = VERDICTS[verb]
     lines = []
@@ -308,6 +331,25 @@ def change(service: str, name: str, verb: str, cidrs: Sequence[str]) -> list[str
             else:
                 lines.append(f"{service} {m.title()}: {what} {prefix}")
     return lines
+
+
+def flush(service: str, name: str) -> list[str]:
+    """Revoke every runtime rule of the service's sockets (named ``name``, if given)."""
+    lines = []
+    for m in members(service, name):
+        rules = state.runtime_rules(m.pins) if state.store().has_pin(m.pins, "runtime") else []
+        for family, value, length, _ in rules:
+            state.set_runtime(m.pins, state.runtime_key(family, value, length), None)
+        lines.append(f"{service} {m.title()}: revoked {len(rules)} runtime rule(s)")
+    collect()  # a gone socket's state, kept for its rules alone
+    return lines
+
+
+def runtime_rule_count(found: Sequence[Member]) -> int:
+    """How many runtime rules these sockets hold, together."""
+    return sum(
+        len(state.runtime_rules(m.pins)) for m in found if state.store().has_pin(m.pins, "runtime")
+    )
 
 
 def show(service: str) -> list[str]:

@@ -270,3 +270,34 @@ def test_gc_killed_midway_leaves_nothing_a_start_takes(
     assert subprocess.run([*WRAPPER, "gc"], capture_output=True, timeout=120,
                           cwd=ROOT).returncode == 0  # fmt: skip
     assert not where.dir.exists()
+
+
+def test_a_restart_killed_while_it_inherits_runtime_rules_loses_none(
+    network: Network, services: list[Service]
+) -> None:
+    """Killed after a new socket got the first of the earlier sockets' two runtime rules,
+    a restart leaves both with the gone sockets: the next start drops both hosts, and
+    once it holds them, no gone socket's state is left."""
+    a, b = network.allowed, network.denied
+    argv = [*WRAPPER, "--service", "inheriting", "--listen", "[::]:8080", "--deny",
+            "203.0.113.0/24", "--", *ECHO_SERVER]  # fmt: skip
+    svc = Service(network.server, argv)
+    services.append(svc)
+    svc.wait_for(r"^ready ")
+    assert subprocess.run([*WRAPPER, "deny", "inheriting", a.v4, a.v6], timeout=60).returncode == 0
+    svc.stop()
+    services.remove(svc)
+    dead = subprocess.run(network.server.command(argv), capture_output=True, timeout=120,
+                          env={**os.environ, faults.VARIABLE: "rule-inherited"})  # fmt: skip
+    assert dead.returncode == -9, dead.stderr
+    svc = Service(network.server, argv)
+    services.append(svc)
+    svc.wait_for(r"^ready ")
+    check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "tcp", 6, 8080)])
+    check_policy(svc, served=[Probe(b, "tcp", 4, 8080)], dropped=[])
+    assert subprocess.run([*WRAPPER, "gc"], capture_output=True, timeout=60).returncode == 0
+    from alfwrapper import state  # noqa: PLC0415
+
+    assert len(state.store().sockets_of("inheriting")) == 1
+    assert subprocess.run([*WRAPPER, "revoke", "inheriting", "--all"], capture_output=True,
+                          timeout=60).returncode == 0  # fmt: skip

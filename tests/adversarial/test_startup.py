@@ -88,6 +88,22 @@ def stopped(pid: int, seconds: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+def flood_while_stopped(svc: Service, host: Host, stop: Path, tag: str) -> None:
+    """Once the start stands still (a pause point), ``host`` floods both ports for half a
+    second (flood_both_ports); then the start goes on."""
+    stopped(svc.proc.pid)
+    floods = flood_both_ports(host, stop, tag)
+    try:
+        for proc in floods:
+            assert wait_line(proc) == "flooding"
+        time.sleep(0.5)  # the flood runs while the start stands still
+    finally:
+        stop.touch()
+        counts = [proc.communicate(timeout=90)[0].strip() for proc in floods]
+    assert all(int(c.split()[1]) > 5 for c in counts), counts
+    os.kill(svc.proc.pid, signal.SIGCONT)
+
+
 def test_nothing_reaches_created_sockets_while_a_start_stands_before_its_filter(
     network: Network, services: list[Service], tmp_path: Path
 ) -> None:
@@ -103,19 +119,39 @@ def test_nothing_reaches_created_sockets_while_a_start_stands_before_its_filter(
         env={faults.PAUSE_VARIABLE: f"pinned@{tmp_path / 'paused'}"},  # the first socket
     )  # fmt: skip
     services.append(svc)
-    stopped(svc.proc.pid)
-    stop = tmp_path / "stop"
-    floods = flood_both_ports(b, stop, "PAUSED")
-    try:
-        for proc in floods:
-            assert wait_line(proc) == "flooding"
-        time.sleep(0.5)  # the flood runs while the start stands still
-    finally:
-        stop.touch()
-        counts = [proc.communicate(timeout=90)[0].strip() for proc in floods]
-    assert all(int(c.split()[1]) > 5 for c in counts), counts
-    os.kill(svc.proc.pid, signal.SIGCONT)
+    flood_while_stopped(svc, b, tmp_path / "stop", "PAUSED")
     svc.wait_for(r"^ready ", timeout=120)
     check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
     assert not seen_from(svc, b.v4, b.v6), svc.output()
     assert "PAUSED" not in svc.output()
+
+
+def test_a_banned_host_gets_nothing_into_a_restart_before_it_is_described(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """A restart that makes new sockets gives them the earlier sockets' runtime rules
+    before their programs are installed: held still once its sockets are bound (the
+    crash point "bound", before its meta names them), the new start already drops the
+    host banned before the restart, which floods both ports meanwhile."""
+    a = network.allowed
+    argv = [*WRAPPER, "--service", "banned-early", "--listen", "[::]:8080",
+            "--listen-datagram", "[::]:8081", "--", *ECHO_SERVER]  # fmt: skip
+    svc = Service(network.server, argv)
+    services.append(svc)
+    svc.wait_for(r"^ready ", timeout=120)
+    ban = subprocess.run([*WRAPPER, "deny", "banned-early", a.v4, a.v6], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert ban.returncode == 0, ban.stderr
+    svc.stop()
+    services.remove(svc)
+    svc = Service(network.server, argv, env={faults.PAUSE_VARIABLE: f"bound@{tmp_path / 'p'}"})
+    services.append(svc)
+    flood_while_stopped(svc, a, tmp_path / "stop", "BANNED")
+    svc.wait_for(r"^ready ", timeout=120)
+    check_policy(svc, served=[], dropped=all_probes(a, 8080, 8081))
+    assert not seen_from(svc, a.v4, a.v6), svc.output()
+    assert "BANNED" not in svc.output()
+    out = subprocess.run([*WRAPPER, "revoke", "banned-early", "--all"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    check_policy(svc, served=all_probes(a, 8080, 8081), dropped=[])

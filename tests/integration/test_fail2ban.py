@@ -28,11 +28,9 @@ def test_fail2ban_bans_and_unbans_through_alfwrapper(
         action, options = "alfwrapper-set", ["--deny-set", named]
         banned = lambda: "198.51.100.2/32" in run([*WRAPPER, "set", "list", named])  # noqa: E731
         run([*WRAPPER, "set", "create", named])
-    svc = Service(
-        network.server,
-        [*WRAPPER, "--service", service, "--listen", "[::]:8080", "--deny", "203.0.113.0/24",
-         *options, "--", *ECHO_SERVER],
-    )  # fmt: skip
+    svc_argv = [*WRAPPER, "--service", service, "--listen", "[::]:8080", "--deny",
+                "203.0.113.0/24", *options, "--", *ECHO_SERVER]  # fmt: skip
+    svc = Service(network.server, svc_argv)
     services.append(svc)
     svc.wait_for(r"^ready ")
     check_policy(svc, served=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)], dropped=[])
@@ -77,6 +75,19 @@ def test_fail2ban_bans_and_unbans_through_alfwrapper(
         while not banned():
             assert time.monotonic() < deadline, (tmp_path / "fail2ban.log").read_text()
             time.sleep(0.2)
+        check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+        # A reload of the service (fail2ban knows nothing of it) keeps the ban, and so
+        # does a restart (new sockets, and a gc while it is down).
+        reloaded = subprocess.run([*WRAPPER, "reload", service], capture_output=True,
+                                  text=True, timeout=120)  # fmt: skip
+        assert reloaded.returncode == 0, reloaded.stderr
+        check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+        svc.stop()
+        services.remove(svc)
+        run([*WRAPPER, "gc"])
+        svc = Service(network.server, svc_argv)
+        services.append(svc)
+        svc.wait_for(r"^ready ")
         check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
         out = subprocess.run([*client, "set", "app", "unbanip", "198.51.100.2"], env=env,
                              capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -50,14 +50,58 @@ def test_live_deny_allow_revoke_at_a_million_rules(
     out = cli("revoke", "live", "192.0.2.2", "2001:db8:a::/48", "198.51.100.0/24")
     assert out.returncode == 0, out.stderr
     check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
-    # A reload starts again from the policy: the runtime rules are forgotten.
+    # A reload keeps the runtime rules (a ban of fail2ban's stays a ban); revoke --all
+    # forgets them.
     assert cli("deny", "live", "192.0.2.2", "2001:db8:a::/48").returncode == 0
     check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080)])
     out = cli("reload", "live")
     assert out.returncode == 0, out.stderr
-    assert "deny 192.0.2.2/32" not in cli("show", "live").stdout
+    assert out.stdout.rstrip().endswith("kept 4 runtime rule(s)"), out.stdout  # 2 on each of 2
+    assert cli("show", "live").stdout.count("deny 192.0.2.2/32") == 2
+    check_policy(svc, served=[], dropped=all_probes(a, 8080, 8081))
+    out = cli("revoke", "live", "--all")
+    assert out.returncode == 0 and out.stdout.count("revoked 2 runtime rule(s)") == 2, out
     check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
     assert svc.proc.poll() is None and svc.proc.pid == pid
+
+
+def test_runtime_rules_outlive_a_restart_with_new_sockets(
+    network: Network, services: list[Service]
+) -> None:
+    """A service that makes its own sockets (--listen) gets new ones at each start: their
+    runtime rules are the earlier sockets', kept by every gc in between (a status, a
+    deny made while it is down, alfwrapper gc), and in force before its first packet."""
+    a, b = network.allowed, network.denied
+    svc = start(network, services, "relive", "--deny", "203.0.113.0/24")
+    assert cli("deny", "relive", a.v4).returncode == 0
+    assert cli("deny", "relive", "--socket", "dns", a.v6).returncode == 0
+    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)],
+                 dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 6, 8081)])  # fmt: skip
+    svc.stop()
+    services.remove(svc)
+    for argv in (["status", "relive"], ["gc"]):
+        assert cli(*argv).returncode == 0
+    # Down, the gone sockets' rules still change, and show says where they wait.
+    out = cli("deny", "relive", "--socket", "web", "198.51.100.0/24")
+    assert out.returncode == 0 and "gone: its runtime rules wait for its next start" in out.stdout
+    assert cli("gc").returncode == 0
+    svc = start(network, services, "relive", "--deny", "203.0.113.0/24")
+    check_policy(
+        svc,
+        served=[Probe(a, "tcp", 6, 8080), Probe(b, "tcp", 6, 8080), Probe(b, "udp", 4, 8081)],
+        dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 4, 8081), Probe(a, "udp", 6, 8081),
+                 Probe(b, "tcp", 4, 8080)],
+    )  # fmt: skip
+    # Once the new sockets hold the rules, the gone ones' state goes.
+    assert cli("gc").returncode == 0
+    shown = cli("show", "relive").stdout
+    assert "gone" not in shown and len(pins_of("relive")) == 2, shown
+    assert cli("revoke", "relive", "--all").returncode == 0
+    check_policy(svc, served=all_probes(a, 8080, 8081), dropped=[])
+    svc.stop()
+    services.remove(svc)
+    assert cli("gc").returncode == 0
+    assert not (STATE / "relive").exists()  # nothing held: the service's folder goes
 
 
 def test_runtime_rule_errors() -> None:

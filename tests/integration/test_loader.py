@@ -181,11 +181,15 @@ def test_ordinary_users_service_behind_their_own_policy(
     assert out.returncode == 0, out.stderr
     check_policy(app, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
     out = as_user(own, readable_copy, "reload", "app", old_kernel=True)
-    assert out.returncode == 0, out.stderr
-    check_policy(app, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
+    assert out.returncode == 0 and "kept 2 runtime rule(s)" in out.stdout, out
+    check_policy(app, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
     assert int(own.run("show", "-p", "MainPID", "--value", "app.service").stdout) == app_pid
-    # A restart finds the socket's state and installs its new program in the slot.
+    # A restart finds the socket's state and installs its new program in the slot; the
+    # runtime rule stays until revoked.
     own.run("restart", "app.service")
+    check_policy(app, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
+    out = as_user(own, readable_copy, "revoke", "app", "--all")
+    assert out.returncode == 0, out.stderr
     check_policy(app, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
     # doctor tells the user which way their filters are loaded, and that it works, on
     # this kernel and on one before 6.5.
