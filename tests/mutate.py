@@ -86,6 +86,16 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "kept-verdict-link-switch-unseen",
+        "alfwrapper/lifecycle/verdicts.py",
+        "        bool(real) and os.path.realpath(path) == real and _identity(path)",
+        "        _identity(path)",
+        (
+            "tests/unit/test_kept_files.py",
+            "tests/integration/test_inetd.py::test_a_kept_verdict_follows_a_release_switched_by_symlink",
+        ),
+    ),
+    Mutation(
         "kept-verdict-seal-not-checked",
         "alfwrapper/lifecycle/verdicts.py",
         "if len(raw) < 32 or cachedir.sha256(raw[32:]).digest() != raw[:32]:",

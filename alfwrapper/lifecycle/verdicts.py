@@ -14,7 +14,8 @@ imported (door.py):
   capabilities its unit gave (--no-capabilities), and every file the policy read
   or looked for (policy/inputs.CONSULTED: the policy, its drop-in folders, rule
   files), each with its identity (device, inode, size, modification and change
-  times), in the cache folder (host/cachedir.py: this user's alone) as
+  times) and where its path led (os.path.realpath, before and after it was read),
+  in the cache folder (host/cachedir.py: this user's alone) as
   ``verdict-KEY``, sealed with its SHA-256.  Not kept for more than
   ``MAX_RULES`` prefixes: reading them would cost what it saves.
 - **Key**: a SHA-256 of this format, alfwrapper's version, the code a verdict
@@ -23,8 +24,10 @@ imported (door.py):
   and the handed-over sockets (fd, family, type, connected or not, which fds are
   one socket).
 - **Used** only when the entry is sound and every consulted file is still what it
-  was.  A peer the kept rules deny is reset (SO_LINGER 0) with the note the full
-  start prints, and the wrapper exits 0.  A peer they allow, on the one socket an
+  was, found where it was (a `current` link switched to a release folder of hard
+  links to the same files leads a full start to other rule files beside them).
+  A peer the kept rules deny is reset (SO_LINGER 0) with the note the full start
+  prints, and the wrapper exits 0.  A peer they allow, on the one socket an
   inetd-style start hands over on fd 0 with rules that are not empty, gets
   COMMAND as the full start would run it: confined, then exec'd (handover.py;
   a COMMAND gone since fails at exec, with EX_NOINPUT).  COMMAND and whether
@@ -47,7 +50,7 @@ import sys
 from alfwrapper import __version__
 from alfwrapper.host import cachedir
 
-FORMAT = 2
+FORMAT = 3
 MAX_RULES = 100_000
 MAX_ENTRY_BYTES = 8 << 20
 PREFIX = "verdict-"
@@ -260,8 +263,7 @@ def _judge_early(argv: list[str]) -> Any:
         return None
     if body.get("material") != material:
         return None
-    consulted = body["consulted"]
-    if any(_identity(path) != tuple_or_none(ident) for path, ident in consulted):
+    if not still_found(body["consulted"]):
         return None
     PENDING = None  # sound: nothing to keep again
     # The note, or anything said before exec, must not reach the peer: where stderr
@@ -299,6 +301,15 @@ def _judge_early(argv: list[str]) -> Any:
     return command, keep_capabilities
 
 
+def still_found(consulted: Any) -> bool:
+    """Is every consulted path still what it was, and found where it was (every symbolic
+    link on it leading where it led)?  Then a full start reads the same files."""
+    return all(
+        bool(real) and os.path.realpath(path) == real and _identity(path) == tuple_or_none(ident)
+        for path, ident, real in consulted
+    )
+
+
 def _identity(path: str) -> cachedir.Identity:
     """A consulted path's identity now: a regular file's from the file opened (on NFS an
     open revalidates what a stat may take from a cache for a minute), as the full start
@@ -323,7 +334,7 @@ def keep(
     allow: Any,
     deny: Any,
     command: list[str],
-    consulted: list[tuple[str, Any]],
+    consulted: list[tuple[str, Any, str]],
     run: dict[str, Any] | None,
 ) -> None:
     """Keep the verdict's inputs for the next start (see the module's docstring), if
@@ -340,13 +351,13 @@ def keep(
         import time  # noqa: PLC0415
 
         now = time.time_ns()
-        if not all(cachedir.settled(ident, now) for _, ident in consulted):
+        if not all(cachedir.settled(ident, now) and real for _, ident, real in consulted):
             return
         body = marshal.dumps(
             {
                 "format": FORMAT,
                 "material": material,
-                "consulted": [(path, ident) for path, ident in consulted],
+                "consulted": [(path, ident, real) for path, ident, real in consulted],
                 "command": command[0],
                 "exec": run,
                 "table": table_of(allow, deny),

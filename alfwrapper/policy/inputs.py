@@ -21,9 +21,12 @@ READ_SECONDS = 30.0
 _CHUNK = 1 << 20
 
 # Every file read and every path looked at in this process, with what it was then
-# (cachedir.identity): a verdict kept for later starts (lifecycle/verdicts.py) holds
-# only while each is still the same.
-CONSULTED: list[tuple[str, Identity]] = []
+# (cachedir.identity) and where it led (resolved): a verdict kept for later starts
+# (lifecycle/verdicts.py) holds only while each is still the same, and still found
+# where it was.  A path through a symbolic link switched since (a release folder
+# behind a `current` link) leads elsewhere, even to a hard link of the same file:
+# what is read next to it (a policy's relative rule files) is then another file.
+CONSULTED: list[tuple[str, Identity, str]] = []
 
 
 def here(path: str) -> str:
@@ -32,20 +35,34 @@ def here(path: str) -> str:
     return os.path.join(os.getcwd(), path)
 
 
+def resolved(path: str) -> str:
+    """Where the path leads now: every symbolic link on it followed (os.path.realpath,
+    for a missing path as far as it goes)."""
+    return os.path.realpath(path)
+
+
+def _noted(path: str, before: str, ident: Identity) -> None:
+    """Note in CONSULTED what ``path`` was, found where ``before`` said it led; if it
+    leads elsewhere now (switched meanwhile), where it led is unknown: ""."""
+    CONSULTED.append((here(path), ident, before if resolved(path) == before else ""))
+
+
 def look(path: str) -> Identity:
     """The path's identity now (None if there is none), noted in CONSULTED."""
+    before = resolved(path)
     try:
         found = identity(os.stat(path))
     except OSError:
         found = None
-    CONSULTED.append((here(path), found))
+    _noted(path, before, found)
     return found
 
 
-def consulted(path: str, ident: Identity) -> None:
+def consulted(path: str, ident: Identity, before: str) -> None:
     """Note in CONSULTED a file whose contents were taken as what they were (a rule
-    file the cache remembers: policy/prefix_list.read_rule_file)."""
-    CONSULTED.append((here(path), ident))
+    file the cache remembers: policy/prefix_list.read_rule_file), its identity taken
+    where ``before`` (resolved, first) said it led."""
+    _noted(path, before, ident)
 
 
 def read_input(path: str, what: str, limit: int) -> bytes:
@@ -61,6 +78,7 @@ def read_identified(path: str, what: str, limit: int, shown: str = "") -> tuple[
     """read_input, and the identity of the file read (taken from the open file).
     ``shown``: the path as the user gave it, for messages (``path`` by default)."""
     where = f"{what} {excerpt(shown or path, 200, quote=False)}"
+    before = resolved(path)
     try:
         # O_NONBLOCK: opening a FIFO with no writer must not hang; it is refused below.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
@@ -113,7 +131,7 @@ def read_identified(path: str, what: str, limit: int, shown: str = "") -> tuple[
                     EX_NOINPUT,
                 )
             chunks.append(chunk)
-        CONSULTED.append((here(path), identity(info)))
+        _noted(path, before, identity(info))
         return b"".join(chunks), identity(info)
     finally:
         os.close(fd)

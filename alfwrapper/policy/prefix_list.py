@@ -26,7 +26,13 @@ from typing import Any, overload
 from alfwrapper.errors import EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, AlfError, excerpt
 from alfwrapper.host import cachedir
 from alfwrapper.host.cachedir import Identity
-from alfwrapper.policy.inputs import RULE_FILE_LIMIT, consulted, here, read_identified
+from alfwrapper.policy.inputs import (
+    RULE_FILE_LIMIT,
+    consulted,
+    here,
+    read_identified,
+    resolved,
+)
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 
 Array = Any  # numpy arrays (typed loosely: Debian's numpy 1.24 and pip's 2.x check alike)
@@ -428,10 +434,11 @@ def read_rule_file(path: str) -> PrefixList:
     change times) is not read: the list is deferred, of the length that start noted
     in the cache folder (``rules-KEY``), and read only if something looks into it.
     A start whose subnet table is cached too (bpf/table_cache.py) never does."""
+    before = resolved(path)
     noted = _recall(path)
     if noted is not None:
         ident, count, origin, note = noted
-        consulted(path, ident)
+        consulted(path, ident, before)
         where = here(path)  # read later, perhaps from another working directory (reload)
 
         def load() -> PrefixList:

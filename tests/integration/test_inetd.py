@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -271,6 +272,46 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
     assert receive(a.command([]), a.server_v4, 7103) in (repr(""), repr("<ConnectionResetError>"))
     wait_until(lambda: "denied and reset" in svc.errors()[before:], svc.errors)
     assert not marker.exists()
+
+
+def test_a_kept_verdict_follows_a_release_switched_by_symlink(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """Releases in folders behind a `current` link, the next one made as hard links
+    (`cp -al`) with a new rule file beside its policy (which names it relatively): once
+    the link is switched, the policy file is the very same file, and the kept verdict
+    is not used: the peer the new release denies is reset, not served."""
+    cache, a, b = tmp_path / "cache", network.allowed, network.denied
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    (v1 / "web.toml").write_text('allow-file = ["allow.txt"]\n')
+    (v1 / "allow.txt").write_text("192.0.2.0/24\n198.51.100.0/24\n2001:db8::/32\n")
+    shutil.copytree(v1, tmp_path / "v2", copy_function=os.link)
+    (tmp_path / "v2" / "allow.txt").unlink()
+    (tmp_path / "v2" / "allow.txt").write_text("192.0.2.0/24\n2001:db8:a::/48\n")
+    (tmp_path / "current").symlink_to("v1")
+    time.sleep(1.1)  # every file a second old: a verdict is kept
+    svc = activate(
+        network, services, 7104,
+        "env", f"ALFWRAPPER_CACHE={cache}", sys.executable, "-X", "importtime", "-m",
+        "alfwrapper", "--policy", str(tmp_path / "current" / "web.toml"), "--",
+        sys.executable, "-c", "print('served')",
+    )  # fmt: skip
+    for _ in range(3):  # judged in full and kept, then from the kept verdict
+        assert receive(b.command([]), b.server_v4, 7104) == repr("served\n")
+    assert [p.name[:8] for p in cache.glob("verdict-*")] == ["verdict-"]
+    kept_run = imports(svc.errors())
+    assert "alfwrapper.lifecycle.verdicts" in kept_run
+    switched = tmp_path / "current.new"
+    switched.symlink_to("v2")
+    switched.rename(tmp_path / "current")  # ln -sfn v2 current, atomically
+    for _ in range(3):
+        before = len(svc.errors())
+        got = receive(b.command([]), b.server_v4, 7104)
+        assert got in (repr(""), repr("<ConnectionResetError>")), got
+        wait_until(lambda before=before: "denied and reset" in svc.errors()[before:],
+                   svc.errors)  # fmt: skip
+    assert receive(a.command([]), a.server_v4, 7104) == repr("served\n")
 
 
 # What the application is, as it reports it: its capabilities, no_new_privs, whether
