@@ -78,7 +78,7 @@ MUTATIONS = [
     Mutation(
         "kept-verdict-files-not-followed",
         "alfwrapper/lifecycle/verdicts.py",
-        "    if any(_identity(path) != tuple_or_none(ident) for path, ident in consulted):",
+        '    if not still_found(body["consulted"]):',
         "    if False:",
         (
             "tests/integration/test_inetd.py::"
@@ -115,7 +115,8 @@ MUTATIONS = [
     Mutation(
         "kept-verdict-trusts-racy-times",
         "alfwrapper/lifecycle/verdicts.py",
-        "        if not all(cachedir.settled(ident, now) for _, ident in consulted):",
+        "        if not all(cachedir.settled(ident, now) and real for _, ident, real in "
+        "consulted):",
         "        if False:",
         (
             "tests/integration/test_inetd.py::"
@@ -1248,7 +1249,7 @@ MUTATIONS += [
     Mutation(
         "set-lookup-skips-hosts",
         "filters/sets.c",
-        "        if (set_standing(bpf_map_lookup_elem(hosts, host)))\n            return 1;\n",
+        "        if (set_standing(bpf_map_lookup_elem(hosts, k->host)))\n            return 1;\n",
         "",
         (SETS_TEST + "test_two_services_share_one_deny_set",),
     ),
