@@ -24,8 +24,9 @@ add past a full map remove lapsed entries.
 
 A set comes from `alfwrapper set create NAME [FILE]`, or, the first time a service
 names it, from /etc/alfwrapper/sets/NAME.list (one CIDR a line, # comments) if
-that file exists.  Its maps are filled before they are pinned, and made under the
-folder's lock, so a set is there whole or not at all.
+that file exists.  Its maps are filled and pinned in a folder of their own
+(NAME~making), which one rename puts in place, so a set is there whole or not at
+all (create).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ _ROOT = [state.SETS_ROOT]  # where the tree is seen (use_root)
 LIST_DIR = Path("/etc/alfwrapper/sets")
 DEFAULT_SIZE = 65536  # entries each map may hold (its most: `set create --size`)
 MOST_SIZE = 1 << 24
+MAKING = "~making"  # a set being made: NAME~making (making())
 LOCK_SECONDS = 10.0
 BATCH = 65536  # entries in one batch update
 _INDEX = struct.Struct("=I")  # an array's key
@@ -275,44 +277,169 @@ def make_tree() -> None:
 
 
 def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE) -> bool:
-    """Make the set, holding ``prefixes``, unless it exists; True if it was made."""
+    """Make the set, holding ``prefixes``, unless it exists; True if it was made.
+
+    Whole or not at all: its maps are made, filled and pinned in a folder of their own
+    (making()), which one rename then puts in the set's place.  A create that fails
+    or is killed on the way leaves no set, only that folder, which the next create of
+    the name (or a gc: collect_unfinished) empties; a set made in its place at once
+    (the older way) could be listed and yet have no hosts map to add to."""
     where = folder(name)
     if not 1 <= size <= MOST_SIZE:
         raise AlfError(f"set {name}", f"size {size} is out of range", f"give 1 to {MOST_SIZE}",
                        EX_USAGE)  # fmt: skip
     make_tree()
-    state.trusted_dir(where, create=True)
+    if not (where / "hosts").exists() and _make(name, prefixes, size):
+        return True
+    state.trusted_dir(where, create=False)
+    with _locked(where) as at:
+        if not (where / "hosts").exists():  # destroyed since
+            raise AlfError(f"set {name}", "was removed while it was made", "make it again",
+                           EX_TEMPFAIL)  # fmt: skip
+        try:
+            if not (where / "sieve").exists():  # an older alfwrapper's set
+                _add_sieve(name, at)
+            _refit(name)
+            if os.geteuid() == 0:  # an older alfwrapper's set, 0700 and 0600, or one
+                os.fchmod(at, state.modes(where)[0])  # made killed before it was given
+                for role in SET_ROLES:  # away: given now, by fds
+                    _give_pin(at, role)
+        except OSError as err:
+            raise _fail(f"set {name} in {where}", err) from None
+    return False
+
+
+def making(name: str) -> Path:
+    """The folder a set is made in before it is renamed into place: no set's name (a
+    set's has no ~), so nothing lists or opens it as a set."""
+    return root() / f"{check_name(name)}{MAKING}"
+
+
+def _make(name: str, prefixes: Sequence[Prefix], size: int) -> bool:
+    """Make the set in making(name), under its lock (one create of a name at a time),
+    and rename it into place; False if another create made the set meanwhile."""
+    where, temp = folder(name), making(name)
+    for _ in range(10):  # a gc may remove the folder between its mkdir and its lock
+        state.trusted_dir(temp, create=True)
+        try:
+            with _locked(temp) as at:
+                if not _still(temp, at):
+                    continue
+                if (where / "hosts").exists():  # made by the create that held the lock
+                    return False
+                _build(name, prefixes, size, temp, at)
+                return True
+        except FileNotFoundError:
+            continue
+    raise AlfError(f"set {name}", f"{temp} kept vanishing", "try again", EX_TEMPFAIL)
+
+
+def _still(path: Path, fd: int) -> bool:
+    """Does ``path`` still name the folder open at ``fd`` (not removed, not swapped)?"""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (info.st_dev, info.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _build(name: str, prefixes: Sequence[Prefix], size: int, temp: Path, at: int) -> None:
+    """The set's maps, made, filled, pinned in ``temp`` (open at ``at``) and given
+    away by fds, then ``temp`` renamed into the set's place; on a failure nothing of
+    them is left pinned."""
+    where = folder(name)
+    _unpin_all(at)  # what a killed create left here
+    made: Maps = {}
+    try:
+        for role in SET_ROLES:
+            made[role] = _new_map(name, role, size)
+        _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts"]), 0)
+        _put(name, made, prefixes, 0)
+        for role in SET_ROLES:
+            _pin(made[role], at, role)
+            crash_point(f"set-{role}-pinned")
+        crash_point("set-made")
+        _rename_in(name, temp, where)
+    except OSError as err:
+        _discard(temp, at)
+        raise _fail(f"creating set {name} in {where}", err) from None
+    except BaseException:
+        _discard(temp, at)
+        raise
+    finally:
+        for fd in made.values():
+            os.close(fd)
+
+
+def _rename_in(name: str, temp: Path, where: Path) -> None:
+    """``temp`` put in the set's place at once.  A rename replaces an empty folder
+    there; one that holds pins but no hosts map (a destroy killed half way, or an older
+    alfwrapper's create) is emptied first, under its own lock."""
+    try:
+        os.rename(temp, where)
+        return
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
     with _locked(where) as at:
         if (where / "hosts").exists():
-            try:
-                if not (where / "sieve").exists():  # an older alfwrapper's set
-                    _add_sieve(name, at)
-                _refit(name)
-                if os.geteuid() == 0:  # a make killed before it gave the set away (or an
-                    os.fchmod(at, state.modes(where)[0])  # older set, 0700 and 0600):
-                    for role in SET_ROLES:  # given now, by fds
-                        _give_pin(at, role)
-            except OSError as err:
-                raise _fail(f"set {name} in {where}", err) from None
-            return False
-        made: Maps = {}
+            raise OSError(errno.EEXIST, "made by another create meanwhile", str(where))
+        _unpin_all(at)
+    os.rename(temp, where)
+
+
+def _unpin_all(at: int) -> None:
+    """Unpin every set map in the folder open at ``at``."""
+    for role in SET_ROLES:
         try:
-            for role in SET_ROLES:
-                made[role] = _new_map(name, role, size)
-            _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts"]), 0)
-            _put(name, made, prefixes, 0)
-            # The hosts pin last: it says the set is whole, and a crash before it
-            # leaves pins that the next create replaces.  Each is named through the
-            # folder's fd, and given away by its own.
-            for role in reversed(SET_ROLES):
-                _pin(made[role], at, role)
-                crash_point(f"set-{role}-pinned")
-        except OSError as err:
-            raise _fail(f"creating set {name} in {where}", err) from None
+            os.unlink(role, dir_fd=at)
+        except FileNotFoundError:
+            pass
+
+
+def _discard(temp: Path, at: int) -> None:
+    """A failed create's folder, emptied and removed (only if it is still ours)."""
+    try:
+        _unpin_all(at)
+        if _still(temp, at):
+            temp.rmdir()
+    except OSError:
+        pass  # left for the next create or a gc
+
+
+def collect_unfinished() -> list[str]:
+    """Remove what creates and destroys left half done: making() folders (a create
+    killed or failed), and set folders without a hosts map (a destroy killed half way,
+    an older alfwrapper's create); each only if no one holds its lock.  The names of
+    the folders removed (for gc)."""
+    try:
+        found = sorted(root().iterdir())
+    except (FileNotFoundError, PermissionError):
+        return []
+    except OSError as err:
+        raise _fail(f"{root()}", err) from None
+    removed = []
+    for path in found:
+        base = path.name.removesuffix(MAKING)
+        temp = base != path.name
+        if not valid_set_name(base) or not temp and (path / "hosts").exists():
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _still(path, fd) and (temp or not (path / "hosts").exists()):
+                _unpin_all(fd)
+                path.rmdir()
+                removed.append(path.name)
+        except OSError:
+            continue  # in use (locked), or not ours to remove
         finally:
-            for fd in made.values():
-                os.close(fd)
-    return True
+            os.close(fd)
+    return removed
 
 
 def _pin(fd: int, at: int, role: str) -> None:
@@ -728,7 +855,9 @@ def destroy(name: str) -> bool:
 
 def names() -> list[str]:
     try:
-        return sorted(p.name for p in root().iterdir() if valid_set_name(p.name))
+        return sorted(  # whole sets: a folder without the hosts map is none (create)
+            p.name for p in root().iterdir() if valid_set_name(p.name) and (p / "hosts").exists()
+        )
     except FileNotFoundError:
         return []
     except OSError as err:

@@ -1158,7 +1158,7 @@ MUTATIONS += [
     Mutation(
         "set-create-keeps-a-stale-sieve",
         "alfwrapper/sets.py",
-        "                _refit(name)\n",
+        "            _refit(name)\n",
         "",
         (SIEVE_TEST + "test_a_sieve_made_for_other_entries_is_refused_then_rebuilt",),
     ),
@@ -1469,10 +1469,10 @@ MUTATIONS += [
     Mutation(
         "set-pins-named-by-path",
         "alfwrapper/sets.py",
-        "                _pin(made[role], at, role)\n",
-        """                (where / role).unlink(missing_ok=True)
-                bpf_calls.obj_pin(made[role], str(where / role))
-                _give_pin(at, role)
+        "            _pin(made[role], at, role)\n",
+        """            (temp / role).unlink(missing_ok=True)
+            bpf_calls.obj_pin(made[role], str(temp / role))
+            _give_pin(at, role)
 """,
         (SETS_TEST + "test_the_trees_owner_cannot_turn_roots_make_elsewhere",),
     ),
@@ -1491,10 +1491,10 @@ MUTATIONS += [
         (SETS_TEST + "test_a_change_to_a_set_waits_for_its_lock",),
     ),
     Mutation(
-        "set-hosts-pinned-first",
+        "set-made-in-place",
         "alfwrapper/sets.py",
-        "            for role in reversed(SET_ROLES):\n",
-        "            for role in SET_ROLES:\n",
+        "    where, temp = folder(name), making(name)\n",
+        "    where, temp = folder(name), folder(name)\n",
         (SETS_TEST + "test_a_crash_while_a_set_is_made_leaves_no_half_set",),
     ),
 ]

@@ -40,6 +40,7 @@ POINTS = (
     "reload-installed",  # reload: one socket has its new program
     "rule-flagged",  # a live rule: the socket's "may have rules" flag is set
     "removing",  # gc (or a start): a socket's state is half removed, its dispatcher first
+    "set-made",  # set create: the set is whole, pinned under its temporary name, not renamed in
 )
 
 

@@ -364,13 +364,21 @@ def show(service: str) -> list[str]:
 
 
 def gc() -> list[str]:
-    """Remove the state of sockets that are gone, and program cache entries beyond the
-    cache's bounds or not used for a month."""
+    """Remove the state of sockets that are gone, what a killed `set create` left
+    (sets.collect_unfinished), and program cache entries beyond the cache's bounds or
+    not used for a month."""
     from alfwrapper.bpf import cache  # noqa: PLC0415
 
     removed, scope = collect()
     lines = [f"removed {s.service} sock-{s.cookie}" for s in removed]
     lines.append(f"gc: {len(removed)} stale socket state(s) removed, in {scope}")
+    if state.store().opens_sets:  # the host's sets (root's), not through the loader
+        from alfwrapper import sets  # noqa: PLC0415
+
+        unfinished = sets.collect_unfinished()
+        if unfinished:
+            lines.append(f"gc: {len(unfinished)} unfinished set folder(s) removed "
+                         f"({', '.join(unfinished)}), in {sets.root()}")  # fmt: skip
     folder = cache.directory()
     if folder is not None:
         pruned = cache.prune(folder, unused_for=cache.GC_UNUSED_SECONDS)

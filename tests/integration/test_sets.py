@@ -157,21 +157,44 @@ def test_set_errors(network: Network, services: list[Service], set_name: str) ->
         assert needle in out.stderr and len(out.stderr.splitlines()) == 1, (argv, out.stderr)
 
 
+@pytest.mark.parametrize("point", ["set-ranges-pinned", "set-made"])
 def test_a_crash_while_a_set_is_made_leaves_no_half_set(
-    network: Network, services: list[Service], set_name: str, tmp_path: Path
+    network: Network, services: list[Service], set_name: str, tmp_path: Path, point: str
 ) -> None:
+    """Killed with two of its three maps pinned, or with all three but before the
+    rename that puts the set in place: no set, neither listed nor one to add to; the
+    next create makes it whole, and a gc removes what the killed one left."""
     listed = tmp_path / "list"
     listed.write_text("192.0.2.2\n2001:db8:a::/48\n")
-    out = cli("set", "create", set_name, str(listed),
-              env={"ALFWRAPPER_CRASH_AT": "set-ranges-pinned"})  # fmt: skip
+    out = cli("set", "create", set_name, str(listed), env={"ALFWRAPPER_CRASH_AT": point})
     assert out.returncode == -9, out
-    assert (SETS / set_name / "ranges").exists() and not (SETS / set_name / "hosts").exists()
+    assert not (SETS / set_name).exists() and sets.making(set_name).exists()
+    assert set_name not in ok("set", "list").split()
+    added = cli("set", "add", set_name, "192.0.2.9")
+    assert added.returncode == 78 and "does not exist" in added.stderr, added.stderr
     # Nothing starts on it, rather than on half of it.
     assert cli("check", "--deny-set", set_name).returncode == 78
+    if point == "set-made":  # a gc removes what was left; else the next create does
+        assert f"{set_name}~making" in ok("gc")
+        assert not sets.making(set_name).exists()
     assert "created from" in ok("set", "create", set_name, str(listed))
+    assert not sets.making(set_name).exists() and set_name in ok("set", "list").split()
     svc = start(network, services, f"{set_name}-c", 8080, "--deny-set", set_name)
     check_policy(svc, served=all_probes(network.denied, 8080),
                  dropped=all_probes(network.allowed, 8080))  # fmt: skip
+
+
+def test_a_failed_create_leaves_no_set(set_name: str, tmp_path: Path) -> None:
+    """A create that fails (its file holds more than --size) leaves nothing: no set
+    that `set list` shows and `set add` says does not exist, no maps pinned."""
+    listed = tmp_path / "list"
+    listed.write_text("192.0.2.1\n192.0.2.2\n192.0.2.3\n")
+    out = cli("set", "create", set_name, str(listed), "--size", "2")
+    assert out.returncode == 78 and "full" in out.stderr, out.stderr
+    assert set_name not in ok("set", "list").split()
+    assert not (SETS / set_name).exists() and not sets.making(set_name).exists()
+    assert "created from" in ok("set", "create", set_name, str(listed), "--size", "3")
+    assert ok("set", "list", set_name).split() == ["192.0.2.1/32", "192.0.2.2/32", "192.0.2.3/32"]
 
 
 def test_a_set_is_made_once_holds_its_size_and_makes_room_from_lapsed_entries(
@@ -318,9 +341,9 @@ def test_the_trees_owner_cannot_turn_roots_make_elsewhere(
     set_name: str, tmp_path: Path, point: str
 ) -> None:
     """The sets' tree belongs to the bouncer's user, which may rename and link in it:
-    stopped right after root made the set's folder, or pinned into it
-    (ALFWRAPPER_PAUSE_AT), the folder is moved away and a link to a folder of root's
-    put in its name.  Root's make never follows it: the folder the link names keeps
+    stopped right after root made the folder it makes the set in (sets.making), or
+    pinned into it (ALFWRAPPER_PAUSE_AT), the folder is moved away and a link to a
+    folder of root's put in its name.  Root's make never follows it: the folder the link names keeps
     its owner, its mode and its file."""
     from alfwrapper.host import faults  # noqa: PLC0415
 
@@ -337,8 +360,8 @@ def test_the_trees_owner_cannot_turn_roots_make_elsewhere(
         while not _stopped(made.pid):
             assert made.poll() is None and time.monotonic() < deadline, made.communicate()
             time.sleep(0.01)
-        os.rename(SETS / set_name, moved)
-        os.symlink(victim, SETS / set_name)
+        os.rename(sets.making(set_name), moved)
+        os.symlink(victim, sets.making(set_name))
         os.kill(made.pid, signal.SIGCONT)
         out, err = made.communicate(timeout=60)
         info = victim.stat()
@@ -356,6 +379,7 @@ def test_the_trees_owner_cannot_turn_roots_make_elsewhere(
         if made.poll() is None:
             made.kill()
         (SETS / set_name).unlink(missing_ok=True)
+        sets.making(set_name).unlink(missing_ok=True)
         for pin in moved.iterdir() if moved.exists() else ():
             pin.unlink()
         if moved.exists():
