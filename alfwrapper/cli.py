@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from alfwrapper import __version__
 from alfwrapper.errors import (
     EX_CONFIG,
+    EX_PIPE_CLOSED,
     EX_UNAVAILABLE,
     EX_USAGE,
     AlfError,
@@ -999,6 +1000,34 @@ def completion_parser() -> Parser:
     return top
 
 
+def stdout_closed() -> bool:
+    """Whether standard output's reader is gone (a pipe's last reader closed it, or a
+    socket's peer): poll(2) says POLLERR (or POLLHUP) then, for any file."""
+    import select  # noqa: PLC0415  (built in; only for this rare path)
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no stdout, or not a real file
+        return False
+
+
+def quit_closed_pipe() -> int:
+    """End quietly, as `ls | head` does: the reader of standard output has left (Python
+    ignores SIGPIPE, so a write raised EPIPE instead of ending the process).  Standard
+    output is pointed at /dev/null first, so that the interpreter's flush at exit, of
+    what is still buffered, does not raise again (Python's documented recipe, in the
+    signal module's notes on SIGPIPE); the status is the one a shell reports for a
+    process the closed pipe killed (man/alfwrapper.1, EXIT STATUS)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return EX_PIPE_CLOSED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     activation.own_environment(os.environ)  # before numpy loads
@@ -1006,9 +1035,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbose = "-v" in options or "--verbose" in options
     try:
         command = SUBCOMMANDS.get(argv[0]) if argv else None
-        if command is not None:
-            return command.run(argv[1:])
-        return wrapper_main(argv)
+        code = command.run(argv[1:]) if command is not None else wrapper_main(argv)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a reader that left shows here, not at the exit's flush
+        return code
     except AlfError as err:
         return report(err, verbose)
     except KeyboardInterrupt:
@@ -1020,6 +1050,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(missing.line(), file=sys.stderr)
         return missing.exit_code
     except Exception as err:  # never a traceback unless asked for
+        if isinstance(err, BrokenPipeError) and stdout_closed():  # not the loader's pipe
+            return quit_closed_pipe()
         code = internal(err)
         if verbose:
             import traceback  # noqa: PLC0415  (not for a start)

@@ -8,6 +8,9 @@ import sys
 # Not sysexits: the status LLVM ends the process with (exit(1)) on an error it returns
 # to no one, which alfwrapper cannot change; a child says why (compiler._exit_witness).
 EX_COMPILER_ENDED = 1
+# Not sysexits: 128 + SIGPIPE, what a shell reports for `ls | head` when ls is killed by
+# the closed pipe; alfwrapper (Python ignores SIGPIPE) ends with it quietly instead.
+EX_PIPE_CLOSED = 141
 # sysexits.h
 EX_USAGE = 64
 EX_DATAERR = 65

@@ -2222,6 +2222,24 @@ MUTATIONS += [
 ]
 
 
+MUTATIONS += [  # issue 49's small ones
+    Mutation(
+        "closed-pipe-is-an-internal-error",
+        "alfwrapper/cli.py",
+        "        if isinstance(err, BrokenPipeError) and stdout_closed():",
+        "        if False:",
+        (SETS_TEST + "test_a_list_into_a_closed_pipe_ends_quietly",),
+    ),
+    Mutation(
+        "check-never-uses-the-loader",
+        "alfwrapper/observe/check.py",
+        "    return state.store() if client.use_if_needed() else None\n",
+        "    return None\n",
+        ("tests/integration/test_loader.py::test_check_as_an_ordinary_user",),
+    ),
+]
+
+
 # The boot tier's guest image and the kernel tier's kernel, built once in this checkout
 # and shared by every scratch clone (their keys say when they must be built again).
 CACHES = {

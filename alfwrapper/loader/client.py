@@ -185,6 +185,16 @@ class Broker(state.Store):
         self._pins.pop(where, None) if where is not None else None
         return fds[0], int(answer["program"])
 
+    def check(self, rules: SocketRules, label: str) -> tuple[int, int]:
+        """Have the loader compile and load a program for these rules as a start would,
+        nothing pinned or attached (`alfwrapper check`): its fd and its maps' bytes.  An
+        unpinned program's request carries its socket (the loader counts it against the
+        quota by it): an unbound UDP socket, closed when the answer is in."""
+        message = {"op": "load", "rules": rules, "label": label, "listener": False}
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            answer, fds = self.request(message, [sock.fileno()])
+        return fds[0], int(answer.get("map_bytes", 0))
+
     def load_filter(
         self,
         rules: SocketRules,

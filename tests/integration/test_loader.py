@@ -767,3 +767,25 @@ def test_loader_refuses_root_and_a_wrong_socket(readable_copy: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 78 and "expected one Unix socket" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_check_as_an_ordinary_user(users: Callable[[str], OwnManager], readable_copy: Path) -> None:
+    """`alfwrapper check` as an ordinary user loads its programs through the loader, as
+    a start does (not "run as root"); with no loader answering, it checks all else and
+    one warning says what it could not and why (`--strict` makes that an error)."""
+    own = users(USER_A)
+    rules = ("--allow", "192.0.2.0/24", "--deny", "192.0.2.7")
+    out = as_user(own, readable_copy, "check", *rules)
+    assert out.returncode == 0, out.stderr
+    assert "program of" in out.stdout and "ok: the wrapper would start" in out.stdout, out.stdout
+    command = [f"PYTHONPATH={readable_copy}", "ALFWRAPPER_LOADER=/run/alfwrapper/none.sock",
+               PYTHON, "-m", "alfwrapper", "check", *rules]  # fmt: skip
+    alone = subprocess.run(own.command(command), capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 0 and alone.stderr == "", alone.stderr
+    lines = alone.stdout.splitlines()
+    warned = [line for line in lines if line.startswith("warning:")]
+    assert len(warned) == 1 and "the loader does not answer" in warned[0], alone.stdout
+    assert "program not loaded" in lines[0] and lines[-1].startswith("ok as far as checked")
+    strict = subprocess.run(own.command([*command, "--strict"]), capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert strict.returncode == 78, strict.stderr

@@ -224,6 +224,23 @@ def test_explain_names_the_set_and_entry(set_name: str) -> None:
     assert out.strip() == f"dropped by subnets: 192.0.2.1 is in none of the allow sets ({set_name})"
 
 
+def test_a_list_into_a_closed_pipe_ends_quietly(set_name: str, tmp_path: Path) -> None:
+    """`set list NAME | head -1`: head leaves after one line, long before the list (far
+    more than a pipe holds) is written; alfwrapper ends as ls would, with no word."""
+    listed = tmp_path / "list"
+    listed.write_text("".join(f"2001:db8:{i:x}::1\n" for i in range(20000)))
+    ok("set", "create", set_name, str(listed), "--size", "20000")
+    lister = subprocess.Popen([*WRAPPER, "set", "list", set_name], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)  # fmt: skip
+    assert lister.stdout is not None and lister.stderr is not None
+    head = subprocess.run(["head", "-1"], stdin=lister.stdout, capture_output=True, timeout=120)
+    lister.stdout.close()
+    err = lister.stderr.read().decode()
+    assert lister.wait(timeout=120) == 141, err  # 128 + SIGPIPE, as a shell says of ls
+    assert err == "", err
+    assert head.stdout.decode().splitlines() == ["10.0.0.1/32"], head.stdout[:200]
+
+
 def test_a_destroyed_set_stays_with_its_services_until_they_reload(
     network: Network, services: list[Service], set_name: str
 ) -> None:
