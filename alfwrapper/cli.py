@@ -357,7 +357,18 @@ def explain_parser() -> Parser:
             "alfwrapper explain --allow 192.0.2.0/24 --from 192.0.2.9 --from 2001:db8::1",
             "alfwrapper explain --policy web --socket admin --from 192.0.2.9 --json",
             "alfwrapper explain --policy web --socket web --from 203.0.113.7 --spa-datagram HEX",
+            "alfwrapper explain web --from 2001:db8:a::1",
+            "alfwrapper explain web --port 443 --from 198.51.100.7 --json",
         ),
+    )
+    p.add_argument(
+        "service",
+        nargs="?",
+        default="",
+        metavar="SERVICE",
+        help="a running service: the verdict of the program in force on its socket, with "
+        "its runtime rules, named sets and knock state (as root); without it, the verdict "
+        "of the rules given here",
     )
     add_socket_options(p)
     add_rule_options(p, skip=("interface",))
@@ -394,6 +405,18 @@ def explain_main(argv: Sequence[str]) -> int:
     from alfwrapper.observe import explain  # noqa: PLC0415
 
     args = explain_parser().parse_args(argv)
+    if args.service:
+        given = ["--policy"] if args.policy else []
+        given += [f"--{k}" for k in KEYS if getattr(args, k.replace("-", "_"), None)]
+        if given or args.listens:
+            raise AlfError(
+                f"explain {args.service}",
+                f"{(given or ['--listen'])[0]} is for explaining rules, not a running service",
+                "give either SERVICE or rule options (--policy ...)",
+                EX_USAGE,
+            )
+
+        return explain.main_service(check_service(args.service), args, parse_policy)
     policy = policy_from_args(args, (), os.environ)
     return explain.main(policy, args)
 

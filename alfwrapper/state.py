@@ -355,7 +355,7 @@ def give_dir(path: Path, uid: int, gid: int, mode: int) -> None:
 
 # What a socket's meta holds besides the options and the folder: counts, ids and
 # names of bounded size (lifecycle/kept.py: describe_sockets), well within this.
-META_FIXED = 1024
+META_FIXED = 1280
 
 
 def check_meta_room(argv: list[str], cwd: str) -> None:

@@ -46,6 +46,7 @@ UNPRIVILEGED_DAEMON = (
     "tests/integration/test_daemon_privileges.py::"
     "test_an_unprivileged_daemon_keeps_its_ambient_capabilities_but_cannot_reach_its_filter"
 )
+EXPLAIN_SERVICE = "tests/integration/test_explain_service.py::"
 MUTATIONS = [
     Mutation(
         "libc-handle-hides-syscalls-from-the-recorder",
@@ -93,6 +94,44 @@ MUTATIONS = [
         (
             "tests/unit/test_kept_files.py",
             "tests/integration/test_inetd.py::test_a_kept_verdict_follows_a_release_switched_by_symlink",
+        ),
+    ),
+    Mutation(
+        "explain-service-borrows-no-runtime-rules",
+        "alfwrapper/observe/explain.py",
+        '_BORROWED = ("alf_runtime", "alf_runtime_count")',
+        "_BORROWED = ()",
+        (EXPLAIN_SERVICE + "test_explain_follows_runtime_rules_sets_and_reloads",),
+    ),
+    Mutation(
+        "explain-service-moves-the-services-counters",
+        "alfwrapper/observe/explain.py",
+        '_BORROWED = ("alf_runtime", "alf_runtime_count")',
+        '_BORROWED = ("alf_runtime", "alf_runtime_count", "alf_counters")',
+        (EXPLAIN_SERVICE + "test_explain_follows_runtime_rules_sets_and_reloads",),
+    ),
+    Mutation(
+        "explain-service-knock-state-not-copied",
+        "alfwrapper/observe/explain.py",
+        "    if value is not None:\n        bpf_calls.map_update(own, key, value)",
+        "    if False:\n        bpf_calls.map_update(own, key, value)",
+        (EXPLAIN_SERVICE + "test_explain_follows_knocks",),
+    ),
+    Mutation(
+        "explain-service-fingerprint-unchecked",
+        "alfwrapper/observe/explain.py",
+        "        if kept not in (rules[id(m)].fingerprint(), "
+        "rules[id(m)].fingerprint(cheap=False)):",
+        "        if False:",
+        (EXPLAIN_SERVICE + "test_explain_follows_runtime_rules_sets_and_reloads",),
+    ),
+    Mutation(
+        "fingerprint-by-any-recipe",
+        "alfwrapper/policy/prefix_list.py",
+        '        if pieces and all(isinstance(p, str) and p.startswith("file:") for p in pieces):',
+        "        if self.recipe():",
+        (
+            "tests/unit/test_rules.py::test_a_fingerprint_is_found_again_however_the_files_were_read",
         ),
     ),
     Mutation(
@@ -280,7 +319,7 @@ MUTATIONS = [
     Mutation(
         "cached-program-ignores-pinned-maps",
         "alfwrapper/bpf/compiler.py",
-        "        adopt_pinned(loaded_tables, plan.pinned)\n",
+        "        adopt_pinned(loaded_tables, plan.pinned, plan.borrowed)\n",
         "",
         ("tests/integration/test_parts.py::test_knock_opens_for_the_knocker_only",),
     ),

@@ -20,6 +20,7 @@ from alfwrapper.bpf.parts import INNER_MAPS, REASONS, RESERVED_PREFIXES, FillEnv
 from alfwrapper.bpf.program import ProgramPlan, object_name, plan_program
 from alfwrapper.bpf.tables import MapSpec, OwnFds, Table, Tables
 from alfwrapper.errors import (
+    EX_CONFIG,
     EX_DATAERR,
     EX_NOPERM,
     EX_OSERR,
@@ -274,7 +275,7 @@ def _from_cache(plan: ProgramPlan, entry: cache.Entry, env: FillEnv) -> LoadedFi
             owner.fds.append(fd)
             tables[spec.name] = Table(spec, fd)
         loaded_tables = Tables(tables, owner)
-        adopt_pinned(loaded_tables, plan.pinned)
+        adopt_pinned(loaded_tables, plan.pinned, plan.borrowed)
         fds = loaded_tables.fds()
         programs = {p.name: p.with_fds(fds) for p in entry.programs}
     except (OSError, KeyError, AlfError):
@@ -395,7 +396,7 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree, env: FillEnv
     tables = _bcc_tables(bpf)
     if plan.label:
         name_maps(tables, plan.label, {name for name, _ in plan.pinned})
-    adopt_pinned(tables, plan.pinned)
+    adopt_pinned(tables, plan.pinned, plan.borrowed)
     bound = bind_parts(plan, tables, env)
     try:
         programs = {f: bytes(bpf.dump_func(f.encode())) for f in plan.programs}
@@ -537,7 +538,9 @@ def name_maps(tables: Tables, label: str, pinned: set[str]) -> None:
         os.close(renamed)
 
 
-def adopt_pinned(tables: Tables, pinned: tuple[tuple[str, str], ...]) -> None:
+def adopt_pinned(
+    tables: Tables, pinned: tuple[tuple[str, str], ...], borrowed: bool = False
+) -> None:
     """Make the program use pinned maps that outlive it, before it is loaded.
 
     BCC creates every map when it compiles and writes their fd numbers into
@@ -546,12 +549,12 @@ def adopt_pinned(tables: Tables, pinned: tuple[tuple[str, str], ...]) -> None:
     for the same declaration (dup2).  (BCC's own pinned tables open them by id,
     which needs CAP_SYS_ADMIN.)  A pinned map whose shape differs from the
     declaration (the program changed) is replaced; one not pinned yet is
-    pinned now.
+    pinned now.  ``borrowed``: neither; the map must be there, of the shape.
     """
     for name, path in pinned:
         fresh = tables[name].map_fd
         try:
-            if os.path.exists(path):
+            if os.path.exists(path) or borrowed:
                 kept = bpf_calls.obj_get(path)
                 try:
                     if bpf_calls.map_shape(kept) == bpf_calls.map_shape(fresh):
@@ -559,6 +562,13 @@ def adopt_pinned(tables: Tables, pinned: tuple[tuple[str, str], ...]) -> None:
                         continue
                 finally:
                     os.close(kept)
+                if borrowed:
+                    raise AlfError(
+                        f"pinned map {path}",
+                        "is not of the shape this alfwrapper makes",
+                        "restart the service with this alfwrapper",
+                        EX_CONFIG,
+                    )
                 os.unlink(path)
             bpf_calls.obj_pin(fresh, path)
         except OSError as err:

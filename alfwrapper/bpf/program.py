@@ -112,6 +112,9 @@ class ProgramPlan(Record):
     include_dirs: tuple[str, ...]
     parts: tuple[PartPlan, ...]
     pinned: tuple[tuple[str, str], ...] = ()  # (map, pin path), for compiler.py
+    # The pinned maps are borrowed as they are (explain SERVICE): never made, replaced
+    # or pinned; one missing, or of another shape, is an error.
+    borrowed: bool = False
     label: str = ""  # which service and socket (label()): names the maps and programs
     entry: str = ENTRY  # the entry point's function
     body: str = ENTRY + "_b"  # the composed parts, when the entry point tail-calls them

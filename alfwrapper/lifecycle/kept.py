@@ -41,6 +41,7 @@ def describe_sockets(
                 "watcher": watcher,
                 "forwarder": forwarder,
                 "rules": record.rules.counts(),
+                "fingerprint": record.rules.fingerprint(),  # explain SERVICE checks it
                 "netns": state.netns_cookie(),
                 "argv": argv,
                 "cwd": os.getcwd(),

@@ -217,6 +217,7 @@ def reload(
             watcher=watcher,
             forwarder=forwarder,
             rules=rules[id(m)].counts(),
+            fingerprint=rules[id(m)].fingerprint(),
             reloaded=int(time.time()),
             program=compiler.prog_id(loaded[id(m)]),
             knock=knock_folders(rules[id(m)]),

@@ -114,6 +114,16 @@ class PrefixList(Sequence[Prefix]):
             return recipe_of("list", " ".join(str(p) for p in self._items))
         return None
 
+    def fingerprint(self, cheap: bool = True) -> str:
+        """A name of this list's contents that another process finds again.  ``cheap``:
+        its recipe where that is made of settled rule files alone (by path and
+        identity: nothing is read, and a later process gives it too while they are
+        unchanged); otherwise, or unless ``cheap``, a digest of its prefixes (read)."""
+        pieces = self._as_pieces() if cheap else None
+        if pieces and all(isinstance(p, str) and p.startswith("file:") for p in pieces):
+            return self.recipe() or ""
+        return "digest:" + self._digest().hex()
+
     def _as_pieces(self) -> Pieces | None:
         """This list as parts of a join's recipe: a join's own parts (so that a join of
         joins names what a flat join of the same parts names), a recipe, or a few

@@ -147,6 +147,38 @@ class SocketRules(Record):
         entry could not tell which it was (bpf/parts.py: Sets)."""
         return bool(self.allow_sets and len(self.subnets.allow) and len(self.subnets.deny))
 
+    def fingerprint(self, cheap: bool = True) -> str:
+        """A name of these rules that a later process computes again from the same
+        options and files (`explain SERVICE` checks that the rules it builds are those in
+        force): a SHA-256, so the meta keeping it holds no secret.  Rule lists go in by
+        PrefixList.fingerprint (``cheap``: settled rule files by their identity, so a
+        file touched since is a change), a developer's filter by its text as it is now."""
+        import hashlib  # noqa: PLC0415
+
+        from alfwrapper import __version__  # noqa: PLC0415  (another version compiles otherwise)
+
+        custom: object = None
+        if self.custom is not None:
+            text = self.custom.source
+            if not text:
+                try:
+                    with open(self.custom.path, "rb") as f:  # noqa: PTH123
+                        text = hashlib.sha256(f.read(1 << 24)).hexdigest()
+                except OSError:
+                    text = "unreadable"
+            custom = (self.custom.path, self.custom.sets, text)
+        rest = (self.interfaces, self.knock, self.log_rate, self.allow_sets, self.deny_sets)
+        material = "\0".join(
+            [
+                __version__,
+                PrefixList.of(self.subnets.allow).fingerprint(cheap),
+                PrefixList.of(self.subnets.deny).fingerprint(cheap),
+                repr(rest),
+                repr(custom),
+            ]
+        )
+        return hashlib.sha256(material.encode(errors="surrogateescape")).hexdigest()
+
     def counts(self) -> dict[str, int]:
         """How many rules of each kind (status shows them)."""
         return {

@@ -146,3 +146,36 @@ def test_parse_listen_rejects(text: str) -> None:
         parse_listen("stream", text)
     assert info.value.exit_code == EX_USAGE
     assert info.value.what == "--listen"
+
+
+def test_a_fingerprint_is_found_again_however_the_files_were_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`explain SERVICE` builds the rules again and compares fingerprints: a start's
+    (cheap: settled rule files by identity, else by contents) is found again by a later
+    process either way while nothing changed, and by neither once a file did."""
+    import os
+    import time
+
+    from alfwrapper.cli import parse_policy
+    from alfwrapper.host import cachedir
+
+    monkeypatch.setenv("ALFWRAPPER_CACHE", str(tmp_path / "cache"))
+    rules = tmp_path / "deny.txt"
+    rules.write_text("".join(f"198.51.100.{i}\n" for i in range(40)))
+    argv = ["--deny-file", str(rules), "--allow", "203.0.113.0/24", "--deny-set", "s"]
+
+    def both() -> tuple[str, str]:
+        built = parse_policy(argv).rules_for("web")
+        return built.fingerprint(), built.fingerprint(cheap=False)
+
+    fresh = both()  # written just now: by contents only
+    assert fresh[0] == fresh[1]
+    time.sleep(cachedir.RACY_NS / 1e9 + 0.1)
+    settled = both()  # settled: by identity, or by contents as before
+    assert settled[0] != fresh[0] and settled[1] == fresh[0]
+    assert both() == settled  # a later process, the same files
+    os.utime(rules)  # touched: the identity changed, the contents did not
+    assert both()[0] != settled[0] and both()[1] == fresh[1]
+    rules.write_text("198.51.100.0/24\n")
+    assert fresh[0] not in both()
