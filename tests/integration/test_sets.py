@@ -238,7 +238,7 @@ def test_a_list_into_a_closed_pipe_ends_quietly(set_name: str, tmp_path: Path) -
     err = lister.stderr.read().decode()
     assert lister.wait(timeout=120) == 141, err  # 128 + SIGPIPE, as a shell says of ls
     assert err == "", err
-    assert head.stdout.decode().splitlines() == ["10.0.0.1/32"], head.stdout[:200]
+    assert head.stdout.decode().splitlines() == ["2001:db8::1/128"], head.stdout[:200]
 
 
 def test_a_destroyed_set_stays_with_its_services_until_they_reload(
