@@ -1490,7 +1490,7 @@ MUTATIONS += [
     Mutation(
         "loader-quota-only-from-its-own-errors",
         "alfwrapper/loader/server.py",
-        "if limited() > before and isinstance(err, OSError) and err.errno in _REFUSED:",
+        "if error is not None and isinstance(err, OSError) and err.errno in _REFUSED:",
         "if False:",
         (
             "tests/unit/test_loader_protocol.py::test_a_failure_while_memory_is_refused_is_the_quota",
@@ -1689,6 +1689,47 @@ MUTATIONS += [
         "WORKERS = 8  # connections served at once",
         "WORKERS = 2  # connections served at once",
         ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
+    ),
+    Mutation(
+        "loader-fair-per-uid-not-person",
+        "alfwrapper/loader/server.py",
+        "            who = peer(conn, limits.pins, SUBUIDS.person)\n",
+        "            who = peer(conn, limits.pins)\n",
+        (
+            "tests/integration/test_loader.py::test_a_persons_subordinate_uids_are_one_person",
+            "tests/integration/test_loader.py::test_a_persons_subordinate_uids_share_one_quota",
+        ),
+    ),
+    Mutation(
+        "loader-quota-forgets-the-persons-other-uids",
+        "alfwrapper/loader/server.py",
+        "            who = with_kin(who, SUBUIDS.person)",
+        "            pass",
+        ("tests/integration/test_loader.py::test_a_persons_subordinate_uids_share_one_quota",),
+    ),
+    Mutation(
+        "loader-blames-the-caller-for-everyones-memory",
+        "alfwrapper/loader/server.py",
+        "    if now[1] > before[1]:",
+        "    if False:",
+        (
+            "tests/unit/test_loader_protocol.py::"
+            "test_memory_refused_for_everyone_is_said_to_be_other_users_load",
+        ),
+    ),
+    Mutation(
+        "loader-unit-unbounded",
+        "units/alfwrapper-loader.service",
+        "MemoryMax=50%\n",
+        "",
+        ("tests/unit/test_loader_person.py",),
+    ),
+    Mutation(
+        "loader-subuid-read-whole",
+        "alfwrapper/loader/person.py",
+        'os.read(fd, SUBUID_BYTES) if os.path.isfile(self.path) else b""',
+        "os.read(fd, 1 << 30)",
+        ("tests/unit/test_loader_person.py",),
     ),
     Mutation(
         "headers-only-under-modules",
@@ -2042,7 +2083,7 @@ MUTATIONS += [
     Mutation(
         "loader-queue-unbounded-per-user",
         "alfwrapper/loader/server.py",
-        "        if queued.get(who.uid, 0) >= PENDING_PER_USER or len(pending) >= PENDING:",
+        "        if mine >= PENDING_PER_USER or len(pending) >= PENDING:",
         "        if len(pending) >= PENDING:",
         ("tests/integration/test_loader.py::test_one_users_flood_never_keeps_another_waiting",),
     ),

@@ -75,8 +75,18 @@ class UserMemory(Record):
     def watch(self, uid: int) -> Callable[[], int]:
         """limited(uid), as a call that keeps working after Landlock (the file is open
         already; a cgroup file read again from offset 0 is read afresh)."""
+        return self._watch(self.user(uid))
+
+    def watch_all(self) -> Callable[[], int]:
+        """The same for the loader's whole cgroup, whose memory.max is its unit's
+        MemoryMax=: it grows when anyone's request was refused for everyone's use,
+        which is another person's load when the caller's own count did not grow."""
+        return self._watch(self.base)
+
+    @staticmethod
+    def _watch(path: Path) -> Callable[[], int]:
         try:
-            fd = os.open(self.user(uid) / "memory.events", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path / "memory.events", os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return lambda: 0
 

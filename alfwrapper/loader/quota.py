@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from alfwrapper.errors import (
     AlfError,
 )
 from alfwrapper.host import cgroups
-from alfwrapper.record import Record
+from alfwrapper.record import Record, replace
 
 DEFAULT_PROGRAMS = 64
 
@@ -40,15 +41,51 @@ class Caller(Record):
     uid: int
     gid: int
     pins: Path = state.USERS_ROOT
+    # Whose share this uid draws on (person.py): the owner of the subordinate range
+    # that holds it; None: the uid's own.  Workers, waiting and quota count by it.
+    owner: int | None = None
+    # The cookies pinned in the trees of the person's other uids, read before the
+    # request is confined (Landlock lets it read its own tree only afterwards).
+    kin_pinned: frozenset[str] = frozenset()
 
     @property
     def store(self) -> state.Store:
         return state.Store(state.user_base(self.uid, self.pins), self.pins)
 
+    @property
+    def person(self) -> int:
+        return self.uid if self.owner is None else self.owner
 
-def peer(conn: socket.socket, pins: Path = state.USERS_ROOT) -> Caller:
-    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    return Caller(pid, uid, gid, pins)
+
+def peer(
+    conn: socket.socket, pins: Path = state.USERS_ROOT, person: Callable[[int], int] | None = None
+) -> Caller:
+    """The caller, and the person it counts as (resolved once, here)."""
+    # struct ucred: pid_t, then uid_t and gid_t, which are unsigned (uids past 2**31 exist:
+    # subordinate ranges reach 2**32 - 2).
+    pid, uid, gid = struct.unpack("i2I", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return Caller(pid, uid, gid, pins, person(uid) if person is not None else None)
+
+
+def with_kin(who: Caller, person: Callable[[int], int]) -> Caller:
+    """The caller with the pinned cookies of the person's other uids' trees: one
+    person's quota holds the sockets of all the uids they act as.  The users' tree has
+    a folder per uid that ever asked: listed once per request."""
+    pinned: set[str] = set()
+    try:
+        names = os.listdir(who.pins)
+    except OSError:
+        return who
+    for name in names:
+        if not name.isdigit() or int(name) == who.uid or person(int(name)) != who.person:
+            continue
+        tree = state.Store(state.user_base(int(name), who.pins), who.pins)
+        for service in services_of(tree):
+            try:
+                pinned |= {str(w.cookie) for w in tree.sockets_of(service)}
+            except AlfError:
+                continue
+    return replace(who, kin_pinned=frozenset(pinned))
 
 
 def quota_reached(limits: Limits) -> AlfError:
@@ -81,7 +118,7 @@ def services_of(tree: state.Store) -> list[str]:
 
 
 def _ledger_path(who: Caller, limits: Limits) -> str:
-    return os.path.join(limits.ledger, f"{who.uid}.json")
+    return os.path.join(limits.ledger, f"{who.person}.json")  # one per person
 
 
 def _ledger(who: Caller, limits: Limits) -> dict[str, int]:
@@ -95,10 +132,10 @@ def _ledger(who: Caller, limits: Limits) -> dict[str, int]:
 
 
 def _usage(who: Caller, ledger: dict[str, int]) -> dict[str, int]:
-    """cookie -> map bytes, for the user's programs whose sockets still exist (in the
-    loader's network namespace, or with pinned state in the user's tree)."""
+    """cookie -> map bytes, for the person's programs whose sockets still exist (in the
+    loader's network namespace, or with pinned state in the tree of one of their uids)."""
     tree = who.store
-    pinned = set()
+    pinned = set(who.kin_pinned)
     for service in services_of(tree):
         try:
             pinned |= {str(w.cookie) for w in tree.sockets_of(service)}

@@ -35,6 +35,7 @@ from alfwrapper.errors import (
     AlfError,
 )
 from alfwrapper.host import attach, bpf_calls, cgroups, landlock
+from alfwrapper.loader.person import SubuidFile
 from alfwrapper.loader.protocol import (
     FD_VALUE_LIMIT,
     LENGTH,
@@ -61,6 +62,7 @@ from alfwrapper.loader.quota import (
     quota_reached,
     record_program,
     services_of,
+    with_kin,
 )
 from alfwrapper.policy.rules import SocketRules, check_service
 from alfwrapper.record import replace
@@ -75,6 +77,16 @@ PENDING_PER_USER = 16  # connections of one user waiting for a worker, at most
 
 
 PENDING = 1024  # of everyone's
+
+
+# Who counts as whom: a uid in another user's subordinate range is that user (person.py).
+SUBUIDS = SubuidFile()
+
+
+YOURS = "busy with too many requests of yours"
+
+
+OTHERS = "busy with other users' requests"
 
 
 # What a user may open of a socket's pinned state (never the dispatcher).
@@ -110,7 +122,7 @@ _LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,9}$")  # program.label()
 
 def serve(listener: socket.socket, limits: Limits) -> None:
     """Accept and serve, one child per connection, until SIGTERM."""
-    running: dict[int, int] = {}  # child pid -> caller uid
+    running: dict[int, int] = {}  # child pid -> the person it serves
     stop = False
 
     def on_term(_signum: int, _frame: object) -> None:
@@ -135,21 +147,22 @@ def serve(listener: socket.socket, limits: Limits) -> None:
     pending: list[tuple[socket.socket, Caller, float]] = []  # waiting for a worker
     while not stop:
         reap()
-        # One user's requests wait for each other (bounded), never for anyone else's.
+        # One person's requests wait for each other (bounded), never for anyone else's.
         waiting = []
         for conn, who, since in pending:
-            mine = sum(1 for uid in running.values() if uid == who.uid)
+            mine = sum(1 for person in running.values() if person == who.person)
             if len(running) < WORKERS and mine < WORKERS_PER_USER:
                 try:
-                    running[_fork_worker(listener, conn, who, limits)] = who.uid
+                    running[_fork_worker(listener, conn, who, limits)] = who.person
                 except OSError as err:  # no process to spare now: it waits, bounded
                     print(f"alfwrapper loader: fork: {err}", file=sys.stderr, flush=True)
                     waiting.append((conn, who, since))
                     continue
                 conn.close()
             elif time.monotonic() - since > READ_SECONDS:
-                _refuse(conn, "loader", "busy with too many requests of yours", "try again",
-                        EX_TEMPFAIL)  # fmt: skip
+                # Whose load kept it waiting: the caller's own, or everyone else's.
+                why = YOURS if mine >= WORKERS_PER_USER else OTHERS
+                _refuse(conn, "the loader", why, "try again", EX_TEMPFAIL)
                 conn.close()
             else:
                 waiting.append((conn, who, since))
@@ -167,11 +180,11 @@ def serve(listener: socket.socket, limits: Limits) -> None:
 def _accept_all(
     listener: socket.socket, pending: list[tuple[socket.socket, Caller, float]], limits: Limits
 ) -> list[tuple[socket.socket, Caller, float]]:
-    """Everything the listen queue holds (up to PENDING at a time), so that one user's
-    flood does not fill the kernel's queue in front of another user's connection."""
+    """Everything the listen queue holds (up to PENDING at a time), so that one person's
+    flood does not fill the kernel's queue in front of another person's connection."""
     queued: dict[int, int] = {}
     for _, other, _ in pending:
-        queued[other.uid] = queued.get(other.uid, 0) + 1
+        queued[other.person] = queued.get(other.person, 0) + 1
     for _ in range(PENDING):
         try:
             conn, _ = listener.accept()
@@ -181,39 +194,35 @@ def _accept_all(
             print(f"alfwrapper loader: accepting: {err}", file=sys.stderr, flush=True)
             break
         try:
-            who = peer(conn, limits.pins)
+            who = peer(conn, limits.pins, SUBUIDS.person)
         except OSError:
             conn.close()
             continue
-        # Bounded per user: a user's flood fills only that user's share of the queue;
-        # the rest is told "busy" in one non-blocking send, and closed.
-        if queued.get(who.uid, 0) >= PENDING_PER_USER or len(pending) >= PENDING:
+        # Bounded per person: a flood fills only its person's share of the queue; the
+        # rest is told "busy" in one non-blocking send, and closed.
+        mine = queued.get(who.person, 0)
+        if mine >= PENDING_PER_USER or len(pending) >= PENDING:
             try:
-                conn.send(BUSY, socket.MSG_DONTWAIT)
+                conn.send(BUSY if mine >= PENDING_PER_USER else BUSY_OTHERS, socket.MSG_DONTWAIT)
             except OSError:
                 pass
             conn.close()
             continue
-        queued[who.uid] = queued.get(who.uid, 0) + 1
+        queued[who.person] = mine + 1
         pending.append((conn, who, time.monotonic()))
     return pending
 
 
-def _busy_answer() -> bytes:
-    data = json.dumps(
-        {
-            "error": {
-                "what": "the loader",
-                "why": "busy with too many connections of yours",
-                "hint": "try again",
-                "code": EX_TEMPFAIL,
-            }
-        }
-    )
+def _busy_answer(why: str) -> bytes:
+    data = json.dumps({"error": {"what": "the loader", "why": why, "hint": "try again",
+                                 "code": EX_TEMPFAIL}})  # fmt: skip
     return LENGTH.pack(len(data)) + data.encode()  # fmt: skip
 
 
-BUSY = _busy_answer()
+BUSY = _busy_answer("busy with too many connections of yours")
+
+
+BUSY_OTHERS = _busy_answer(OTHERS)  # everyone's queue is full, not the caller's share
 
 
 def _fork_worker(listener: socket.socket, conn: socket.socket, who: Caller, limits: Limits) -> int:
@@ -224,9 +233,10 @@ def _fork_worker(listener: socket.socket, conn: socket.socket, who: Caller, limi
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.alarm(int(WORK_SECONDS))
-            if limits.memory is not None:  # all this request makes is charged to its user
+            who = with_kin(who, SUBUIDS.person)  # before confine(): the person's other trees
+            if limits.memory is not None:  # all this request makes is charged to its person
                 try:
-                    limits.memory.enter(who.uid, limits.map_memory)
+                    limits.memory.enter(who.person, limits.map_memory)
                 except OSError as err:
                     _refuse(conn, "loader", f"cannot count your memory ({err})",
                             "the administrator: see the loader's log", EX_SOFTWARE)  # fmt: skip
@@ -257,7 +267,8 @@ def _compile_apart(conn: socket.socket, who: Caller, limits: Limits) -> bool:
     dies (LLVM aborts on some input) still leaves the user an answer.  False in the
     child, which serves the request; True in the worker once it has been answered."""
     read, write = os.pipe()
-    before = _limited(who, limits)
+    refused = _refusals(who, limits)
+    before = refused()
     _SCRATCH[:] = [tempfile.mkdtemp(prefix="alfwrapper-loader-")]  # the compile's, removed after
     child = os.fork()
     if child == 0:
@@ -275,8 +286,8 @@ def _compile_apart(conn: socket.socket, who: Caller, limits: Limits) -> bool:
     answered = os.read(read, 1)
     os.close(read)
     if not answered:
-        if _limited(who, limits) > before:
-            error = quota_reached(limits)
+        error = _refused_by(refused(), before, limits)
+        if error is not None:
             _refuse(conn, error.what, error.why, error.hint, error.exit_code)
             return True
         how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
@@ -286,8 +297,26 @@ def _compile_apart(conn: socket.socket, who: Caller, limits: Limits) -> bool:
     return True
 
 
-def _limited(who: Caller, limits: Limits) -> int:
-    return limits.memory.limited(who.uid) if limits.memory is not None else 0
+def _refusals(who: Caller, limits: Limits) -> Callable[[], tuple[int, int]]:
+    """How often the kernel refused memory to the caller's person (their quota) and
+    to the loader as a whole (its unit's MemoryMax=), as a call that keeps working
+    after confine() (both files are open now)."""
+    if limits.memory is None:
+        return lambda: (0, 0)
+    mine, everyone = limits.memory.watch(who.person), limits.memory.watch_all()
+    return lambda: (mine(), everyone())
+
+
+def _refused_by(now: tuple[int, int], before: tuple[int, int], limits: Limits) -> AlfError | None:
+    """Whose memory a failure ran out of: the person's own quota, or the loader's,
+    which only other people's filters and requests can have filled meanwhile (a
+    person's own limit is reached first)."""
+    if now[0] > before[0]:
+        return quota_reached(limits)
+    if now[1] > before[1]:
+        return AlfError("the loader", f"{OTHERS}: the memory of all of them is in use",
+                        "try again later, or ask the administrator", EX_TEMPFAIL)  # fmt: skip
+    return None
 
 
 def _refuse(conn: socket.socket, what: str, why: str, hint: str, code: int = EX_DATAERR) -> None:
@@ -309,8 +338,8 @@ def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
     reached its limit) is the quota's, whatever it surfaced as (a map or a program
     refused, a helper's error path), and says so."""
     fds: list[int] = []
-    limited = limits.memory.watch(who.uid) if limits.memory is not None else lambda: 0
-    before = limited()  # the file is open now: read again after confine() too
+    refused = _refusals(who, limits)
+    before = refused()  # the files are open now: read again after confine() too
     try:
         message, fds = receive(conn, REQUEST_LIMIT, READ_SECONDS, 2)
         if message.get("op") == "load" and _compile_apart(conn, who, limits):
@@ -322,7 +351,7 @@ def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
         except OSError:
             pass  # the caller left; what was made for it goes with this process
     except AlfError as err:
-        said = quota_reached(limits) if limited() > before else err
+        said = _refused_by(refused(), before, limits) or err
         _refuse(conn, said.what, said.why, said.hint, said.exit_code)
     except Exception as err:  # noqa: BLE001  (hostile input must not end the loader)
         where = err.__traceback__
@@ -335,8 +364,8 @@ def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
             file=sys.stderr,
             flush=True,
         )
-        if limited() > before and isinstance(err, OSError) and err.errno in _REFUSED:
-            error = quota_reached(limits)
+        error = _refused_by(refused(), before, limits)
+        if error is not None and isinstance(err, OSError) and err.errno in _REFUSED:
             _refuse(conn, error.what, error.why, error.hint, error.exit_code)
         else:
             _refuse(conn, "loader", f"internal error: {type(err).__name__}", "report it",
@@ -572,7 +601,7 @@ def _load(message: dict[str, Any], fds: list[int], who: Caller, limits: Limits) 
     check_quota(who, limits, extra_programs=0 if where is not None else 1)
     probe = _fresh_map_id()
     ledger = open_ledger(who, limits)  # before confine(): written after the load
-    if limits.memory is not None and limits.memory.current(who.uid) >= limits.map_memory:
+    if limits.memory is not None and limits.memory.current(who.person) >= limits.map_memory:
         raise quota_reached(limits)
     opened = open_sets(rules)  # before confine(): root's sets, read-only
     try:

@@ -197,9 +197,13 @@ class _Events:
 
     def __init__(self) -> None:
         self.count = 0
+        self.everyone = 0  # the loader's whole cgroup: its unit's MemoryMax=
 
     def watch(self, uid: int) -> Any:
         return lambda: self.count
+
+    def watch_all(self) -> Any:
+        return lambda: self.everyone + self.count  # the counts are hierarchical
 
 
 @pytest.mark.parametrize(
@@ -236,3 +240,27 @@ def test_a_failure_while_memory_is_refused_is_the_quota(
     else:
         assert said == {"what": "loader", "why": f"internal error: {type(error).__name__}",
                         "hint": "report it", "code": 70}  # fmt: skip
+
+
+def test_memory_refused_for_everyone_is_said_to_be_other_users_load(monkeypatch: Any) -> None:
+    """When the loader as a whole reached its unit's MemoryMax= and the caller's own
+    quota did not, the failure is other people's load: "busy with other users'
+    requests", 75 (try again), never "your quota" nor an internal error."""
+    from alfwrapper.loader import server  # noqa: PLC0415
+    from alfwrapper.loader.quota import Caller, Limits  # noqa: PLC0415
+
+    events = _Events()
+
+    def failing(*args: Any) -> Any:
+        events.everyone += 1
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(server, "handle", failing)
+    a, b = socket.socketpair()
+    with a, b:
+        protocol.send(b, {"op": "limits"})
+        server.serve_one(a, Caller(1, 4242, 4242), Limits(memory=events))  # type: ignore[arg-type]
+        answer, _ = protocol.receive(b, protocol.REQUEST_LIMIT, 5, 1)
+    said = answer["error"]
+    assert said["code"] == 75 and said["what"] == "the loader", said
+    assert said["why"].startswith("busy with other users' requests"), said
