@@ -31,6 +31,7 @@ all (create).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import mmap
@@ -62,6 +63,7 @@ from alfwrapper.bpf.parts import (
     SIEVE_RANGE_BITS,
     SIEVE_WORD,
     FillEnv,
+    bpf_map_put_fd,
     c_offsets,
     sieve_fits,
     sieve_header,
@@ -95,7 +97,13 @@ _SHAPES = {  # each map's type, key size, value size and flags
     "hosts": (bpf_calls.BPF_MAP_TYPE_HASH, SET_HOST.size, SET_EXPIRY.size, SET_FLAGS),
     "ranges": (bpf_calls.BPF_MAP_TYPE_LPM_TRIE, SET_RANGE.size, SET_EXPIRY.size, SET_FLAGS),
     "sieve": (bpf_calls.BPF_MAP_TYPE_ARRAY, _INDEX.size, SIEVE_WORD.size, SIEVE_FLAGS),
+    # One slot, the hosts map in force (parts.SET_ROLES); an array of maps takes no
+    # BPF_F_RDONLY_PROG, and no program can write into one anyway.
+    "hosts_at": (bpf_calls.BPF_MAP_TYPE_ARRAY_OF_MAPS, _INDEX.size, _INDEX.size, 0),
 }
+# A grown hosts map's pin until it takes the hosts pin's name (_grow): the name of no
+# role, so nothing opens it as one; found by _repair after a kill.
+GROWN = "hosts~grown"
 SIEVE_BITS_AN_ENTRY = 32  # the sieve's size: about 0.5% of sources sent on to the hash
 _M64 = (1 << 64) - 1
 
@@ -190,7 +198,34 @@ def open_role(name: str, role: str, read_only: bool = False) -> int:
             f"remove the set and make it again: alfwrapper set destroy {name}",
             EX_CONFIG,
         )
+    if role == "hosts_at" and read_only and not _holds_the_pin(name, fd):
+        os.close(fd)
+        raise AlfError(
+            f"named set {name}",
+            "the hosts map it holds is not the set's (an older alfwrapper made the set "
+            "again, or a change was stopped half way)",
+            f"run `alfwrapper set create {name}` as root, which mends it, then start again",
+            EX_CONFIG,
+        )
     return fd
+
+
+def _holds_the_pin(name: str, hosts_at: int) -> bool:
+    """Does hosts_at hold the set's hosts map: the hosts pin's, or, for the moment a
+    growth (_grow) takes between its switch and its rename, the grown one's?  A program
+    bound to it then reads the entries that changes write."""
+    in_force = _in_force(hosts_at)
+    for pin in ("hosts", GROWN):
+        try:
+            fd = bpf_calls.obj_get(str(folder(name) / pin), read_only=True)
+        except OSError:
+            continue
+        try:
+            if bpf_calls.map_info_id(fd) == in_force:
+                return True
+        finally:
+            os.close(fd)
+    return False
 
 
 Maps = dict[str, int]  # a set's maps' fds, by role
@@ -206,15 +241,54 @@ def _opened(name: str, changing: bool = True) -> Iterator[Maps]:
         for role in SET_ROLES:
             fds[role] = open_role(name, role)
         if changing:
-            with _locked(folder(name)):
-                if not sieve_fits(fds["hosts"], fds["sieve"]):  # an older alfwrapper's
+            with _locked(folder(name)) as at:
+                _repair(name, fds, at)
+                if not sieve_fits(fds["hosts_at"], fds["sieve"]):  # an older alfwrapper's
                     _resieve(fds)  # change: rebuilt before anything is added
-                yield fds
+                fds[_FOLDER] = at
+                try:
+                    yield fds
+                finally:
+                    del fds[_FOLDER]  # _locked closes it
         else:
             yield fds
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+_FOLDER = "folder"  # in a changing _opened's Maps: the set's folder, open and locked
+
+
+def _in_force(hosts_at: int) -> int:
+    """The id of the hosts map that hosts_at holds (0: none)."""
+    raw = bpf_calls.map_lookup(hosts_at, _INDEX.pack(0), _INDEX.size)
+    return _INDEX.unpack(raw)[0] if raw else 0
+
+
+def _repair(name: str, fds: Maps, at: int) -> None:
+    """Under the set's lock, before anything is changed: the hosts pin and hosts_at
+    must name one map, or entries written through the pin would not be those programs
+    read.  A growth killed after its switch (_grow) is finished: the grown pin, which
+    the slot holds, takes the hosts pin's name.  Any other difference (a kill before
+    the switch leaves none; an older alfwrapper that made the hosts map again beside
+    hosts_at) puts the hosts pin in the slot, its sieve first marked as built for no
+    set (so no start takes it until it is rebuilt here: _resieve writes its header
+    last)."""
+    in_force, grown = _in_force(fds["hosts_at"]), _at(at, GROWN)
+    if in_force != bpf_calls.map_info_id(fds["hosts"]):
+        if os.path.exists(grown):
+            fd = bpf_calls.obj_get(grown)
+            if bpf_calls.map_info_id(fd) == in_force:
+                os.rename(GROWN, "hosts", src_dir_fd=at, dst_dir_fd=at)
+                os.close(fds["hosts"])
+                fds["hosts"] = fd
+                return
+            os.close(fd)
+        _set_header(fds["sieve"], 0, 0)
+        bpf_map_put_fd(fds["hosts_at"], 0, fds["hosts"])
+    if os.path.exists(grown):
+        os.unlink(GROWN, dir_fd=at)
 
 
 @contextmanager
@@ -297,9 +371,9 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
             raise AlfError(f"set {name}", "was removed while it was made", "make it again",
                            EX_TEMPFAIL)  # fmt: skip
         try:
-            if not (where / "sieve").exists():  # an older alfwrapper's set
-                _add_sieve(name, at)
-            _refit(name)
+            if not all((where / r).exists() for r in ("sieve", "hosts_at")):
+                _complete(name, at)  # an older alfwrapper's set
+            _refit(name, at)
             if os.geteuid() == 0:  # an older alfwrapper's set, 0700 and 0600, or one
                 os.fchmod(at, state.modes(where)[0])  # made killed before it was given
                 for role in SET_ROLES:  # away: given now, by fds
@@ -351,10 +425,12 @@ def _build(name: str, prefixes: Sequence[Prefix], size: int, temp: Path, at: int
     where = folder(name)
     _unpin_all(at)  # what a killed create left here
     made: Maps = {}
+    whole = sum(1 for p in prefixes if p.length == FAMILY_BITS[p.family])
+    if whole > MOST_SIZE:
+        raise AlfError(f"set {name}", f"{whole} whole addresses are more than a set holds "
+                       f"({MOST_SIZE})", "split them into sets", EX_USAGE)  # fmt: skip
     try:
-        for role in SET_ROLES:
-            made[role] = _new_map(name, role, size)
-        _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts"]), 0)
+        made = _new_set_maps(name, max(size, whole))  # room for them all: no growing here
         _put(name, made, prefixes, 0)
         for role in SET_ROLES:
             _pin(made[role], at, role)
@@ -391,7 +467,7 @@ def _rename_in(name: str, temp: Path, where: Path) -> None:
 
 def _unpin_all(at: int) -> None:
     """Unpin every set map in the folder open at ``at``."""
-    for role in SET_ROLES:
+    for role in (*SET_ROLES, GROWN):
         try:
             os.unlink(role, dir_fd=at)
         except FileNotFoundError:
@@ -452,35 +528,40 @@ def _pin(fd: int, at: int, role: str) -> None:
     _give_pin(at, role)
 
 
-def _add_sieve(name: str, at: int) -> None:
-    """An older alfwrapper's set (hosts and ranges, no sieve) given its sieve, made
-    from what it holds, under its lock (``at``: its folder's fd)."""
-    hosts = open_role(name, "hosts")
+def _complete(name: str, at: int) -> None:
+    """An older alfwrapper's set (hosts and ranges, perhaps a sieve, no hosts_at)
+    given what it lacks, its sieve rebuilt from what it holds, under its lock (``at``:
+    its folder's fd)."""
+    fds: Maps = {}
     try:
-        size = bpf_calls.map_shape(hosts)[3]
-        sieve = _new_map(name, "sieve", size)
-        try:
-            ranges = open_role(name, "ranges")
-            try:
-                _resieve({"hosts": hosts, "ranges": ranges, "sieve": sieve})
-            finally:
-                os.close(ranges)
-            _pin(sieve, at, "sieve")
-        finally:
-            os.close(sieve)
+        fds["hosts"], fds["ranges"] = open_role(name, "hosts"), open_role(name, "ranges")
+        size = bpf_calls.map_shape(fds["hosts"])[3]
+        if os.path.exists(_at(at, "hosts_at")):
+            fds["hosts_at"] = open_role(name, "hosts_at")
+        else:
+            fds["hosts_at"] = _new_map(name, "hosts_at", 1, inner=fds["hosts"])
+            bpf_map_put_fd(fds["hosts_at"], 0, fds["hosts"])
+        fds["sieve"] = (open_role(name, "sieve") if os.path.exists(_at(at, "sieve"))
+                        else _new_map(name, "sieve", size))  # fmt: skip
+        _resieve(fds)
+        for role in ("sieve", "hosts_at"):
+            if not os.path.exists(_at(at, role)):
+                _pin(fds[role], at, role)
     finally:
-        os.close(hosts)
+        for fd in fds.values():
+            os.close(fd)
 
 
-def _refit(name: str) -> None:
-    """Rebuild the set's sieve if it was built for another hosts map (an older
-    alfwrapper destroyed and made the set again beside it); the caller holds the
-    set's lock."""
+def _refit(name: str, at: int) -> None:
+    """Mend the set (_repair) and rebuild its sieve if it was built for another set
+    (an older alfwrapper destroyed and made the set again beside it); the caller holds
+    the set's lock (``at``: its folder's fd)."""
     fds: Maps = {}
     try:
         for role in SET_ROLES:
             fds[role] = open_role(name, role)
-        if not sieve_fits(fds["hosts"], fds["sieve"]):
+        _repair(name, fds, at)
+        if not sieve_fits(fds["hosts_at"], fds["sieve"]):
             _resieve(fds)
     finally:
         for fd in fds.values():
@@ -494,12 +575,32 @@ def sieve_words(size: int) -> int:
     return 1 << max(6, (bits // 64 - 1).bit_length())
 
 
-def _new_map(name: str, role: str, size: int) -> int:
+def _new_map(name: str, role: str, size: int, inner: int = 0) -> int:
+    """A new map of the role's shape: a hosts map of ``size`` entries, a trie that may
+    hold up to MOST_SIZE (it takes memory for what it holds alone, and cannot grow:
+    programs reach it through their own array of maps), a sieve for ``size`` whole
+    addresses, hosts_at of one slot for maps of ``inner``'s shape."""
     kind, key, value, flags = _SHAPES[role]
-    label = "set." + name.replace("-", "_")  # a map's name: letters, digits, _ and .
-    if role != "sieve":
-        return bpf_calls.map_create(kind, label[:15], key, value, size, flags)
-    return bpf_calls.map_create(kind, label[:15], key, value, 1 + sieve_words(size), flags)
+    label = ("set." + name.replace("-", "_"))[:15]  # a map's name: letters, digits, _ and .
+    entries = {"ranges": MOST_SIZE, "sieve": 1 + sieve_words(size), "hosts_at": 1}
+    return bpf_calls.map_create(kind, label, key, value, entries.get(role, size), flags, inner)
+
+
+def _new_set_maps(name: str, size: int) -> Maps:
+    """A new set's maps, empty: hosts_at holding its hosts, the sieve's header naming
+    hosts_at (the set it belongs to, however its hosts map grows)."""
+    made: Maps = {}
+    try:
+        for role in ("hosts", "ranges", "sieve"):
+            made[role] = _new_map(name, role, size)
+        made["hosts_at"] = _new_map(name, "hosts_at", 1, inner=made["hosts"])
+        bpf_map_put_fd(made["hosts_at"], 0, made["hosts"])
+        _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts_at"]), 0)
+    except BaseException:
+        for fd in made.values():
+            os.close(fd)
+        raise
+    return made
 
 
 def ensure(names: Sequence[str]) -> None:
@@ -541,9 +642,7 @@ def check_env(env: FillEnv) -> FillEnv:
             return read_only(name, role)
         try:
             if name not in stand_ins:  # an empty set, made as a start would make it
-                made = {r: _new_map(name, r, 1) for r in SET_ROLES}
-                _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts"]), 0)
-                stand_ins[name] = made
+                stand_ins[name] = _new_set_maps(name, 1)
             return os.dup(stand_ins[name][role])
         except OSError as err:
             raise _fail(f"checking set {name}", err) from None
@@ -589,25 +688,80 @@ def _put(name: str, fds: Maps, prefixes: Sequence[Prefix], expiry: int) -> None:
     crash_point("set-bits-set")
     for prefix in prefixes:
         role, key = _key(prefix)
-        _update(name, fds[role], role, key, _value(prefix, expiry))
+        _update(name, fds, role, key, _value(prefix, expiry))
 
 
-def _update(name: str, fd: int, role: str, key: bytes, value: bytes) -> None:
-    """One entry in; a full map first loses its lapsed entries, and is an error if none."""
+def _update(name: str, fds: Maps, role: str, key: bytes, value: bytes) -> None:
+    """One entry in; a full map first loses its lapsed entries, then a full hosts map
+    grows (_grow); a trie full at MOST_SIZE is an error."""
     try:
-        bpf_calls.map_update(fd, key, value)
+        bpf_calls.map_update(fds[role], key, value)
     except OSError as err:
-        if err.errno != errno.E2BIG:
+        if err.errno not in (errno.E2BIG, errno.ENOSPC):
             raise
-        if not _sweep(fd, role):
-            raise AlfError(
-                f"set {name}",
-                f"its {role} map is full at {_prefix(role, key)}",
-                f"remove entries, or make it larger (set destroy, then set create "
-                f"--size N; most {MOST_SIZE})",
-                EX_CONFIG,
-            ) from None
-        bpf_calls.map_update(fd, key, value)
+        if not _sweep(fds[role], role):
+            if role != "hosts":
+                raise AlfError(
+                    f"set {name}",
+                    f"its {role} map is full at {_prefix(role, key)}",
+                    "remove entries, or split the set",
+                    EX_CONFIG,
+                ) from None
+            _grow(name, fds, 1)
+        bpf_calls.map_update(fds[role], key, value)
+
+
+def _grow(name: str, fds: Maps, more: int) -> None:
+    """Give the set a hosts map with room for ``more`` whole addresses besides those it
+    holds (twice the room at least, MOST_SIZE at most), while every program that
+    names it runs.  Under the set's lock (a changing _opened: no entry is written
+    meanwhile): the entries are copied into a larger map, pinned as GROWN, which one
+    update of hosts_at then puts in force for every program at once, and which a
+    rename then makes the hosts pin.  No packet is judged on a half-filled map: the
+    old one serves, whole, until the switch.  A kill at any step leaves the set as it
+    was or as it is after, never between (_repair)."""
+    at, old = fds[_FOLDER], fds["hosts"]
+    room = bpf_calls.map_shape(old)[3]
+    keys, values, held = bpf_calls.map_items(old, SET_HOST.size, SET_EXPIRY.size)
+    wanted = held + more
+    if wanted > MOST_SIZE:
+        raise AlfError(f"set {name}", f"{wanted} whole addresses are more than a set holds "
+                       f"({MOST_SIZE})", "remove entries, or split the set", EX_CONFIG)  # fmt: skip
+    size = min(MOST_SIZE, max(2 * room, 1 << (wanted - 1).bit_length()))
+    new = _new_map(name, "hosts", size)
+    switched = False
+    try:
+        for start in range(0, held, BATCH):
+            count = min(BATCH, held - start)
+            bpf_calls.map_update_batch(
+                new,
+                keys[start * SET_HOST.size : (start + count) * SET_HOST.size],
+                values[start * SET_EXPIRY.size : (start + count) * SET_EXPIRY.size],
+                count,
+            )
+        _pin(new, at, GROWN)
+        crash_point("set-grown-pinned")
+        bpf_map_put_fd(fds["hosts_at"], 0, new)  # in force for every program from here
+        switched = True
+        crash_point("set-grown-switched")
+        os.rename(GROWN, "hosts", src_dir_fd=at, dst_dir_fd=at)
+    except OSError as err:
+        _undo_growth(at, new, switched)
+        raise _fail(f"growing set {name}", err) from None
+    except BaseException:
+        _undo_growth(at, new, switched)
+        raise
+    os.close(old)
+    fds["hosts"] = new
+
+
+def _undo_growth(at: int, new: int, switched: bool) -> None:
+    """A growth that failed: before the switch, its copy goes; after, _repair finishes
+    it at the next change (the slot holds the copy, which GROWN names)."""
+    if not switched:
+        with contextlib.suppress(OSError):
+            os.unlink(GROWN, dir_fd=at)
+    os.close(new)
 
 
 def _sweep(fd: int, role: str) -> int:
@@ -763,7 +917,7 @@ def assign(name: str, entries: dict[Prefix, int]) -> int:
                 raise _fail(f"removing from set {name}", err) from None
         _hold_keyed(name, fds, by_role)
         try:  # the set holds these alone now: their bits alone
-            _sieve_exact(fds["sieve"], bits, fds["hosts"])
+            _sieve_exact(fds["sieve"], bits, fds["hosts_at"])
         except OSError as err:
             raise _fail(f"rebuilding the sieve of set {name}", err) from None
     return removed
@@ -772,22 +926,21 @@ def assign(name: str, entries: dict[Prefix, int]) -> int:
 def _hold_keyed(name: str, fds: Maps, by_role: Keyed) -> None:
     """Whole addresses in one batch update (Linux 5.6), shorter prefixes one by one
     (an LPM trie has no batch update); their sieve's bits are set already."""
-    hosts, ranges = fds["hosts"], fds["ranges"]
     try:
         keys, values = by_role["hosts"]
         for start in range(0, len(keys), BATCH):
             part = slice(start, start + BATCH)
+            batch = (b"".join(keys[part]), b"".join(values[part]), len(keys[part]))
             try:
-                bpf_calls.map_update_batch(hosts, b"".join(keys[part]), b"".join(values[part]),
-                                           len(keys[part]))  # fmt: skip
+                bpf_calls.map_update_batch(fds["hosts"], *batch)
             except OSError as err:
                 if err.errno != errno.E2BIG:
                     raise
-                _sweep(hosts, "hosts")  # then one by one, saying which did not fit
-                for key, value in zip(keys[part], values[part], strict=True):
-                    _update(name, hosts, "hosts", key, value)
+                _sweep(fds["hosts"], "hosts")
+                _grow(name, fds, batch[2])  # room for the whole batch, then it again
+                bpf_calls.map_update_batch(fds["hosts"], *batch)
         for key, value in zip(*by_role["ranges"], strict=True):
-            _update(name, ranges, "ranges", key, value)
+            _update(name, fds, "ranges", key, value)
     except OSError as err:
         raise _fail(f"adding to set {name}", err) from None
 
@@ -830,7 +983,7 @@ def flush(name: str) -> int:
             size = (SET_HOST if role == "hosts" else SET_RANGE).size
             for key in bpf_calls.map_keys(fds[role], size):
                 gone += bpf_calls.map_delete(fds[role], key)
-        _sieve_exact(fds["sieve"], Sieved({}, 0), fds["hosts"])  # nothing needs a bit
+        _sieve_exact(fds["sieve"], Sieved({}, 0), fds["hosts_at"])  # nothing needs a bit
     return gone
 
 
@@ -1008,13 +1161,13 @@ def _grown_many(word: memoryview, found: Spots) -> tuple[list[int], list[int]]:
     return index[changed].tolist(), grown[changed].tolist()
 
 
-def _sieve_exact(sieve: int, bits: Sieved, hosts: int) -> None:
-    """Make the sieve hold these bits alone, built for the hosts map ``hosts`` (its
+def _sieve_exact(sieve: int, bits: Sieved, hosts_at: int) -> None:
+    """Make the sieve hold these bits alone, built for the set of ``hosts_at`` (its
     fd) with nothing stale: called once the set holds no entry that needs any other.
     Only the runs of words that differ are written."""
     words = _words_of(sieve)
     image = array("Q", [bits.ranges]) * (1 + words)
-    image[0] = bpf_calls.map_info_id(hosts)  # the header (sieve_header): nothing stale
+    image[0] = bpf_calls.map_info_id(hosts_at)  # the header (sieve_header): nothing stale
     for index, want in bits.spots.items():
         image[index] = want | bits.ranges
     indexes: list[int] = []
@@ -1031,7 +1184,7 @@ def _resieve(fds: Maps) -> None:
     sieve = fds["sieve"]
     held = [_prefix("hosts", k) for k in bpf_calls.map_keys(fds["hosts"], SET_HOST.size)]
     ranges = [_prefix("ranges", k) for k in bpf_calls.map_keys(fds["ranges"], SET_RANGE.size)]
-    _sieve_exact(sieve, sieved(_shift(sieve), held + ranges), fds["hosts"])
+    _sieve_exact(sieve, sieved(_shift(sieve), held + ranges), fds["hosts_at"])
 
 
 def _count_stale(fds: Maps, removed: int) -> None:

@@ -29,11 +29,14 @@
  * gives only the longest match, so past a lapsed range the lookup is made again
  * one bit shorter, for the range it was nested in, up to ALF_SET_NEST times; a
  * source still behind lapsed ranges after that counts as unreadable.  A program reaches a set's
- * hosts and ranges through two arrays of maps, and its sieve as a map of its own
- * (alf_set_sieve_word, made with the placeholders by bpf/parts.py, whose places the
- * sets' sieves take as the program loads: a packet's one read of each set is then
- * a lookup the verifier inlines, with no helper call and no map to find first): deny
- * sets at indexes 0 to ALF_DENY_SETS - 1, allow sets after them.  A slot left empty
+ * ranges through an array of maps, its sieve as a map of its own (alf_set_sieve_word,
+ * made with the placeholders by bpf/parts.py, whose places the sets' sieves take as
+ * the program loads: a packet's one read of each set is then a lookup the verifier
+ * inlines, with no helper call and no map to find first), and its hosts through the
+ * set's own hosts_at, an array of maps of one slot bound the same way
+ * (alf_set_hosts_of): a full hosts map is replaced there by a larger copy, for every
+ * program at once, while they run (sets.py: _grow).  Deny sets at indexes 0 to
+ * ALF_DENY_SETS - 1, allow sets after them.  A slot left empty
  * fails closed: a deny set that cannot be read drops, an allow set that cannot be
  * read allows nothing (a placeholder holds no word past its header).
  *
@@ -62,7 +65,6 @@
  * sets.open_role checks before one is bound. */
 BPF_F_TABLE("hash", struct alf_set_host, u64, alf_set_host_shape, 1, ALF_SET_FLAGS);
 BPF_F_TABLE("lpm_trie", struct alf_set_range, u64, alf_set_range_shape, 1, ALF_SET_FLAGS);
-BPF_ARRAY_OF_MAPS(alf_set_hosts, "alf_set_host_shape", ALF_SETS);
 BPF_ARRAY_OF_MAPS(alf_set_ranges, "alf_set_range_shape", ALF_SETS);
 BPF_ARRAY(alf_set_shifts, u64, ALF_SETS);
 
@@ -122,9 +124,9 @@ static __always_inline int set_range_holds(void *ranges, struct alf_set_keys *k)
  * ``sieved``: what its sieve said (set_sieve). */
 static __always_inline int set_holds(u32 i, u64 sieved, struct alf_set_keys *k)
 {
-    k->at = i;
     if (sieved & ALF_SIEVE_HOST) {
-        void *hosts = alf_set_hosts.lookup((u32 *)&k->at);
+        k->at = 0;
+        void *hosts = alf_set_hosts_of(i, (u32 *)&k->at);
         if (!hosts)
             return -1;
         if (set_standing(bpf_map_lookup_elem(hosts, k->host)))
@@ -132,6 +134,7 @@ static __always_inline int set_holds(u32 i, u64 sieved, struct alf_set_keys *k)
     }
     if (!(sieved & ALF_SIEVE_RANGE))
         return 0;
+    k->at = i;
     void *ranges = alf_set_ranges.lookup((u32 *)&k->at);
     if (!ranges)
         return -1;

@@ -1177,11 +1177,11 @@ MUTATIONS += [
     crash_point("set-bits-set")
     for prefix in prefixes:
         role, key = _key(prefix)
-        _update(name, fds[role], role, key, _value(prefix, expiry))
+        _update(name, fds, role, key, _value(prefix, expiry))
 """,
         """    for prefix in prefixes:
         role, key = _key(prefix)
-        _update(name, fds[role], role, key, _value(prefix, expiry))
+        _update(name, fds, role, key, _value(prefix, expiry))
     crash_point("set-bits-set")
     _sieve_add(sieve, sieved(_shift(sieve), prefixes))
 """,
@@ -1190,16 +1190,44 @@ MUTATIONS += [
     Mutation(
         "sieve-fit-unchecked",
         "alfwrapper/bpf/parts.py",
-        "return sieve_header(sieve_fd)[0] == bpf_calls.map_info_id(hosts_fd)",
+        "return sieve_header(sieve_fd)[0] == bpf_calls.map_info_id(hosts_at_fd)",
         "return True",
         (SIEVE_TEST + "test_a_sieve_made_for_other_entries_is_refused_then_rebuilt",),
     ),
     Mutation(
         "set-create-keeps-a-stale-sieve",
         "alfwrapper/sets.py",
-        "            _refit(name)\n",
+        "            _refit(name, at)\n",
         "",
         (SIEVE_TEST + "test_a_sieve_made_for_other_entries_is_refused_then_rebuilt",),
+    ),
+    Mutation(
+        "set-grown-never-switched",
+        "alfwrapper/sets.py",
+        '        bpf_map_put_fd(fds["hosts_at"], 0, new)  # in force for every program from here\n',
+        "",
+        (SETS_TEST + "test_a_set_grows_while_a_service_uses_it",),
+    ),
+    Mutation(
+        "set-growth-never-mended",
+        "alfwrapper/sets.py",
+        "                _repair(name, fds, at)\n",
+        "",
+        (SETS_TEST + "test_a_kill_while_a_set_grows_loses_no_entry",),
+    ),
+    Mutation(
+        "set-bound-slot-unchecked",
+        "alfwrapper/sets.py",
+        '    if role == "hosts_at" and read_only and not _holds_the_pin(name, fd):',
+        "    if False:",
+        (SIEVE_TEST + "test_a_sieve_made_for_other_entries_is_refused_then_rebuilt",),
+    ),
+    Mutation(
+        "set-slot-re-pointed-before-its-sieve-is-unmarked",
+        "alfwrapper/sets.py",
+        '        _set_header(fds["sieve"], 0, 0)\n',
+        "",
+        (SIEVE_TEST + "test_a_kill_while_a_sieve_is_rebuilt_leaves_it_refused",),
     ),
     Mutation(
         "sieve-word-1-first",
@@ -1220,7 +1248,7 @@ MUTATIONS += [
         "alfwrapper/policy/files.py",
         '        if policy.rules_for(name or "").too_many_sets:\n',
         "        if False:\n",
-        (SIEVE_TEST + "test_more_than_32_sets_are_refused_before_anything_is_made",),
+        (SIEVE_TEST + "test_more_than_the_most_sets_are_refused_before_anything_is_made",),
     ),
     Mutation(
         "sets-sieve-bound-to-another-set",
@@ -1270,9 +1298,8 @@ MUTATIONS += [
     Mutation(
         "check-stand-in-sieve-without-header",
         "alfwrapper/sets.py",
-        '                _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts"]), 0)\n'
-        "                stand_ins[name] = made\n",
-        "                stand_ins[name] = made\n",
+        '        _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts_at"]), 0)\n',
+        "",
         (SETS_TEST + "test_allow_sets",),
     ),
     Mutation(

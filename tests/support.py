@@ -100,11 +100,12 @@ def loader_arguments() -> str:
 
 
 # A developer's filter that would change a set it names: it deletes an entry through
-# the program's array of maps (sets.c's alf_set_hosts).
+# the hosts map in force of the first set the program names (sets.c's alf_set_hosts_of,
+# through the set's hosts_at bound as alf_set_hosts_0).
 WRITES_INTO_A_SET = """#include "common.h"
 int filter(struct __sk_buff *skb) {
     u32 slot = 0;
-    void *hosts = alf_set_hosts.lookup(&slot);
+    void *hosts = alf_set_hosts_0.lookup(&slot);
     if (hosts) {
         struct alf_set_host key = {};
         bpf_map_delete_elem(hosts, &key);

@@ -263,9 +263,13 @@ SET_HOST_C, SET_HOST = c_struct("alf_set_host", SET_HOST_FIELDS)
 SET_RANGE_C, SET_RANGE = c_struct("alf_set_range", RUNTIME_KEY_FIELDS)
 SET_EXPIRY = struct.Struct("=Q")
 SET_ALLOW, SET_DENY = 1, 2
-# A set's pins, in its folder (alfwrapper/sets.py), the last made last: its hosts pin
-# says the set is whole.
-SET_ROLES = ("hosts", "ranges", "sieve")
+# A set's pins, in its folder (alfwrapper/sets.py).  hosts_at is an array of maps of
+# one slot holding the hosts map in force: a program reads the hosts through it, so a
+# set whose hosts map is full grows (sets._grow: a larger copy, then one update of
+# this slot) while every program that names it runs.
+SET_ROLES = ("hosts", "ranges", "sieve", "hosts_at")
+# The maps a program is bound to (Sets.bind): not the hosts map itself.
+SET_BOUND_ROLES = ("hosts_at", "ranges", "sieve")
 # Both maps' flags: BPF_F_NO_PREALLOC (memory for the entries there, not for the
 # room) and BPF_F_RDONLY_PROG (no program may write into a set: the verifier says so).
 SET_FLAGS = 1 | 1 << 7
@@ -290,11 +294,14 @@ SIEVE_MIX = 0xC2B2AE3D27D4EB4F
 SIEVE_MULTIPLIER = 0x9E3779B97F4A7C15  # 2^64 / golden ratio, odd: Fibonacci hashing
 SIEVE_BIT1, SIEVE_BIT2 = 12, 26
 SIEVE_RANGE_BITS = {4: 62, 6: 63}
-# sets.c's arrays of maps, by the role each holds, and the map each takes its shape
-# from (alf_set_hosts: alf_set_host_shape); a set's sieve is a map of the program's
-# own instead (sieve_map), the placeholder that Sets.bind's sieve takes the place of.
-SET_ARRAYS = {"hosts": "alf_set_hosts", "ranges": "alf_set_ranges"}
-INNER_MAPS = {array: f"{array[:-1]}_shape" for array in SET_ARRAYS.values()}
+# sets.c's array of maps of every set's ranges, by the role it holds, and the map it
+# takes its shape from (alf_set_ranges: alf_set_range_shape); a set's sieve and its
+# hosts_at are maps of the program's own instead (sieve_map, hosts_map), placeholders
+# whose places Sets.bind's maps take as the program loads.
+SET_ARRAYS = {"ranges": "alf_set_ranges"}
+INNER_MAPS = {array: f"{array[:-1]}_shape" for array in SET_ARRAYS.values()} | {
+    f"alf_set_hosts_{i}": "alf_set_host_shape" for i in range(MOST_SETS)
+}
 
 
 def sieve_map(index: int) -> str:
@@ -302,18 +309,33 @@ def sieve_map(index: int) -> str:
     return f"alf_set_sieve_{index}"
 
 
+def hosts_map(index: int) -> str:
+    """The program's map that set number ``index``'s hosts_at is bound to (sets.c)."""
+    return f"alf_set_hosts_{index}"
+
+
 def _sieve_maps_c(count: int) -> str:
-    """sets.c's sieves: a placeholder map for each set, of one word (the header,
-    which no program reads: a program whose sieve was not bound finds no word and
-    fails closed), and alf_set_sieve_word, the word at an index of set ``set``'s.
-    BCC reads map syntax only as written out, not in a macro: hence C made here."""
-    maps = [sieve_map(i) for i in range(count)]
-    cases = "".join(f"    case {i}:\n        return {m}.lookup(index);\n"
-                    for i, m in enumerate(maps))  # fmt: skip
+    """sets.c's maps of each set: a placeholder for its sieve, of one word (the
+    header, which no program reads: a program whose sieve was not bound finds no word
+    and fails closed), and one for its hosts_at, an array of maps of one empty slot
+    (not bound: no hosts map, and the set cannot be read); alf_set_sieve_word, the
+    word at an index of set ``set``'s sieve, and alf_set_hosts_of, its hosts map in
+    force.  BCC reads map syntax only as written out, not in a macro: hence C made
+    here."""
+    sieves, hosts = [sieve_map(i) for i in range(count)], [hosts_map(i) for i in range(count)]
+
+    def switch(maps: list[str]) -> str:
+        cases = "".join(f"    case {i}:\n        return {m}.lookup(index);\n"
+                        for i, m in enumerate(maps))  # fmt: skip
+        return f"    switch (set) {{\n{cases}    }}\n    return 0;\n}}\n"
+
     return (
-        "".join(f'BPF_F_TABLE("array", u32, u64, {m}, 1, ALF_SIEVE_FLAGS);\n' for m in maps)
+        "".join(f'BPF_F_TABLE("array", u32, u64, {m}, 1, ALF_SIEVE_FLAGS);\n' for m in sieves)
+        + "".join(f'BPF_ARRAY_OF_MAPS({m}, "alf_set_host_shape", 1);\n' for m in hosts)
         + "static __always_inline u64 *alf_set_sieve_word(u32 set, u32 *index)\n{\n"
-        + f"    switch (set) {{\n{cases}    }}\n    return 0;\n}}\n"
+        + switch(sieves)
+        + "static __always_inline void *alf_set_hosts_of(u32 set, u32 *index)\n{\n"
+        + switch(hosts)
     )
 
 
@@ -396,9 +418,9 @@ class Sets(Part):
     ) -> None:
         fds: dict[str, int] = {}
         try:
-            for role in SET_ROLES:
+            for role in SET_BOUND_ROLES:
                 fds[role] = env.open_set(name, role)
-            if not sieve_fits(fds["hosts"], fds["sieve"]):
+            if not sieve_fits(fds["hosts_at"], fds["sieve"]):
                 raise AlfError(
                     f"named set {name}",
                     "its sieve was made for other entries (the set was changed by an "
@@ -411,6 +433,7 @@ class Sets(Part):
             for role, array in SET_ARRAYS.items():
                 bpf_map_put_fd(tables[array].map_fd, index, fds[role])
             bound[sieve_map(index)] = fds.pop("sieve")
+            bound[hosts_map(index)] = fds.pop("hosts_at")
         except OSError as err:
             raise AlfError(
                 f"named set {name}",
@@ -744,20 +767,21 @@ def write_mapped_at(map_fd: int, offset: int, data: bytes | memoryview, name: st
 
 
 def sieve_header(sieve_fd: int) -> tuple[int, int]:
-    """A sieve's word 0, which no program reads: the id of the hosts map it was built
-    for, and how many entries were removed since (sets.py)."""
+    """A sieve's word 0, which no program reads: the id of the set's hosts_at it was
+    built for (the set it belongs to: a hosts map grown keeps its sieve), and how many
+    entries were removed since (sets.py)."""
     from alfwrapper.host import bpf_calls  # noqa: PLC0415
 
     raw = bpf_calls.map_lookup(sieve_fd, bytes(4), 8) or bytes(8)
     return int.from_bytes(raw[:4], "little"), int.from_bytes(raw[4:], "little")
 
 
-def sieve_fits(hosts_fd: int, sieve_fd: int) -> bool:
-    """Whether a sieve was built for this hosts map: one made for another (an older
-    alfwrapper that knew no sieves destroyed and made the set again) lacks bits."""
+def sieve_fits(hosts_at_fd: int, sieve_fd: int) -> bool:
+    """Whether a sieve was built for this set (its hosts_at): one made for another (an
+    older alfwrapper destroyed and made the set again) lacks bits."""
     from alfwrapper.host import bpf_calls  # noqa: PLC0415
 
-    return sieve_header(sieve_fd)[0] == bpf_calls.map_info_id(hosts_fd)
+    return sieve_header(sieve_fd)[0] == bpf_calls.map_info_id(hosts_at_fd)
 
 
 def put_shift(shifts_fd: int, index: int, sieve_fd: int) -> None:

@@ -493,6 +493,36 @@ def map_update_batch(map_fd: int, keys: bytes, values: bytes, count: int) -> Non
 
 
 @_fd_call("map_fd")
+def map_items(
+    map_fd: int, key_size: int, value_size: int, chunk: int = 65536
+) -> tuple[bytes, bytes, int]:
+    """Every key and value of a hash map, packed, and how many: BPF_MAP_LOOKUP_BATCH
+    (Linux 5.6), ``chunk`` entries a call (a bucket holding more fails with ENOSPC:
+    the call is made again with room for twice as many)."""
+    keys_out, values_out, total = [], [], 0
+    token = ctypes.create_string_buffer(max(8, key_size))  # the kernel's place to go on
+    given: ctypes.Array[ctypes.c_char] | None = None
+    while True:
+        keys = ctypes.create_string_buffer(key_size * chunk)
+        values = ctypes.create_string_buffer(value_size * chunk)
+        count = ctypes.c_uint32(chunk)
+        result = libbpf().bpf_map_lookup_batch(
+            map_fd, given, token, keys, values, ctypes.byref(count), None
+        )
+        error = (ctypes.get_errno() or -result) if result < 0 else 0
+        if error == 28:  # ENOSPC: a bucket larger than chunk
+            chunk *= 2
+            continue
+        keys_out.append(keys.raw[: count.value * key_size])
+        values_out.append(values.raw[: count.value * value_size])
+        total += count.value
+        if error == 2:  # ENOENT: the last entries came with this call
+            return b"".join(keys_out), b"".join(values_out), total
+        bpf_check(result, "batch lookup", f"map fd {map_fd}")
+        given = ctypes.create_string_buffer(token.raw)
+
+
+@_fd_call("map_fd")
 def map_delete(map_fd: int, key: bytes) -> bool:
     """Remove key from a map; False if it was not there."""
     result = libbpf().bpf_map_delete_elem(map_fd, key)

@@ -15,15 +15,20 @@ that the next start leaves the socket filtered.
 (SIGSTOP, as a stalled machine would hold it), so that a test can send what an
 attacker would in that moment and then let it go on (SIGCONT):
 tests/adversarial/test_startup.py.
+
+``ALFWRAPPER_FAIL_AT=NAME`` raises there an OSError (ENOMEM, as the kernel gives when
+a map cannot be had), so that a test follows the failure's own clean-up path.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
 VARIABLE = "ALFWRAPPER_CRASH_AT"
 PAUSE_VARIABLE = "ALFWRAPPER_PAUSE_AT"
+FAIL_VARIABLE = "ALFWRAPPER_FAIL_AT"
 
 # Every crash point, in the order a start (then a reload, a live rule, gc) meets them.
 POINTS = (
@@ -41,15 +46,20 @@ POINTS = (
     "rule-flagged",  # a live rule: the socket's "may have rules" flag is set
     "removing",  # gc (or a start): a socket's state is half removed, its dispatcher first
     "set-made",  # set create: the set is whole, pinned under its temporary name, not renamed in
+    "set-grown-pinned",  # a set's hosts map grown: its larger copy pinned, not in force
+    "set-grown-switched",  # the copy in force for every program; the hosts pin not renamed
 )
 
 
 def crash_point(name: str) -> None:
-    """Die (or stop) here if the environment says so (tests only)."""
+    """Die (or stop, or fail) here if the environment says so (tests only)."""
     for variable, signum in ((PAUSE_VARIABLE, signal.SIGSTOP), (VARIABLE, signal.SIGKILL)):
         wanted = os.environ.get(variable)
         if wanted and _here(wanted, name):
             os.kill(os.getpid(), signum)
+    failing = os.environ.get(FAIL_VARIABLE)
+    if failing and _here(failing, name):
+        raise OSError(errno.ENOMEM, f"failed on purpose at {name} ({FAIL_VARIABLE})")
 
 
 def _here(wanted: str, name: str) -> bool:

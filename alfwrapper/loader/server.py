@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from alfwrapper import state
-from alfwrapper.bpf.parts import INNER_MAPS, SET_ROLES, FillEnv
+from alfwrapper.bpf.parts import INNER_MAPS, SET_BOUND_ROLES, FillEnv
 from alfwrapper.errors import (
     EX_CONFIG,
     EX_DATAERR,
@@ -632,7 +632,7 @@ def open_sets(rules: SocketRules) -> dict[tuple[str, str], int]:
     opened: dict[tuple[str, str], int] = {}
     try:
         for name in (*rules.deny_sets, *rules.allow_sets):
-            for role in SET_ROLES:
+            for role in SET_BOUND_ROLES:
                 try:
                     opened[name, role] = sets.open_role(name, role, read_only=True)
                 except AlfError as err:

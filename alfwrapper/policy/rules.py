@@ -19,10 +19,11 @@ from alfwrapper.policy.prefix_list import PrefixList
 from alfwrapper.policy.prefixes import Prefix
 from alfwrapper.record import Record, field
 
-# Named sets one socket may name, allow and deny: each set's sieve is a map of the
-# program's own (sets.c), and the kernel lets one program use 64 maps, of which the
-# other parts use up to 21; what is left is for a developer's filter.
-MOST_SETS = 32
+# Named sets one socket may name, allow and deny: each set's sieve and its hosts_at
+# (the slot its hosts map grows through) are maps of the program's own (sets.c), and
+# the kernel lets one program use 64 maps, of which the other parts use up to 21;
+# what is left is for a developer's filter.
+MOST_SETS = 16
 
 
 class SubnetRules(Record):

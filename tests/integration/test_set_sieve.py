@@ -25,7 +25,7 @@ from alfwrapper.host import bpf_calls
 from alfwrapper.host.bpf_calls import prog_test_run
 from alfwrapper.host.frames import udp_frame
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
-from alfwrapper.policy.rules import SocketRules
+from alfwrapper.policy.rules import MOST_SETS, SocketRules
 
 SIZE = 2048  # a sieve of 1024 words: rebuilt past 1024 removals
 
@@ -139,26 +139,32 @@ def test_a_set_made_before_sieves_is_given_one_by_the_next_create(name: str) -> 
     assert dropped(name, probes) == probes[:3]
 
 
-def test_more_than_32_sets_are_refused_before_anything_is_made(name: str, tmp_path: Path) -> None:
-    """Each set a socket names is a map of its program's own, of the kernel's 64: 33
-    (allow and deny together) is a usage error, said before any set is opened or
-    made."""
-    many = [f"{name}-{i}" for i in range(33)]
+def test_more_than_the_most_sets_are_refused_before_anything_is_made(
+    name: str, tmp_path: Path
+) -> None:
+    """Each set a socket names is two maps of its program's own, of the kernel's 64: one
+    more than MOST_SETS (allow and deny together) is a usage error, said before any set
+    is opened or made."""
+    many = [f"{name}-{i}" for i in range(MOST_SETS + 1)]
     argv = [arg for n in many for arg in ("--deny-set", n)]
     out = subprocess.run([*WRAPPER, "check", *argv], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
-    assert out.returncode == 64 and "more than 32" in out.stderr, out.stderr
+    assert out.returncode == 64 and f"more than {MOST_SETS}" in out.stderr, out.stderr
+    half = len(many) // 2
     policy = tmp_path / "many.toml"
-    policy.write_text(f"deny-set = {many[:17]!r}\nallow-set = {many[17:]!r}\n".replace("'", '"'))
+    policy.write_text(
+        f"deny-set = {many[:half]!r}\nallow-set = {many[half:]!r}\n".replace("'", '"')
+    )
     out = subprocess.run([*WRAPPER, "check", "--policy", str(policy)], capture_output=True,
                          text=True, timeout=120)  # fmt: skip
-    assert out.returncode == 78 and "more than 32" in out.stderr, out.stderr
+    assert out.returncode == 78 and f"more than {MOST_SETS}" in out.stderr, out.stderr
     assert not any(sets.folder(n).exists() for n in many)
 
 
 def _made_again_by_an_older_alfwrapper(name: str, entry: Prefix) -> None:
     """What an older `set destroy` then `set create` did: a new hosts map beside the
-    sieve, holding an entry an older bouncer put there (no bits)."""
+    sieve and hosts_at (which it knew nothing of, and left), holding an entry an older
+    bouncer put there (no bits)."""
     where = sets.folder(name)
     os.unlink(where / "hosts")
     kind, key, value, flags = sets._SHAPES["hosts"]
@@ -171,17 +177,18 @@ def _made_again_by_an_older_alfwrapper(name: str, entry: Prefix) -> None:
 
 
 def test_a_sieve_made_for_other_entries_is_refused_then_rebuilt(name: str) -> None:
-    """An older alfwrapper that knew no sieves destroys a set (leaving its sieve pin)
-    and makes it again: the new hosts map's entries have no bits in that sieve.  A
-    start refuses it (78) rather than miss them; `set create`, or the next change,
-    rebuilds it from what the set holds.  A sieve of another size is no set's."""
+    """An older alfwrapper that knew no sieves destroys a set (leaving its sieve and
+    hosts_at pins) and makes it again: hosts_at holds the old hosts map, and the new
+    one's entries have no bits in that sieve.  A start refuses it (78) rather than
+    miss them; `set create`, or the next change, mends it from what the set holds.  A
+    sieve of another size is no set's."""
     sets.create(name, [parse_prefix("192.0.2.1/32")])
     where = sets.folder(name)
     old = parse_prefix("198.51.100.9/32")
     _made_again_by_an_older_alfwrapper(name, old)
     check = [*WRAPPER, "check", "--deny-set", name]
     out = subprocess.run(check, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 78 and "sieve was made for other entries" in out.stderr, out
+    assert out.returncode == 78 and "the hosts map it holds is not the set's" in out.stderr, out
     out = subprocess.run([*WRAPPER, "set", "create", name], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -304,11 +311,11 @@ def _many_maps_filter(count: int) -> str:
 def test_the_most_sets_load_with_every_part_and_more_maps_are_refused(
     name: str, tmp_path: Path
 ) -> None:
-    """32 sets (the most a socket names) beside interfaces, knocking, the drop log and
+    """16 sets (the most a socket names) beside interfaces, knocking, the drop log and
     a developer's filter with maps of its own load; a filter whose maps, with the
     sets', pass the 64 the kernel lets one program use is refused with that said
     (exit 64), not with the kernel's errno alone."""
-    many = [f"{name}-{i}" for i in range(32)]
+    many = [f"{name}-{i}" for i in range(MOST_SETS)]
     secret = tmp_path / "secret"
     secret.write_bytes(os.urandom(32))
     secret.chmod(0o600)

@@ -18,6 +18,7 @@ from support import ECHO_SERVER, WRAPPER, WRITES_INTO_A_SET
 
 from alfwrapper import sets
 from alfwrapper.bpf.parts import SET_ROLES
+from alfwrapper.host import bpf_calls
 
 SETS = Path("/sys/fs/bpf/alfwrapper-sets")
 LISTS = Path("/etc/alfwrapper/sets")
@@ -185,29 +186,94 @@ def test_a_crash_while_a_set_is_made_leaves_no_half_set(
 
 
 def test_a_failed_create_leaves_no_set(set_name: str, tmp_path: Path) -> None:
-    """A create that fails (its file holds more than --size) leaves nothing: no set
-    that `set list` shows and `set add` says does not exist, no maps pinned."""
+    """A create that fails (the kernel refuses memory for its last map) leaves nothing:
+    no set that `set list` shows and `set add` says does not exist, no maps pinned."""
     listed = tmp_path / "list"
     listed.write_text("192.0.2.1\n192.0.2.2\n192.0.2.3\n")
-    out = cli("set", "create", set_name, str(listed), "--size", "2")
-    assert out.returncode == 78 and "full" in out.stderr, out.stderr
+    out = cli("set", "create", set_name, str(listed), "--size", "2",
+              env={"ALFWRAPPER_FAIL_AT": "set-hosts_at-pinned"})  # fmt: skip
+    assert out.returncode == 71 and "failed on purpose" in out.stderr, out.stderr
     assert set_name not in ok("set", "list").split()
     assert not (SETS / set_name).exists() and not sets.making(set_name).exists()
     assert "created from" in ok("set", "create", set_name, str(listed), "--size", "3")
     assert ok("set", "list", set_name).split() == ["192.0.2.1/32", "192.0.2.2/32", "192.0.2.3/32"]
 
 
-def test_a_set_is_made_once_holds_its_size_and_makes_room_from_lapsed_entries(
-    set_name: str,
-) -> None:
+def room(name: str) -> int:
+    """How many whole addresses the set's hosts map in force has room for."""
+    fd = bpf_calls.obj_get(str(SETS / name / "hosts"))
+    try:
+        return bpf_calls.map_shape(fd)[3]
+    finally:
+        os.close(fd)
+
+
+def test_a_set_is_made_once_takes_lapsed_room_and_then_grows(set_name: str) -> None:
     assert "created" in ok("set", "create", set_name, "--size", "2")
     assert "exists already" in ok("set", "create", set_name, "--size", "9")
     ok("set", "add", set_name, "192.0.2.1", "2001:db8::1", "--timeout", "1")
-    out = cli("set", "add", set_name, "192.0.2.2", "192.0.2.3", "2001:db8::2")
-    assert out.returncode == 78 and "its hosts map is full" in out.stderr, out.stderr
     time.sleep(1.2)  # both lapse: the next add takes their room
     ok("set", "add", set_name, "192.0.2.2", "2001:db8::2")
     assert ok("set", "list", set_name).split() == ["192.0.2.2/32", "2001:db8::2/128"]
+    assert room(set_name) == 2
+    ok("set", "add", set_name, "192.0.2.3", "192.0.2.4", "2001:db8::3")  # full: it grows
+    assert room(set_name) >= 5
+    listed = ok("set", "list", set_name).split()
+    assert listed == ["192.0.2.2/32", "192.0.2.3/32", "192.0.2.4/32", "2001:db8::2/128",
+                      "2001:db8::3/128"], listed  # fmt: skip
+    assert not (SETS / set_name / sets.GROWN).exists()
+
+
+def test_a_set_grows_while_a_service_uses_it(
+    network: Network, services: list[Service], set_name: str, tmp_path: Path
+) -> None:
+    """A deny set made for 4 entries takes 5,000 while a service runs on it, in adds
+    of 1,000 (each grows it): the denied hosts are dropped from the add that named them
+    on, the others served throughout, and no restart or reload was needed.  Then the
+    same through the bouncer's way (a resync of the whole list, sets.assign)."""
+    a, b = network.allowed, network.denied
+    ok("set", "create", set_name, "--size", "4")
+    svc = start(network, services, f"{set_name}-grow", 8080, "--deny-set", set_name)
+    pid = svc.proc.pid
+    filler = [f"2001:db8:f:{i:x}::1" for i in range(5000)]
+    for chunk in range(5):
+        ok("set", "add", set_name, *filler[chunk * 1000 : (chunk + 1) * 1000])
+        if chunk == 2:
+            ok("set", "add", set_name, b.v4, b.v6)
+        denied = all_probes(b, 8080, 8081) if chunk >= 2 else []
+        check_policy(svc, served=all_probes(a, 8080, 8081), dropped=denied)
+    assert room(set_name) >= 5002 and len(ok("set", "list", set_name).split()) == 5002
+    listed = tmp_path / "more"
+    listed.write_text("".join(f"2001:db8:e:{i:x}::1\n" for i in range(20000)) + f"{a.v6}\n")
+    sets.assign(set_name, {p: 0 for p in sets.read_list(str(listed))})
+    assert room(set_name) >= 20001
+    check_policy(svc, served=[*all_probes(b, 8080, 8081), Probe(a, "tcp", 4, 8080)],
+                 dropped=[Probe(a, "tcp", 6, 8080), Probe(a, "udp", 6, 8081)])  # fmt: skip
+    assert svc.proc.pid == pid and svc.proc.poll() is None
+
+
+@pytest.mark.parametrize("point", ["set-grown-pinned", "set-grown-switched"])
+def test_a_kill_while_a_set_grows_loses_no_entry(
+    network: Network, services: list[Service], set_name: str, point: str
+) -> None:
+    """Killed after its larger copy is pinned, or after it is in force but before it
+    takes the hosts pin's name: the service drops what the set held throughout, and
+    the next change finishes or undoes the growth (no entry lost, none written where
+    no program reads it)."""
+    a, b = network.allowed, network.denied
+    ok("set", "create", set_name, "--size", "2")
+    ok("set", "add", set_name, b.v4, b.v6)
+    svc = start(network, services, f"{set_name}-kill", 8080, "--deny-set", set_name)
+    out = cli("set", "add", set_name, "2001:db8:f::1", env={"ALFWRAPPER_CRASH_AT": point})
+    assert out.returncode == -9, out
+    assert (SETS / set_name / sets.GROWN).exists()
+    check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
+    ok("set", "add", set_name, a.v4)  # mends the set first, then adds
+    assert not (SETS / set_name / sets.GROWN).exists()
+    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)],
+                 dropped=[*all_probes(b, 8080, 8081), Probe(a, "tcp", 4, 8080)])  # fmt: skip
+    listed = ok("set", "list", set_name).split()
+    assert f"{a.v4}/32" in listed and f"{b.v6}/128" in listed and len(listed) == 3, listed
 
 
 def test_explain_names_the_set_and_entry(set_name: str) -> None:

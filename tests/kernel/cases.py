@@ -60,9 +60,9 @@ FILTER = f"--filter {ROOT}/examples/filters/allowlist.c"
 TEST_FILTER = f"--filter {ROOT}/tests/data/allowlist.c"
 SETS = "--set allowed4 192.0.2.2 1 --set allowed6 2001:db8:a::2 1 --set port_limits 0 8080,1"
 
-# The most sets one socket names (policy.rules.MOST_SETS): each is a map of its
+# The most sets one socket names (policy.rules.MOST_SETS): each is two maps of its
 # program's own, beside every other part's.
-MANY_SETS = tuple(f"ktier-s{i}" for i in range(30))
+MANY_SETS = tuple(f"ktier-s{i}" for i in range(14))
 SET_NAMES = ("ktier-d", "ktier-a", *MANY_SETS)
 CASES = (
     Case("empty", "", check=False),

@@ -110,6 +110,39 @@ static void note_map_create(const union bpf_attr *attr, long fd)
         memset(&inner_of[fd], 0, sizeof(inner_of[fd]));
 }
 
+/* The inner shape of a map of maps this process did not make (a named set's
+ * hosts_at, taken from its pin): that of the map in its slot 0, opened by id where
+ * this process may (CAP_SYS_ADMIN), else that of a hash map a map of maps this
+ * process made holds (the sets' placeholders, made for the same shape).  0 if
+ * neither is found. */
+static int inner_of_held(int fd, struct bpf_map_info *out)
+{
+    uint32_t key = 0, id = 0;
+    union bpf_attr attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.map_fd = (uint32_t)fd;
+    attr.key = (uint64_t)(uintptr_t)&key;
+    attr.value = (uint64_t)(uintptr_t)&id;
+    if (bpf_call(BPF_MAP_LOOKUP_ELEM, &attr, sizeof(attr)) == 0 && id) {
+        memset(&attr, 0, sizeof(attr));
+        attr.map_id = id;
+        long held = bpf_call(BPF_MAP_GET_FD_BY_ID, &attr, sizeof(attr));
+        if (held >= 0) {
+            int ok = map_info((int)held, out) == 0;
+            real_syscall(__NR_close, held, 0, 0, 0, 0, 0);
+            if (ok)
+                return 1;
+        }
+    }
+    for (int i = 0; i < INNER_FDS; i++) {
+        if (inner_of[i].type == BPF_MAP_TYPE_HASH) {
+            *out = inner_of[i];
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static void record(const union bpf_attr *attr, long result, int err)
 {
     const char *path = getenv("ALF_RECORD_BPF");
@@ -171,11 +204,14 @@ static void record(const union bpf_attr *attr, long result, int err)
         put32(f, info.map_flags);
         fwrite(info.name, 1, 16, f);
         put64(f, info.map_extra);
-        struct bpf_map_info none, *inner = &none;
+        struct bpf_map_info none, held, *inner = &none;
         memset(&none, 0, sizeof(none));
         if ((info.type == BPF_MAP_TYPE_ARRAY_OF_MAPS || info.type == BPF_MAP_TYPE_HASH_OF_MAPS)
-            && fds[j] >= 0 && fds[j] < INNER_FDS)
+            && fds[j] >= 0 && fds[j] < INNER_FDS) {
             inner = &inner_of[fds[j]];
+            if (!inner->type && inner_of_held(fds[j], &held))
+                inner = &held; /* one this process took from a pin */
+        }
         put32(f, inner->type);
         put32(f, inner->key_size);
         put32(f, inner->value_size);
