@@ -1329,6 +1329,17 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
             f"`set add`: {a['add_ms']:.3f} ms (the map update alone "
             f"{a['map_update_ms']:.3f} ms).",
         ]
+        if "growth" in r["sets"]:
+            g = r["sets"]["growth"]
+            lines += [
+                "",
+                f"A set growing: a bouncer's first answer of {g['bans']:,} Ip bans into a set "
+                "made at its default size (65,536, as `crowdsec --prepare` makes it) was "
+                f"applied in {g['apply_seconds']:.2f} s from its arrival, of which "
+                f"{g['grow_seconds']:.2f} s went to {g['grows']} growths (the last, copying "
+                f"into room for {g['room']:,}, {g['last_grow_seconds']:.2f} s); one ban more "
+                f"then took {g['one_more_seconds'] * 1e3:.1f} ms.",
+            ]
     if "gallery" in r:
         k, f = r["gallery"]["keyscan"], r["gallery"]["flood"]
         lines += [

@@ -240,6 +240,49 @@ def bouncer_apply(count: int) -> dict[str, Any]:
             "small_delta_seconds": took[2], "answer_bytes": len(startup)}  # fmt: skip
 
 
+def growth(count: int) -> dict[str, Any]:
+    """A bouncer's first answer of ``count`` Ip bans (the set made at its default size,
+    as `crowdsec --prepare` makes it), which grows the set as it goes (each growth,
+    sets._grow, timed here), then an answer of one ban more: the time from each
+    answer's arrival until the set holds its entries, and the growths'."""
+    name = "bench-grow"
+    sets.destroy(name)
+    sets.create(name)
+    grows: list[float] = []
+    real = sets._grow
+
+    def timed(*args: Any) -> None:
+        start = time.perf_counter()
+        real(*args)
+        grows.append(time.perf_counter() - start)
+
+    sets._grow = timed  # type: ignore[assignment]
+    try:
+        config = bouncer.Config(set=name, interval=1)
+        book, counts = Book.empty(), bouncer.Counters()
+        rng = random.Random(78)
+        pool = addresses(count + 1, rng, 0.1)
+        sets.load_bulk()
+        first = decisions(pool[:count], 1, rng)
+        bouncer.poll_once(_Session(first), config, book, False, counts)  # type: ignore[arg-type]
+        applied = counts.apply_seconds
+        one = decisions(pool[count:], count + 1, rng)
+        bouncer.poll_once(_Session(one), config, book, True, counts)  # type: ignore[arg-type]
+        held = len(sets.entries(name))
+        fd = sets.open_role(name, "hosts")
+        try:
+            room = bpf_calls.map_shape(fd)[3]
+        finally:
+            os.close(fd)
+    finally:
+        sets._grow = real  # type: ignore[assignment]
+        sets.destroy(name)
+    assert held == count + 1, held
+    return {"bans": count, "apply_seconds": applied, "one_more_seconds": counts.apply_seconds,
+            "grows": len(grows), "grow_seconds": sum(grows), "last_grow_seconds": grows[-1],
+            "room": room}  # fmt: skip
+
+
 def bouncer_runs(count: int, runs: int) -> dict[str, Any]:
     """bouncer_apply in ``runs`` processes of its own, one after another."""
     import subprocess  # noqa: PLC0415
@@ -294,6 +337,7 @@ def run(smoke: bool) -> dict[str, Any]:
         ),  # fmt: skip
         "bouncer": bouncer_runs(1000 if smoke else 100_000, 3 if smoke else 5),
         "add": one_add(100 if smoke else 1000),
+        "growth": growth(100_000 if smoke else 1_000_000),
     }
 
 
