@@ -1134,6 +1134,8 @@ LOADER_SETS_TEST = (
     "tests/integration/test_loader.py::test_a_users_service_reads_root_sets_and_cannot_change_them"
 )
 SIEVE_TEST = "tests/integration/test_set_sieve.py::"
+STREAM_TEST = "tests/unit/test_crowdsec_stream.py::"
+CROWDSEC_TEST = "tests/integration/test_crowdsec.py::"
 MUTATIONS += [
     Mutation(
         "sieve-bit-not-the-kernels",
@@ -1485,6 +1487,116 @@ MUTATIONS += [
         '{"X-Api-Key": config.key, ',
         "{",
         ("tests/integration/test_crowdsec.py::test_once_says_what_it_found",),
+    ),
+    Mutation(
+        "bouncer-applies-bans-of-any-width",
+        "alfwrapper/policy/crowdsec.py",
+        "        elif read.network.length < shortest[read.network.family == 6]:\n",
+        "        elif False:\n",
+        (
+            STREAM_TEST + "test_bans_wider_than_the_limit_are_left_out_and_slash_zero_always",
+            CROWDSEC_TEST + "test_a_ban_of_everyone_is_left_out_and_counted",
+        ),
+    ),
+    Mutation(
+        "bouncer-applies-a-ban-of-everyone-when-told",
+        "alfwrapper/policy/crowdsec.py",
+        "shortest = (max(1, widest[0]), max(1, widest[1]))",
+        "shortest = widest",
+        (STREAM_TEST + "test_bans_wider_than_the_limit_are_left_out_and_slash_zero_always",),
+    ),
+    Mutation(
+        "bouncer-config-allows-a-ban-of-everyone",
+        "alfwrapper/lifecycle/bouncer.py",
+        "not 1 <= value <= longest:",
+        "not 0 <= value <= longest:",
+        (STREAM_TEST + "test_config_mistakes",),
+    ),
+    Mutation(
+        "bouncer-wide-bans-not-counted",
+        "alfwrapper/lifecycle/bouncer.py",
+        "        counts.too_wide += len(answer.too_wide)\n",
+        "",
+        (CROWDSEC_TEST + "test_a_ban_of_everyone_is_left_out_and_counted",),
+    ),
+    Mutation(
+        "bouncer-sends-the-key-in-clear",
+        "alfwrapper/lifecycle/bouncer.py",
+        'if url.startswith("http://") and not insecure and not _loopback(url):',
+        "if False:",
+        (STREAM_TEST + "test_config_mistakes",),
+    ),
+    Mutation(
+        "bouncer-takes-a-name-for-loopback",
+        "alfwrapper/lifecycle/bouncer.py",
+        "return ipaddress.ip_address(host).is_loopback",
+        'return host.startswith("127.")',
+        (STREAM_TEST + "test_config_mistakes",),
+    ),
+    Mutation(
+        "bouncer-reads-a-key-others-can-read",
+        "alfwrapper/lifecycle/bouncer.py",
+        "    if others:\n",
+        "    if False:\n",
+        (STREAM_TEST + "test_a_key_others_may_use_is_refused",),
+    ),
+    Mutation(
+        "bouncer-prepare-skips-the-key-mode",
+        "alfwrapper/lifecycle/bouncer.py",
+        "    if need_key or key_file:  # --prepare",
+        "    if need_key:  # --prepare",
+        (STREAM_TEST + "test_a_key_others_may_use_is_refused",),
+    ),
+    Mutation(
+        "bouncer-refuses-systemds-credential",
+        "alfwrapper/lifecycle/bouncer.py",
+        "(tag == _ACL_USER and ident != os.geteuid())",
+        "tag == _ACL_USER",
+        (STREAM_TEST + "test_a_key_shared_by_an_acl_is_read_as_the_kernel_reads_it",),
+    ),
+    Mutation(
+        "status-follows-a-link-at-the-metrics-file",
+        "alfwrapper/lifecycle/bouncer.py",
+        "flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
+        "flags = os.O_RDONLY | os.O_NONBLOCK",
+        (
+            STREAM_TEST + "test_the_metrics_file_is_read_only_if_regular_and_small",
+            CROWDSEC_TEST + "test_status_reads_no_fifo_or_link_the_bouncers_user_plants",
+        ),
+    ),
+    Mutation(
+        "status-waits-on-a-fifo-at-the-metrics-file",
+        "alfwrapper/lifecycle/bouncer.py",
+        "flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
+        "flags = os.O_RDONLY | os.O_NOFOLLOW",
+        (
+            STREAM_TEST + "test_the_metrics_file_is_read_only_if_regular_and_small",
+            CROWDSEC_TEST + "test_status_reads_no_fifo_or_link_the_bouncers_user_plants",
+        ),
+    ),
+    Mutation(
+        "status-reads-a-fifo-at-the-metrics-file",
+        "alfwrapper/lifecycle/bouncer.py",
+        "        if not stat.S_ISREG(os.fstat(fd).st_mode):\n",
+        "        if False:\n",
+        (
+            STREAM_TEST + "test_the_metrics_file_is_read_only_if_regular_and_small",
+            CROWDSEC_TEST + "test_status_reads_no_fifo_or_link_the_bouncers_user_plants",
+        ),
+    ),
+    Mutation(
+        "status-reads-a-metrics-file-of-any-size",
+        "alfwrapper/lifecycle/bouncer.py",
+        "        if len(text) > METRICS_LIMIT:\n",
+        "        if False:\n",
+        (STREAM_TEST + "test_the_metrics_file_is_read_only_if_regular_and_small",),
+    ),
+    Mutation(
+        "metrics-unit-may-stay-activating",
+        "units/alfwrapper-metrics.service",
+        "TimeoutStartSec=60\n",
+        "",
+        ("tests/unit/test_unit_files.py::test_the_metrics_service_cannot_stay_activating",),
     ),
     Mutation(
         "set-lapsed-range-hides-wider",

@@ -16,18 +16,29 @@ python3-requests) and the counters `status --prometheus` shows.
 
 from __future__ import annotations
 
+import errno
 import gc
+import ipaddress
 import json
 import os
 import signal
+import stat
+import struct
 import sys
 import time
 import tomllib
 from typing import Any
+from urllib.parse import urlsplit
 
 from alfwrapper import sets
-from alfwrapper.errors import EX_CONFIG, EX_PROTOCOL, AlfError, excerpt
-from alfwrapper.policy.crowdsec import Book, load_answer, read_answer
+from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_PROTOCOL, AlfError, excerpt
+from alfwrapper.policy.crowdsec import (
+    WIDEST_IPV4,
+    WIDEST_IPV6,
+    Book,
+    load_answer,
+    read_answer,
+)
 from alfwrapper.policy.inputs import read_input
 from alfwrapper.policy.rules import SET_NAME_RULE, valid_set_name
 from alfwrapper.record import Record, as_dict, field
@@ -36,6 +47,7 @@ CONFIG = "/etc/alfwrapper/crowdsec.toml"
 METRICS = "/run/alfwrapper-crowdsec/metrics.json"
 CONFIG_LIMIT = 64 << 10
 KEY_LIMIT = 4096
+METRICS_LIMIT = 64 << 10  # bytes of the metrics file root reads (a few hundred in use)
 ANSWER_LIMIT = 256 << 20  # bytes of one answer: a million decisions at ~250 bytes
 SCOPES = ("ip", "range")
 
@@ -48,6 +60,7 @@ class Config(Record):
     interval: float = 10.0
     timeout: float = 30.0  # seconds for one answer, whole
     metrics: str = METRICS
+    widest: tuple[int, int] = (WIDEST_IPV4, WIDEST_IPV6)  # prefix lengths (crowdsec.py)
 
 
 def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
@@ -63,7 +76,7 @@ def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise bad(f"is not TOML: {err}", "see man alfwrapper: CROWDSEC") from None
     known = {"lapi-url", "api-key-file", "set", "scopes", "poll-interval", "timeout",
-             "metrics-file"}  # fmt: skip
+             "metrics-file", "widest-ipv4", "widest-ipv6", "insecure-http"}  # fmt: skip
     unknown = sorted(set(data) - known)
     if unknown:
         raise bad(f"has an unknown key {unknown[0]!r}", f"the keys: {', '.join(sorted(known))}")
@@ -71,10 +84,18 @@ def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 512:
         raise bad(f"lapi-url {excerpt(str(url))} is not an http(s) URL",
                   "give the LAPI's URL, e.g. http://127.0.0.1:8080/")  # fmt: skip
+    insecure = data.get("insecure-http", False)
+    if not isinstance(insecure, bool):
+        raise bad(f"insecure-http {excerpt(str(insecure))} is not true or false", "write one")
+    if url.startswith("http://") and not insecure and not _loopback(url):
+        raise bad(f"lapi-url {excerpt(url)} would send the key in clear to another host",
+                  "use https://, or write insecure-http = true to send it anyway")  # fmt: skip
     given = key_file or data.get("api-key-file")
     if not isinstance(given, str):
         raise bad("has no api-key-file", "name the file holding `cscli bouncers add`'s key")
     key = ""
+    if need_key or key_file:  # --prepare --key-file: the unit's, checked as root
+        _check_private(given, bad)
     if need_key:
         raw = read_input(given, "crowdsec api-key-file", KEY_LIMIT)
         key = raw.decode("ascii", "replace").strip()
@@ -100,6 +121,15 @@ def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
             raise bad(f"{option} {excerpt(str(value))} is out of range",
                       f"give {low:g} to {high:g} seconds")  # fmt: skip
         numbers[option] = float(value)
+    widest = []
+    for option, default, longest in (("widest-ipv4", WIDEST_IPV4, 32),
+                                     ("widest-ipv6", WIDEST_IPV6, 128)):  # fmt: skip
+        value = data.get(option, default)
+        # From 1: a /0 bans every source of every service naming the set, never a ban.
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= longest:
+            raise bad(f"{option} {excerpt(str(value))} is not a prefix length 1 to {longest}",
+                      f"give the widest ban to apply, e.g. {default}; /0 never is")  # fmt: skip
+        widest.append(value)
     metrics = data.get("metrics-file", METRICS)
     if not isinstance(metrics, str) or not metrics.startswith("/"):
         raise bad(f"metrics-file {excerpt(str(metrics))} is not an absolute path", "give one")
@@ -111,7 +141,59 @@ def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
         interval=numbers["poll-interval"],
         timeout=numbers["timeout"],
         metrics=metrics,
+        widest=(widest[0], widest[1]),
     )
+
+
+def _loopback(url: str) -> bool:
+    """Whether the URL's host is this host's loopback (127.0.0.0/8, ::1, localhost),
+    where a key in clear crosses no network."""
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return False
+    if host.rstrip(".").lower() == "localhost":  # RFC 6761: always loopback
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# POSIX ACL entries (linux/posix_acl_xattr.h): tag, permissions, id.
+_ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK, _ACL_OTHER = 0x02, 0x04, 0x08, 0x10, 0x20
+
+
+def _check_private(path: str, bad: Any) -> None:
+    """Refuse a key file that anyone but its owner and this process's user may use,
+    as ssh refuses a private key: whoever reads the key can poll the LAPI as this
+    bouncer, and whoever writes it can swap it.  An ACL is read as the kernel reads
+    it: systemd hands a credential over as root's file, mode 0400, with one ACL
+    entry giving the service's user read (its group bits are then the ACL's mask)."""
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        what = f"crowdsec api-key-file {excerpt(path, 200, quote=False)}"
+        raise AlfError(what, err.strerror or str(err), "check the path", EX_NOINPUT) from None
+    others = info.st_mode & 0o077
+    try:
+        acl = os.getxattr(path, "system.posix_acl_access")
+    except OSError as err:
+        if err.errno not in (errno.ENODATA, errno.EOPNOTSUPP):
+            raise bad(f"api-key-file {path}: {err.strerror}", "check it") from None
+        acl = b""
+    if len(acl) > 4:  # a version word, then (tag, permissions, id) entries
+        entries = list(struct.iter_unpack("<HHI", acl[4 : 4 + (len(acl) - 4) // 8 * 8]))
+        mask = next((perm for tag, perm, _ in entries if tag == _ACL_MASK), 7)
+        others = 0
+        for tag, perm, ident in entries:
+            if tag in (_ACL_GROUP_OBJ, _ACL_GROUP) or (tag == _ACL_USER and ident != os.geteuid()):
+                others |= perm & mask
+            elif tag == _ACL_OTHER:
+                others |= perm
+    if others:
+        raise bad(f"api-key-file {path} is open to others (mode {stat.S_IMODE(info.st_mode):04o})",
+                  f"chmod 600 {path}, as for an ssh private key")  # fmt: skip
 
 
 class Counters(Record, frozen=False):
@@ -124,6 +206,7 @@ class Counters(Record, frozen=False):
     removed: int = 0
     skipped: int = 0  # decisions that are not bans of an Ip or a Range
     malformed: int = 0  # decisions that could not be read (left out)
+    too_wide: int = 0  # bans wider than widest-ipv4/-ipv6 (left out)
     entries: int = 0
     last_success: float = 0.0  # wall-clock seconds
     apply_seconds: float = 0.0  # the last answer's, from its arrival to the set changed
@@ -208,9 +291,18 @@ def poll_once(session: Any, config: Config, book: Book, synced: bool, counts: Co
 def _apply(parsed: Any, config: Config, book: Book, synced: bool, counts: Counters) -> int:
     """Apply an answer to the book and the set; the time it read it at."""
     now = sets.now_ns()
-    answer = read_answer(parsed, now)
+    answer = read_answer(parsed, now, config.widest)
     counts.skipped += answer.skipped
     counts.malformed += answer.malformed
+    if answer.too_wide:
+        counts.too_wide += len(answer.too_wide)
+        # One line a poll, not one a ban: a blocklist of wide ranges would flood the journal.
+        shown = ", ".join(map(str, answer.too_wide[:3]))
+        more = f" and {len(answer.too_wide) - 3} more" if len(answer.too_wide) > 3 else ""
+        print(f"alfwrapper crowdsec: left out {len(answer.too_wide)} bans wider than "
+              f"/{config.widest[0]} (IPv4) or /{config.widest[1]} (IPv6): {shown}{more} "
+              f"(widest-ipv4 and widest-ipv6 in the config; /0 is never applied)",
+              file=sys.stderr, flush=True)  # fmt: skip
     sets.sweep(config.set, ("ranges",))  # lapsed ranges hide those they are nested in
     if synced:
         changes = book.delta(answer, now)
@@ -294,10 +386,30 @@ def run(config: Config, once: bool = False) -> int:
 
 
 def read_metrics(path: str = METRICS) -> dict[str, Any] | None:
-    """The bouncer's counters, for `status --prometheus` (None if it writes none here)."""
+    """The bouncer's counters, for `status --prometheus` (None if it writes none here).
+    Root reads what the bouncer's user writes, in that user's folder, so it takes
+    only a regular file, whole and small: a link is not followed (it could show root's
+    files), a FIFO is not waited on (it held `status` and alfwrapper-metrics.service
+    forever), and more than METRICS_LIMIT bytes is nothing."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     try:
-        with open(path, encoding="utf-8") as f:  # noqa: PTH123
-            data = json.loads(f.read(1 << 16))
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = b""
+        while len(text) <= METRICS_LIMIT:
+            chunk = os.read(fd, METRICS_LIMIT + 1 - len(text))
+            if not chunk:
+                break
+            text += chunk
+        if len(text) > METRICS_LIMIT:
+            return None
+        data = json.loads(text)
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else None

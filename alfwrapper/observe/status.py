@@ -221,6 +221,12 @@ _BOUNCER = (
     ("removed", "counter", "entries_removed_total", "Set entries removed."),
     ("skipped", "counter", "decisions_skipped_total", "Decisions not bans of an Ip or Range."),
     ("malformed", "counter", "decisions_malformed_total", "Decisions that could not be read."),
+    (
+        "too_wide",
+        "counter",
+        "decisions_too_wide_total",
+        "Bans wider than widest-ipv4/-ipv6 (or /0), left out.",
+    ),
     ("entries", "gauge", "entries", "Entries the set holds for the LAPI's bans."),
     ("last_success", "gauge", "last_success_seconds", "When a poll last succeeded (Unix time)."),
     (

@@ -12,7 +12,7 @@ Debian 12 ships it, to v1.7):
   any case), ``value`` (a range may have host bits: "192.0.2.7/24"), ``duration``
   (Go's time.Duration text of what is left, "3h59m58.123456789s"; negative in
   ``deleted``).  Only bans of scope Ip and Range become entries; the rest are counted
-  and skipped.
+  and skipped, and so are bans wider than the bouncer's limit (WIDEST).
 - ``startup=true`` answers every decision in force (and expired ones, in
   ``deleted``): the book is replaced, not merged (``snapshot``).  Later calls give
   what changed since the last (``delta``); a deletion may come twice (the LAPI looks
@@ -42,6 +42,17 @@ LONGEST_NS = 100 * 365 * 86400 * 10**9  # a longer ban is kept this long
 VALUE_LIMIT = 64  # characters of an address or range
 SCOPES = ("ip", "range")
 _SCOPES = {"Ip": "ip", "Range": "range"}  # as the LAPI spells them
+
+# The widest ban applied, by family (a prefix length; the config's widest-ipv4 and
+# widest-ipv6): a wider one is counted and left out (Answer.too_wide).  /8 is the
+# most address space one holder has in IPv4 (the legacy blocks IANA gave out whole),
+# /32 the usual allocation to an IPv6 registry member (RIPE's and ARIN's minimum):
+# a ban wider than that covers networks no one scenario judged, and is far likelier
+# a mistyped `cscli decisions add --range` than a decision, so a fleet's set should
+# not drop every source on it (sshd included).  0.0.0.0/0 and ::/0 are left out
+# whatever the limit (read_answer): they ban everyone.
+WIDEST_IPV4 = 8
+WIDEST_IPV6 = 32
 
 _UNIT_NS = {"h": 3_600 * 10**9, "m": 60 * 10**9, "s": 10**9, "ms": 10**6,
             "us": 10**3, "µs": 10**3, "μs": 10**3, "ns": 1}  # fmt: skip
@@ -113,6 +124,7 @@ class Answer(Record):
     ended: tuple[int, ...]
     skipped: int
     malformed: int = 0  # decisions that could not be read: left out, counted
+    too_wide: tuple[Prefix, ...] = ()  # bans wider than the limit: left out
 
 
 def _network(scope: str, value: Any) -> Prefix:
@@ -155,12 +167,17 @@ def _json_int(text: str) -> int | str:
     return int(text) if len(text) <= 64 else text
 
 
-def read_answer(answer: Any, now: int) -> Answer:
+def read_answer(
+    answer: Any, now: int, widest: tuple[int, int] = (WIDEST_IPV4, WIDEST_IPV6)
+) -> Answer:
     """A stream answer, checked whole: anything malformed is one AlfError naming the
     decision, and nothing of the answer is used (the caller keeps its book as it was).
     A decision that could not be read is left out and counted (``malformed``): one
     the LAPI should not have sent does not keep every other ban out, and a deletion
-    left out lapses by its expiry."""
+    left out lapses by its expiry.  A ban shorter than ``widest`` (IPv4, IPv6 prefix
+    lengths; never /0) is left out too (``too_wide``), and ends any earlier decision
+    with its id, as the LAPI no longer has that one."""
+    shortest = (max(1, widest[0]), max(1, widest[1]))  # /0 bans everyone: never
     if not isinstance(answer, dict):
         raise _bad("the answer is not a JSON object")
     lists = []
@@ -176,6 +193,7 @@ def read_answer(answer: Any, now: int) -> Answer:
     new: list[Decision] = []
     ended: list[int] = []
     over: dict[int, int] = {}  # a new one that has ended: its id, and where in ``new``
+    too_wide: list[Prefix] = []
     skipped = malformed = 0
     usual = _usual(lists[0], now)
     if None not in usual:  # the LAPI's usual answer: bans on addresses alone
@@ -194,6 +212,10 @@ def read_answer(answer: Any, now: int) -> Answer:
         elif isinstance(read, int):
             ended.append(read)
             over[read] = len(new)
+        elif read.network.length < shortest[read.network.family == 6]:
+            too_wide.append(read.network)
+            ended.append(read.id)
+            over[read.id] = len(new)
         else:
             new.append(read)
     if over:  # in order: an end replaces the decisions before it with its id
@@ -204,7 +226,7 @@ def read_answer(answer: Any, now: int) -> Answer:
             ended.append(ident)
         else:
             malformed += 1
-    return Answer(tuple(new), tuple(ended), skipped, malformed)
+    return Answer(tuple(new), tuple(ended), skipped, malformed, tuple(too_wide))
 
 
 def _usual(items: list[Any], now: int) -> list[Decision | None]:

@@ -4,6 +4,7 @@ deletions lift them, and LAPI restarts and bouncer crashes lose nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ from hosts import Network, Probe, Service, check_policy, start_echo
 from support import WRAPPER
 
 from alfwrapper import sets
-from alfwrapper.lifecycle.bouncer import METRICS
+from alfwrapper.lifecycle.bouncer import METRICS, read_metrics
 from alfwrapper.policy.prefixes import parse_prefix
 
 PACKAGE_CONFIG = Path("/etc/crowdsec/config.yaml")
@@ -113,6 +114,12 @@ class Bouncer:
             self.proc.wait(10)
 
 
+def write_key(path: Path, key: str) -> None:
+    """The key as README tells: mode 600 (the bouncer refuses one others may read)."""
+    path.write_text(key)
+    path.chmod(0o600)
+
+
 def bouncer_config(lapi: Lapi, key: Path, name: str, interval: float, metrics: str) -> str:
     return (
         f'lapi-url = "http://127.0.0.1:{lapi.port}"\napi-key-file = "{key}"\nset = "{name}"\n'
@@ -140,7 +147,7 @@ def test_bans_reach_a_service_and_survive_restarts(
     a = network.allowed
     name = f"cs{os.getpid()}"
     key = tmp_path / "key"
-    key.write_text(lapi.cscli("bouncers", "add", f"alfw{os.getpid()}", "-o", "raw"))
+    write_key(key, lapi.cscli("bouncers", "add", f"alfw{os.getpid()}", "-o", "raw"))
     config = tmp_path / "bouncer.toml"
     Path(METRICS).parent.mkdir(exist_ok=True)
     config.write_text(bouncer_config(lapi, key, name, 0.5, METRICS))
@@ -189,7 +196,7 @@ def test_bans_reach_a_service_and_survive_restarts(
 def test_a_wrong_key_is_said_and_changes_nothing(lapi: Lapi, tmp_path: Path) -> None:
     name = f"csk{os.getpid()}"
     key = tmp_path / "key"
-    key.write_text("not-a-key\n")
+    write_key(key, "not-a-key\n")
     config = tmp_path / "bouncer.toml"
     config.write_text(bouncer_config(lapi, key, name, 0.2, f"{tmp_path}/m"))
     try:
@@ -207,7 +214,7 @@ def test_once_says_what_it_found(lapi: Lapi, tmp_path: Path) -> None:
     a LAPI that is not there (each error one line)."""
     name = f"cso{os.getpid()}"
     key = tmp_path / "key"
-    key.write_text(lapi.cscli("bouncers", "add", f"once{os.getpid()}", "-o", "raw"))
+    write_key(key, lapi.cscli("bouncers", "add", f"once{os.getpid()}", "-o", "raw"))
     lapi.cscli("decisions", "add", "--ip", "192.0.2.99", "--duration", "1h")
     config = tmp_path / "bouncer.toml"
     config.write_text(bouncer_config(lapi, key, name, 1, f"{tmp_path}/m"))
@@ -216,7 +223,7 @@ def test_once_says_what_it_found(lapi: Lapi, tmp_path: Path) -> None:
         out = subprocess.run(once, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "holds the 1 bans" in out.stdout, out
         assert held(name, "192.0.2.99")
-        key.write_text("wrong\n")
+        write_key(key, "wrong\n")
         out = subprocess.run(once, capture_output=True, text=True, timeout=60)
         assert out.returncode == 78 and "refused the bouncer's key" in out.stderr, out
         lapi.stop()
@@ -226,3 +233,96 @@ def test_once_says_what_it_found(lapi: Lapi, tmp_path: Path) -> None:
         assert held(name, "192.0.2.99")  # the set keeps what it had
     finally:
         subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60)
+
+
+def test_a_ban_of_everyone_is_left_out_and_counted(lapi: Lapi, tmp_path: Path) -> None:
+    """A mistyped `cscli decisions add --range` (0.0.0.0/0, ::/0, or wider than the
+    widest-ipv4 /8 by default) is left out, counted in the metrics file and `status
+    --prometheus`, and said in one line for the poll that brought it; the ban beside
+    it is applied."""
+    name = f"csw{os.getpid()}"
+    key = tmp_path / "key"
+    write_key(key, lapi.cscli("bouncers", "add", f"wide{os.getpid()}", "-o", "raw"))
+    for wide in ("0.0.0.0/0", "::/0", "64.0.0.0/2"):
+        lapi.cscli("decisions", "add", "--range", wide, "--duration", "1h")
+    lapi.cscli("decisions", "add", "--ip", "192.0.2.77", "--duration", "1h")
+    config = tmp_path / "bouncer.toml"
+    Path(METRICS).parent.mkdir(exist_ok=True)
+    config.write_text(bouncer_config(lapi, key, name, 0.3, METRICS))
+    bouncer = Bouncer(config)
+    output = ""
+    try:
+        bouncer.start()
+        until(lambda: sets.exists(name) and held(name, "192.0.2.77"), 30, "the startup answer")
+
+        def counted() -> bool:
+            metrics = read_metrics()
+            return bool(metrics and metrics.get("too_wide") == 3 and metrics.get("polls", 0) > 2)
+
+        until(counted, 15, "the metrics file counting the wide bans")
+        assert len(sets.entries(name)) == 1  # the /32 alone: nothing of the wide ones
+        assert not held(name, "198.51.100.1") and not held(name, "2001:db8::1")
+        metrics = subprocess.run([*WRAPPER, "status", "--prometheus"], capture_output=True,
+                                 text=True, timeout=60).stdout  # fmt: skip
+        assert "alfwrapper_crowdsec_decisions_too_wide_total 3" in metrics, metrics
+        assert "alfwrapper_crowdsec_entries 1" in metrics, metrics
+    finally:
+        bouncer.kill()
+        output = bouncer.proc.stdout.read() if bouncer.proc and bouncer.proc.stdout else ""
+        print(output, file=sys.stderr)
+        subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60)
+        Path(METRICS).unlink(missing_ok=True)
+    said = [line for line in output.splitlines() if "left out" in line]
+    assert len(said) == 1, output  # one line for the poll that brought them, not one a ban
+    assert "left out 3 bans wider than /8 (IPv4) or /32 (IPv6): " in said[0], said
+
+
+@pytest.fixture
+def metrics_path() -> Iterator[Path]:
+    """The metrics file's place, emptied for the test and put back after."""
+    path = Path(METRICS)
+    path.parent.mkdir(exist_ok=True)
+    kept = path.read_bytes() if path.is_file() and not path.is_symlink() else None
+    path.unlink(missing_ok=True)
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        if kept is not None:
+            path.write_bytes(kept)
+
+
+def test_status_reads_no_fifo_or_link_the_bouncers_user_plants(
+    metrics_path: Path, tmp_path: Path
+) -> None:
+    """The bouncer's user owns the metrics file's folder: a FIFO there held root's
+    `status --prometheus` (and alfwrapper-metrics.service) for ever, and a link led it
+    to any file.  Each is passed over at once; a regular file is read."""
+    counters = json.dumps({"polls": 4242, "entries": 7})
+
+    def status() -> str:
+        out = subprocess.run([*WRAPPER, "status", "--prometheus"], capture_output=True,
+                             text=True, timeout=20)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    os.mkfifo(metrics_path)
+    assert "alfwrapper_crowdsec" not in status()  # a FIFO no one writes: no wait
+    # Counters in the pipe, its writer gone, kept alive by a reader: readable to the end.
+    reader = os.open(metrics_path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        writer = os.open(metrics_path, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(writer, counters.encode())
+        os.close(writer)
+        assert "alfwrapper_crowdsec" not in status()
+    finally:
+        os.close(reader)
+    metrics_path.unlink()
+    secret = tmp_path / "root-only.json"  # a file of root's the user cannot read
+    secret.write_text(counters)
+    secret.chmod(0o600)
+    metrics_path.symlink_to(secret)
+    assert "alfwrapper_crowdsec" not in status()
+    metrics_path.unlink()
+    metrics_path.write_text(counters)
+    assert "alfwrapper_crowdsec_polls_total 4242" in status()

@@ -352,6 +352,7 @@ def test_a_set_driven_by_the_changes_holds_what_the_book_holds(ops: list[Any]) -
 
 def config_file(tmp_path, text: str, key: str = "k3y\n"):  # type: ignore[no-untyped-def]
     (tmp_path / "key").write_text(key)
+    (tmp_path / "key").chmod(0o600)  # as README tells: others may not read it
     path = tmp_path / "crowdsec.toml"
     path.write_text(text.replace("KEY", str(tmp_path / "key")))
     return str(path)
@@ -363,6 +364,7 @@ def test_a_config_with_every_key(tmp_path) -> None:  # type: ignore[no-untyped-d
     config = read_config(config_file(tmp_path, (
         'lapi-url = "http://192.0.2.10:8080"\napi-key-file = "KEY"\nset = "fleet"\n'
         'scopes = ["ip"]\npoll-interval = 2.5\ntimeout = 60\nmetrics-file = "/run/x.json"\n'
+        "insecure-http = true\nwidest-ipv4 = 16\nwidest-ipv6 = 48\n"
     )))  # fmt: skip
     assert (config.url, config.key, config.set, config.scopes) == (
         "http://192.0.2.10:8080/",
@@ -371,7 +373,10 @@ def test_a_config_with_every_key(tmp_path) -> None:  # type: ignore[no-untyped-d
         ("ip",),
     )
     assert (config.interval, config.timeout, config.metrics) == (2.5, 60.0, "/run/x.json")
+    assert config.widest == (16, 48)
     assert "k3y" not in repr(config)  # the key is never printed
+    defaults = read_config(config_file(tmp_path, 'api-key-file = "KEY"\n'))
+    assert defaults.widest == (8, 32)
 
 
 @pytest.mark.parametrize(
@@ -387,6 +392,21 @@ def test_a_config_with_every_key(tmp_path) -> None:  # type: ignore[no-untyped-d
         ('api-key-file = "KEY"\npoll-interval = true\n', "k", "out of range"),
         ('api-key-file = "KEY"\nmetrics-file = "m.json"\n', "k", "not an absolute path"),
         ("lapi-url = [\n", "k", "is not TOML"),
+        (
+            'lapi-url = "http://192.0.2.10:8080"\napi-key-file = "KEY"\n',
+            "k",
+            "'http://192.0.2.10:8080' would send the key in clear to another host",
+        ),
+        ('lapi-url = "http://lapi.example.org/"\napi-key-file = "KEY"\n', "k", "in clear"),
+        ('lapi-url = "http://127.0.0.1.example.org/"\napi-key-file = "KEY"\n', "k", "in clear"),
+        (
+            'lapi-url = "http://192.0.2.10/"\ninsecure-http = "yes"\napi-key-file = "KEY"\n',
+            "k",
+            "insecure-http 'yes' is not true or false",
+        ),
+        ('api-key-file = "KEY"\nwidest-ipv4 = 0\n', "k", "widest-ipv4 '0' is not a prefix length"),
+        ('api-key-file = "KEY"\nwidest-ipv6 = 129\n', "k", "widest-ipv6 '129' is not a prefix"),
+        ('api-key-file = "KEY"\nwidest-ipv4 = true\n', "k", "is not a prefix length 1 to 32"),
     ],
 )
 def test_config_mistakes(tmp_path, text: str, key: str, needle: str) -> None:  # type: ignore[no-untyped-def]
@@ -448,3 +468,151 @@ def test_an_address_reads_as_ipaddress_reads_it(value: int, mapped: bool) -> Non
     else:
         expected = Prefix(network.version, int(network.network_address), network.prefixlen)
     assert _network("ip", text) == expected
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:8080/", "http://127.3.2.1/", "http://[::1]:8080", "http://localhost:8080/",
+     "http://LOCALHOST./", "https://192.0.2.10:8080/", "https://lapi.example.org/"],
+)  # fmt: skip
+def test_a_key_in_clear_stays_on_this_host(tmp_path, url: str) -> None:  # type: ignore[no-untyped-def]
+    """http:// only to loopback, where the key crosses no network; https:// anywhere."""
+    from alfwrapper.lifecycle.bouncer import read_config  # noqa: PLC0415
+
+    assert read_config(config_file(tmp_path, f'lapi-url = "{url}"\napi-key-file = "KEY"\n')).key
+    with pytest.raises(AlfError) as caught:
+        read_config(
+            config_file(tmp_path, 'lapi-url = "http://192.0.2.10/"\napi-key-file = "KEY"\n')
+        )
+    assert caught.value.hint == "use https://, or write insecure-http = true to send it anyway"
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602, 0o610])
+def test_a_key_others_may_use_is_refused(tmp_path, mode: int) -> None:  # type: ignore[no-untyped-def]
+    """As ssh refuses a private key: any access for group or others (78, chmod 600)."""
+    from alfwrapper.lifecycle.bouncer import read_config  # noqa: PLC0415
+
+    path = config_file(tmp_path, 'api-key-file = "KEY"\n')
+    (tmp_path / "key").chmod(mode)
+    for key_file, need_key in (("", True), (str(tmp_path / "key"), False)):  # --prepare too
+        with pytest.raises(AlfError) as caught:
+            read_config(path, key_file, need_key=need_key)
+        assert caught.value.exit_code == 78, caught.value
+        assert f"is open to others (mode {mode:04o}) (chmod 600 {tmp_path}/key" in str(
+            caught.value.line()
+        ), caught.value.line()
+    (tmp_path / "key").chmod(0o400)
+    assert read_config(path).key == "k3y"
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A system.posix_acl_access value (linux/posix_acl_xattr.h): version 2, then
+    (tag, permissions, id) entries in tag order."""
+    import struct  # noqa: PLC0415
+
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def test_a_key_shared_by_an_acl_is_read_as_the_kernel_reads_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """systemd hands the key over as root's file, 0400, with an ACL entry giving the
+    service's user read (the group bits then show the ACL's mask: 0440): accepted.
+    An ACL entry for anyone else is refused."""
+    import os  # noqa: PLC0415
+
+    from alfwrapper.lifecycle.bouncer import read_config  # noqa: PLC0415
+
+    path = config_file(tmp_path, 'api-key-file = "KEY"\n')
+    key, me, nobody = str(tmp_path / "key"), os.geteuid(), 65534
+    (tmp_path / "key").chmod(0o400)
+    none = 0xFFFFFFFF  # the id of entries that name none
+    credential = _acl((1, 4, none), (2, 4, me), (4, 0, none), (0x10, 4, none), (0x20, 0, none))
+    try:
+        os.setxattr(key, "system.posix_acl_access", credential)
+    except OSError as err:
+        pytest.skip(f"no POSIX ACLs here: {err}")
+    assert os.stat(key).st_mode & 0o777 == 0o440
+    assert read_config(path).key == "k3y"
+    other = _acl((1, 4, none), (2, 4, nobody), (4, 0, none), (0x10, 4, none), (0x20, 0, none))
+    os.setxattr(key, "system.posix_acl_access", other)
+    with pytest.raises(AlfError, match="is open to others"):
+        read_config(path)
+
+
+def test_bans_wider_than_the_limit_are_left_out_and_slash_zero_always() -> None:
+    """/8 (IPv4) and /32 (IPv6) by default; /0 whatever the limit says; a wide one ends
+    an earlier decision with its id."""
+    answer = {
+        "new": [
+            ban(1, "192.0.2.7"),
+            ban(2, "0.0.0.0/0", scope="Range"),
+            ban(3, "::/0", scope="Range"),
+            ban(4, "0.0.0.0/0"),  # an Ip decision on a range is read as one
+            ban(5, "10.0.0.0/7", scope="Range"),
+            ban(6, "10.0.0.0/8", scope="Range"),
+            ban(7, "2001:db8::/31", scope="Range"),
+            ban(8, "2001:db8::/32", scope="Range"),
+            ban(9, "198.51.100.0/24", scope="Range"),
+            ban(9, "128.0.0.0/1", scope="Range"),  # replaces the /24 of its id
+        ],
+        "deleted": [],
+    }
+    read = read_answer(answer, now=0)
+    assert [str(d.network) for d in read.new] == ["192.0.2.7/32", "10.0.0.0/8", "2001:db8::/32"]
+    assert [str(p) for p in read.too_wide] == [
+        "0.0.0.0/0", "::/0", "0.0.0.0/0", "10.0.0.0/7", "2001:db8::/31", "128.0.0.0/1"
+    ]  # fmt: skip
+    assert set(read.ended) == {2, 3, 4, 5, 7, 9}
+    book = Book.empty()
+    assert {str(net) for net in book.snapshot(read, 0)} == {
+        "192.0.2.7/32", "10.0.0.0/8", "2001:db8::/32"
+    }  # fmt: skip
+    for widest in ((1, 1), (0, 0), (-5, -5)):  # no limit lets /0 through
+        loose = read_answer(answer, now=0, widest=widest)
+        assert [str(p) for p in loose.too_wide] == ["0.0.0.0/0", "::/0", "0.0.0.0/0"], widest
+        assert "128.0.0.0/1" in {str(d.network) for d in loose.new}
+
+
+def test_the_metrics_file_is_read_only_if_regular_and_small(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Root reads what the bouncer's user may plant: a link, a FIFO (waited on for ever
+    by a plain open; or holding what looks like counters), or a file past the limit
+    is nothing."""
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from alfwrapper.lifecycle.bouncer import METRICS_LIMIT, read_metrics  # noqa: PLC0415
+
+    counters = json.dumps({"polls": 7})
+    real = tmp_path / "real.json"
+    real.write_text(counters)
+    assert read_metrics(str(real)) == {"polls": 7}
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    assert read_metrics(str(link)) is None
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+
+    def too_slow(signum: int, frame: object) -> None:
+        pytest.fail("read_metrics waited on a FIFO")  # not an OSError: read_metrics catches those
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.setitimer(signal.ITIMER_REAL, 5)
+    try:
+        assert read_metrics(str(fifo)) is None  # no writer: a blocking open waits for ever
+        # Counters in the pipe, its writer gone, kept alive by a reader: readable to the end.
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(writer, counters.encode())
+            os.close(writer)
+            assert read_metrics(str(fifo)) is None
+        finally:
+            os.close(reader)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    big = tmp_path / "big.json"  # whitespace after JSON is JSON: only the size is wrong
+    big.write_text(counters.ljust(METRICS_LIMIT + 1))
+    assert read_metrics(str(big)) is None
+    big.write_text(counters.ljust(METRICS_LIMIT))
+    assert read_metrics(str(big)) == {"polls": 7}

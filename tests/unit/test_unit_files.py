@@ -44,3 +44,12 @@ def test_units_verify(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stderr.strip() == "", out.stderr
+
+
+def test_the_metrics_service_cannot_stay_activating() -> None:
+    """A oneshot's TimeoutStartSec= is infinity by default: one run that hangs (a FIFO
+    planted at the bouncer's metrics file did it) held alfwrapper-metrics.service
+    activating for ever, and the timer with it.  As shipped, it is bounded."""
+    text = (UNITS / "alfwrapper-metrics.service").read_text()
+    values = re.findall(r"^TimeoutStartSec=(\S+)$", text, re.MULTILINE)
+    assert values and values[-1].isdigit() and 0 < int(values[-1]) <= 300, values
