@@ -780,7 +780,9 @@ def test_a_persons_subordinate_uids_share_one_quota(
     readable_copy: Path, subordinate_uids: list[int],
 ) -> None:  # fmt: skip
     """With one filtered socket allowed per person, a service of one of A's subordinate
-    uids takes A's one, and another subordinate uid of A's is refused (77)."""
+    uids takes A's one, and another subordinate uid of A's is refused (77), even from
+    another network namespace (where the first socket is not seen alive: only its
+    pinned state, in the other uid's tree, says it is A's)."""
     start_loader(manager, readable_copy, "--max-programs 1")
     users(USER_A)
     first, second = subordinate_uids[8], subordinate_uids[9]
@@ -788,7 +790,7 @@ def test_a_persons_subordinate_uids_share_one_quota(
     env = ["env", f"PYTHONPATH={readable_copy}"]
     holder = subprocess.Popen(
         as_uid(first, [*env, *wrapper, "--listen-datagram", "[::1]:9322", "--", "sh", "-c",
-                       "echo STARTED; exec sleep 60"], network.server.netns),
+                       "echo STARTED; exec sleep 60"], network.denied.netns),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
