@@ -957,6 +957,17 @@ def delete(name: str, prefixes: Sequence[Prefix]) -> int:
             raise _fail(f"removing from set {name}", err) from None
 
 
+def count(name: str) -> int:
+    """How many entries the set's maps hold, lapsed ones included (read in batches:
+    what a bouncer reports after an answer it could not apply whole)."""
+    with _opened(name, changing=False) as fds:
+        try:
+            held = bpf_calls.map_items(fds["hosts"], SET_HOST.size, SET_EXPIRY.size)[2]
+            return held + len(bpf_calls.map_keys(fds["ranges"], SET_RANGE.size))
+        except OSError as err:
+            raise _fail(f"counting set {name}", err) from None
+
+
 def entries(name: str) -> list[tuple[Prefix, int]]:
     """The set's standing entries with their expiries (0: never); lapsed ones are
     removed on the way."""

@@ -1489,6 +1489,13 @@ MUTATIONS += [
         ("tests/integration/test_crowdsec.py::test_once_says_what_it_found",),
     ),
     Mutation(
+        "bouncer-metrics-keep-the-books-count-after-a-failure",
+        "alfwrapper/lifecycle/bouncer.py",
+        "                counts.entries = sets.count(config.set)\n",
+        "                pass\n",
+        (CROWDSEC_TEST + "test_metrics_say_what_the_set_holds_after_an_answer_stopped_half_way",),
+    ),
+    Mutation(
         "bouncer-applies-bans-of-any-width",
         "alfwrapper/policy/crowdsec.py",
         "        elif read.network.length < shortest[read.network.family == 6]:\n",

@@ -16,6 +16,7 @@ python3-requests) and the counters `status --prometheus` shows.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import ipaddress
@@ -279,7 +280,14 @@ def poll_once(session: Any, config: Config, book: Book, synced: bool, counts: Co
             parsed = load_answer(data)
         except (ValueError, RecursionError) as err:
             raise lapi_error(config, f"sent no JSON ({err})", "check lapi-url") from None
-        now = _apply(parsed, config, book, synced, counts)
+        try:
+            now = _apply(parsed, config, book, synced, counts)
+        except BaseException:
+            # Stopped half way (memory, a set past its most): the metrics say what the
+            # set holds now, not what the book held before (the next poll resyncs).
+            with contextlib.suppress(AlfError, OSError):
+                counts.entries = sets.count(config.set)
+            raise
         counts.apply_seconds = time.monotonic() - arrived
         # What the set need not wait for: the book's heap of expiries (networks
         # settles it), and freeing the answer's objects (parsed, when this returns).

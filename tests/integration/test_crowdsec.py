@@ -20,7 +20,10 @@ from hosts import Network, Probe, Service, check_policy, start_echo
 from support import WRAPPER
 
 from alfwrapper import sets
+from alfwrapper.errors import AlfError
+from alfwrapper.lifecycle import bouncer
 from alfwrapper.lifecycle.bouncer import METRICS, read_metrics
+from alfwrapper.policy.crowdsec import Book
 from alfwrapper.policy.prefixes import parse_prefix
 
 PACKAGE_CONFIG = Path("/etc/crowdsec/config.yaml")
@@ -326,3 +329,51 @@ def test_status_reads_no_fifo_or_link_the_bouncers_user_plants(
     metrics_path.unlink()
     metrics_path.write_text(counters)
     assert "alfwrapper_crowdsec_polls_total 4242" in status()
+
+
+class _Answered:
+    """A requests session whose every GET answers with ``body`` (poll_once's fetch)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def get(self, *args: object, **kwargs: object) -> _Answered:
+        return self
+
+    def __enter__(self) -> _Answered:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    status_code = 200
+    headers: dict[str, str] = {}
+
+    def iter_content(self, size: int) -> list[bytes]:
+        return [self.body]
+
+
+def test_metrics_say_what_the_set_holds_after_an_answer_stopped_half_way(
+    bpf_root: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer the set cannot take whole (here its growth fails: ALFWRAPPER_FAIL_AT,
+    the kernel's ENOMEM) stops the poll; the counters then say what the set holds, not
+    the 0 of a book that took nothing.  The next poll takes the answer whole."""
+    name = f"c{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    sets.create(name, (), 4)
+    try:
+        bans = [{"id": i + 1, "origin": "crowdsec", "scope": "Ip", "type": "ban",
+                 "value": f"2001:db8:c::{i + 1:x}", "duration": "1h", "scenario": "t"}
+                for i in range(10)]  # fmt: skip
+        session = _Answered(json.dumps({"new": bans, "deleted": None}).encode())
+        config, book, counts = bouncer.Config(set=name), Book.empty(), bouncer.Counters()
+        monkeypatch.setenv("ALFWRAPPER_FAIL_AT", "set-grown-pinned")
+        with pytest.raises((AlfError, OSError)):
+            bouncer.poll_once(session, config, book, False, counts)  # type: ignore[arg-type]
+        held = len(sets.entries(name))
+        assert 0 < held < 10 and counts.entries == held, (held, counts.entries)
+        monkeypatch.delenv("ALFWRAPPER_FAIL_AT")
+        bouncer.poll_once(session, config, Book.empty(), False, counts)  # type: ignore[arg-type]
+        assert counts.entries == 10 == len(sets.entries(name))
+    finally:
+        sets.destroy(name)
