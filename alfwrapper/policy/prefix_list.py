@@ -118,10 +118,14 @@ class PrefixList(Sequence[Prefix]):
         """A name of this list's contents that another process finds again.  ``cheap``:
         its recipe where that is made of settled rule files alone (by path and
         identity: nothing is read, and a later process gives it too while they are
-        unchanged); otherwise, or unless ``cheap``, a digest of its prefixes (read)."""
+        unchanged); otherwise, or unless ``cheap``, its contents' name: a few prefixes
+        by their text (as their recipe names them: no numpy for a start of a few
+        rules), more by a digest of their columns."""
         pieces = self._as_pieces() if cheap else None
         if pieces and all(isinstance(p, str) and p.startswith("file:") for p in pieces):
             return self.recipe() or ""
+        if len(self) <= _FEW:
+            return recipe_of("list", " ".join(str(p) for p in self))
         return "digest:" + self._digest().hex()
 
     def _as_pieces(self) -> Pieces | None:

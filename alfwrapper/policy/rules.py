@@ -154,9 +154,8 @@ class SocketRules(Record):
         force): a SHA-256, so the meta keeping it holds no secret.  Rule lists go in by
         PrefixList.fingerprint (``cheap``: settled rule files by their identity, so a
         file touched since is a change), a developer's filter by its text as it is now."""
-        import hashlib  # noqa: PLC0415
-
         from alfwrapper import __version__  # noqa: PLC0415  (another version compiles otherwise)
+        from alfwrapper.host.cachedir import sha256  # noqa: PLC0415  (no OpenSSL to load)
 
         custom: object = None
         if self.custom is not None:
@@ -164,7 +163,7 @@ class SocketRules(Record):
             if not text:
                 try:
                     with open(self.custom.path, "rb") as f:  # noqa: PTH123
-                        text = hashlib.sha256(f.read(1 << 24)).hexdigest()
+                        text = sha256(f.read(1 << 24)).hexdigest()
                 except OSError:
                     text = "unreadable"
             custom = (self.custom.path, self.custom.sets, text)
@@ -178,7 +177,7 @@ class SocketRules(Record):
                 repr(custom),
             ]
         )
-        return hashlib.sha256(material.encode(errors="surrogateescape")).hexdigest()
+        return sha256(material.encode(errors="surrogateescape")).hexdigest()
 
     def counts(self) -> dict[str, int]:
         """How many rules of each kind (status shows them)."""
