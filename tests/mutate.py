@@ -1496,6 +1496,13 @@ MUTATIONS += [
         (CROWDSEC_TEST + "test_metrics_say_what_the_set_holds_after_an_answer_stopped_half_way",),
     ),
     Mutation(
+        "set-stops-at-its-default-room",
+        "alfwrapper/sets.py",
+        "    if wanted > MOST_SIZE:\n",
+        "    if wanted > DEFAULT_SIZE:\n",
+        (CROWDSEC_TEST + "test_a_million_bans_then_one_more_reach_the_service",),
+    ),
+    Mutation(
         "bouncer-applies-bans-of-any-width",
         "alfwrapper/policy/crowdsec.py",
         "        elif read.network.length < shortest[read.network.family == 6]:\n",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hosts import Network, Probe, Service, check_policy, start_echo
+from hosts import Network, Probe, Service, all_probes, check_policy, start_echo
 from support import WRAPPER
 
 from alfwrapper import sets
@@ -376,4 +376,66 @@ def test_metrics_say_what_the_set_holds_after_an_answer_stopped_half_way(
         bouncer.poll_once(session, config, Book.empty(), False, counts)  # type: ignore[arg-type]
         assert counts.entries == 10 == len(sets.entries(name))
     finally:
+        sets.destroy(name)
+
+
+def test_a_million_bans_then_one_more_reach_the_service(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """A stand-in LAPI whose startup answer holds 1,000,000 Ip bans (the denied host's
+    IPv4 address among them), then one more (its IPv6 address): the bouncer, whose set
+    starts at its default room of 65,536, grows it and applies both; the service drops
+    the denied host on both families and serves the allowed one.  (The LAPI of issue
+    49 held 70,000 bans: everything past 65,536 was lost.)"""
+    import threading  # noqa: PLC0415
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: PLC0415
+    from urllib.parse import parse_qs, urlsplit  # noqa: PLC0415
+
+    a, b = network.allowed, network.denied
+    count = 1_000_000
+
+    def ban(i: int, value: str) -> str:
+        return (f'{{"id":{i},"origin":"crowdsec","scope":"Ip","type":"ban","value":"{value}",'
+                f'"duration":"4h","scenario":"test"}}')  # fmt: skip
+
+    many = [ban(i + 1, f"2001:db8:1:{i >> 16:x}:{i & 0xFFFF:x}::1") for i in range(count - 1)]
+    startup = ('{"new":[' + ",".join([*many, ban(count, b.v4)]) + '],"deleted":null}').encode()
+    answers = [ban(count + 1, b.v6).join(('{"new":[', '],"deleted":null}')).encode()]
+
+    class Stand(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            query = parse_qs(urlsplit(self.path).query)
+            empty = b'{"new":null,"deleted":null}'
+            body = startup if query.get("startup") == ["true"] else (
+                answers.pop() if answers else empty)  # fmt: skip
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stand)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    name = f"cm{os.getpid()}"
+    key = tmp_path / "key"
+    write_key(key, "stand-in")
+    config = tmp_path / "bouncer.toml"
+    config.write_text(
+        f'lapi-url = "http://127.0.0.1:{server.server_address[1]}"\napi-key-file = "{key}"\n'
+        f'set = "{name}"\npoll-interval = 1\ntimeout = 120\n'
+        f'metrics-file = "{tmp_path / "metrics.json"}"\n'
+    )
+    bouncer = Bouncer(config)
+    try:
+        bouncer.start()
+        until(lambda: sets.exists(name) and held(name, b.v6), 120, "a million bans, then one")
+        assert sets.count(name) == count + 1
+        svc = start_echo(network, services, f"{name}-svc", "--deny-set", name)
+        check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
+    finally:
+        bouncer.kill()
+        server.shutdown()
         sets.destroy(name)
