@@ -26,7 +26,8 @@ that uid is ever touched.  Each connection is served by a fresh child process,
 bounded in time, so a hostile request can take down only itself.
 
 Limits: requests of at most REQUEST_LIMIT bytes, read within READ_SECONDS,
-served within WORK_SECONDS; per user, at most WORKERS_PER_USER served and
+served within WORK_SECONDS; per user (a person: a uid in another user's /etc/subuid
+range counts as that user, person.py), at most WORKERS_PER_USER served and
 PENDING_PER_USER waiting (the rest are told "busy": EX_TEMPFAIL, which the
 client retries); per user, at most --max-programs live sockets and
 --max-map-memory bytes of memory, counted by the kernel in a memory cgroup of

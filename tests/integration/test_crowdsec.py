@@ -130,6 +130,16 @@ def bouncer_config(lapi: Lapi, key: Path, name: str, interval: float, metrics: s
     )
 
 
+def finish(bouncer: Bouncer, name: str) -> str:
+    """Kill the bouncer, remove its set and metrics file; what it said (shown too)."""
+    bouncer.kill()
+    output = bouncer.proc.stdout.read() if bouncer.proc and bouncer.proc.stdout else ""
+    print(output, file=sys.stderr)
+    subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60)
+    Path(METRICS).unlink(missing_ok=True)
+    return output
+
+
 def held(name: str, address: str) -> bool:
     prefix = parse_prefix(address)
     return sets.holding(name, prefix.family, prefix.value) is not None
@@ -188,11 +198,7 @@ def test_bans_reach_a_service_and_survive_restarts(
         assert "alfwrapper_crowdsec_resyncs_total 1" in metrics, metrics  # the new bouncer's
         assert "alfwrapper_crowdsec_entries 1" in metrics, metrics
     finally:
-        bouncer.kill()
-        output = bouncer.proc.stdout.read() if bouncer.proc and bouncer.proc.stdout else ""
-        print(output, file=sys.stderr)
-        subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60)
-        Path(METRICS).unlink(missing_ok=True)
+        output = finish(bouncer, name)
     assert "cannot be reached" in output or "in step" in output, output
 
 
@@ -270,11 +276,7 @@ def test_a_ban_of_everyone_is_left_out_and_counted(lapi: Lapi, tmp_path: Path) -
         assert "alfwrapper_crowdsec_decisions_too_wide_total 3" in metrics, metrics
         assert "alfwrapper_crowdsec_entries 1" in metrics, metrics
     finally:
-        bouncer.kill()
-        output = bouncer.proc.stdout.read() if bouncer.proc and bouncer.proc.stdout else ""
-        print(output, file=sys.stderr)
-        subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60)
-        Path(METRICS).unlink(missing_ok=True)
+        output = finish(bouncer, name)
     said = [line for line in output.splitlines() if "left out" in line]
     assert len(said) == 1, output  # one line for the poll that brought them, not one a ban
     assert "left out 3 bans wider than /8 (IPv4) or /32 (IPv6): " in said[0], said
