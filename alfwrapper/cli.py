@@ -151,6 +151,7 @@ _METAVARS = {
     "knock": "PORT,PORT,...",
     "knock-secret": "FILE",
     "knock-spa-port": "PORT",
+    "knock-spa-key": "FILE",
     "filter": "FILE.c",
 }
 
@@ -715,6 +716,7 @@ def knock_parser() -> Parser:
     p.add_argument("--udp", action="store_true", help="knock with UDP datagrams")
     p.add_argument("--spa", action="store_true",
                    help="single-packet authorization, keyed with --secret (the service's "
+                   "--knock-secret, or your own --knock-spa-key) (the service's "
                    "--knock-spa)")  # fmt: skip
     p.add_argument("--address", metavar="A|sender",
                    help="with --spa: the address to open, your public one behind a NAT "

@@ -40,7 +40,7 @@ import varied  # noqa: E402
 from varied import load_text, map_memory  # noqa: E402
 
 from alfwrapper.bpf import compiler, program  # noqa: E402
-from alfwrapper.bpf.parts import FillEnv  # noqa: E402
+from alfwrapper.bpf.parts import SPA_QUOTA, FillEnv  # noqa: E402
 from alfwrapper.host.bpf_calls import prog_test_run  # noqa: E402
 from alfwrapper.host.frames import tcp_syn_frame, udp_frame  # noqa: E402
 from alfwrapper.host.interfaces import START_LEASE_NS, renew_lease  # noqa: E402
@@ -175,21 +175,26 @@ def spa_costs(count: int, rng: random.Random) -> dict[str, float]:
     in a slot of its own, the table fresh), and the same again (replays)."""
     from alfwrapper.policy import spa  # noqa: PLC0415
 
-    knock = KnockRules(secret=SPA_SECRET, spa=True, verifier=True)
+    # Clients' own keys enough that none takes more than its share (SPA_QUOTA) of them.
+    secrets = [SPA_SECRET + b"%d" % i for i in range(-(-count // SPA_QUOTA))]
+    knock = KnockRules(spa_keys=tuple(secrets), spa=True, verifier=True)
     loaded = compiler.load_program(program.plan_program(SocketRules(knock=knock)))
     since = loaded.tables[b"knock_spa_since"]
     since[since.Key(0)] = since.Leaf(0)  # no table lost before this one (as explain does)
-    key, now = spa.key_of(SPA_SECRET), time.time_ns()
+    now = time.time_ns()
 
     def frame(raw: bytes) -> bytes:
         return udp_frame(4, 0xC6336400 | rng.getrandbits(8), raw, dport=8080)
 
-    head = b"ALFK" + bytes([1, 4]) + (8080).to_bytes(2, "big")
-    forged = [frame(head + rng.randbytes(48)) for _ in range(count)]
+    ident = spa.key_id(secrets[0]).to_bytes(4, "big")  # a key it has: its tag computed
+    head = b"ALFK" + bytes([spa.VERSION, 4]) + (8080).to_bytes(2, "big")
+    forged = [frame(head + rng.randbytes(8) + ident + rng.randbytes(36)) for _ in range(count)]
     malformed = [frame(rng.randbytes(56)) for _ in range(count)]
     sound, slots = [], set()
     while len(sound) < count:
-        raw = spa.Datagram(8080, now, rng.randbytes(16), "192.0.2.7").sealed(key)
+        secret = secrets[len(sound) // SPA_QUOTA]
+        fields = spa.Datagram(8080, now, rng.randbytes(spa.NONCE), "192.0.2.7", spa.key_id(secret))
+        raw = fields.sealed(spa.key_of(secret))
         slot = int.from_bytes(raw[48:], "little") & 0xFFFF
         if slot not in slots:
             slots.add(slot)

@@ -4,6 +4,8 @@ written from alfwrapper.policy(5), SPA DATAGRAMS, with nothing but Python's
 standard library: a model for a client in another language.
 
     spa_knock.py HOST SPA_PORT SECRET_FILE ADDRESS|sender
+
+SECRET_FILE is the service's knock-secret, or better the client's own knock-spa-key.
 """
 
 import hashlib
@@ -52,13 +54,15 @@ def siphash24(key: bytes, msg: bytes) -> bytes:
 
 
 def datagram(secret: bytes, spa_port: int, address: str, sent_ns: int, nonce: bytes) -> bytes:
+    """Version 2: the key's id, then a 12-byte nonce."""
     key = hmac.new(secret, b"alfwrapper-spa", hashlib.sha256).digest()[:16]
+    key_id = hmac.new(secret, b"alfwrapper-spa-id", hashlib.sha256).digest()[:4]
     if address == "sender":
         family, raw = 0, bytes(16)
     else:
         ip = ipaddress.ip_address(address)
         family, raw = ip.version, ip.packed.ljust(16, b"\0")
-    body = b"ALFK" + struct.pack(">BBHQ", 1, family, spa_port, sent_ns) + nonce + raw
+    body = b"ALFK" + struct.pack(">BBHQ", 2, family, spa_port, sent_ns) + key_id + nonce + raw
     return body + siphash24(key, body)
 
 
@@ -66,7 +70,7 @@ def main() -> int:
     host, port, secret_file, address = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     with open(secret_file, "rb") as f:
         secret = f.read().strip()  # as alfwrapper reads it: surrounding whitespace dropped
-    packet = datagram(secret, port, address, time.time_ns(), os.urandom(16))
+    packet = datagram(secret, port, address, time.time_ns(), os.urandom(12))
     family, kind, _, _, target = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
     with socket.socket(family, kind) as sock:
         sock.sendto(packet, target)

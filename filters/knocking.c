@@ -39,8 +39,8 @@
  * Single-packet authorization (KNOCK_SPA): instead of sequences, one UDP datagram
  * to the service's SPA socket, a socket of its own that the wrapper makes, whose
  * program (KNOCK_SPA 2) delivers nothing: it checks the datagram (knock_spa: its
- * format, in alfwrapper.policy(5); a SipHash-2-4 tag under the key derived from the
- * secret, siphash.h; a time within the window of the kernel's TAI clock made UTC;
+ * format, in alfwrapper.policy(5); a SipHash-2-4 tag under the key its id names in
+ * knock_spa_keys, the shared secret's or a client's own, siphash.h; a time within the window of the kernel's TAI clock made UTC;
  * a tag not seen before) and opens the address the datagram names (or, where the
  * policy lets it, the one it came from) for open_ns, in knock_state, which the
  * service's sockets' programs (KNOCK_SPA 1) read and never write.  What has been
@@ -53,10 +53,12 @@
  * has used the table (knock_spa_since[1], which only grows): with pinned state the
  * table is the service's, one for all its SPA sockets whatever their rules, so a
  * datagram taken at one is a replay at every other, and after a reload that widens
- * the window; it outlives restarts and reloads, as knock_used does.
+ * the window; it outlives restarts and reloads, as knock_used does.  A key takes at
+ * most KNOCK_SPA_QUOTA datagrams a period (knock_spa_quota, shared like the table),
+ * so that one holder of a key cannot fill the table against the others.
  *
  * Maps:
- *   knock_config  ARRAY[1] struct knock_config (timeouts, window, sizes, SPA key)
+ *   knock_config  ARRAY[1] struct knock_config (timeouts, window, sizes, shared key id)
  *   knock_ports   ARRAY[KNOCK_ROWS * KNOCK_MAX_STEPS] u32 ports, row-major
  *   knock_used    LRU_HASH u64 window -> u32: the secret windows that have opened
  *   knock_state   LRU_HASH struct knock_key -> struct knock_state,
@@ -64,6 +66,8 @@
  *   knock_listeners HASH u64 socket cookie -> u8, the TCP listeners this
  *                 program is attached to (KNOCK_LISTENERS entries)
  *   knock_spa_seen ARRAY[KNOCK_SPA_SEEN] u64 (KNOCK_SPA 2)
+ *   knock_spa_keys HASH u32 key id -> struct knock_spa_key, the socket's keys
+ *   knock_spa_quota LRU_HASH u32 key id -> u64: period << 16 | datagrams taken
  *   knock_spa_since ARRAY[3] u64: [0] the widest window after knock_spa_seen
  *                 began (UTC ns), a datagram sent before is refused (a table that
  *                 took it may be lost); [1] the widest window, in seconds, of the
@@ -74,7 +78,8 @@
  * Macros: KNOCK_ROWS, KNOCK_SOURCES, KNOCK_SECRET (1 for secret rows),
  * KNOCK_LISTENERS, KNOCK_MAX_STEPS (the row width, knocking.MAX_STEPS),
  * KNOCK_SPA (0: sequences, 1: a socket SPA opens, 2: the SPA socket),
- * KNOCK_SPA_SEEN, KNOCK_SPA_REASONS and KNOCK_SPA_* (its verdicts: parts.py).
+ * KNOCK_SPA_SEEN, KNOCK_SPA_KEYS, KNOCK_SPA_QUOTA, KNOCK_SPA_QUOTA_KEYS,
+ * KNOCK_SPA_MAGIC1 and 2, KNOCK_SPA_REASONS and KNOCK_SPA_* (its verdicts: parts.py).
  * alfwrapper composes it: knock_pass() says whether knocking passes a
  * packet, and updates the state.  Needs CAP_BPF (LRU map).
  */
@@ -109,9 +114,13 @@ struct knock_config {
     u64 first_window;
     u32 steps;
     u32 rows;
-    u64 spa_k0; /* KNOCK_SPA: the SipHash key */
-    u64 spa_k1;
+    u64 spa_shared; /* KNOCK_SPA 2: 1 << 32 | the shared secret's key id, or 0: none */
     u64 spa_sender; /* 1: a datagram that names no address opens the one it came from */
+};
+
+struct knock_spa_key {
+    u64 k0; /* the SipHash key, two little-endian words */
+    u64 k1;
 };
 
 struct knock_key {
@@ -146,6 +155,10 @@ BPF_HASH(knock_listeners, u64, u8, KNOCK_LISTENERS);
 #if KNOCK_SPA == 2
 BPF_ARRAY(knock_spa_seen, u64, KNOCK_SPA_SEEN);
 BPF_ARRAY(knock_spa_since, u64, 3); /* [0] since, UTC ns; [1] the widest window, s */
+BPF_HASH(knock_spa_keys, u32, struct knock_spa_key, KNOCK_SPA_KEYS);
+/* Each key's datagrams taken in the current period (a widest window): the period's
+ * number << 16 | the count.  Pinned beside knock_spa_seen, the service's. */
+BPF_TABLE("lru_hash", u32, u64, knock_spa_quota, KNOCK_SPA_QUOTA_KEYS);
 BPF_PERCPU_ARRAY(knock_spa_counts, u64, KNOCK_SPA_REASONS);
 #endif
 
@@ -210,15 +223,25 @@ static __always_inline int knock_spa(struct __sk_buff *skb, struct alf_packet *p
         bpf_skb_load_bytes_relative(skb, (pkt->l4_offset + 8) & 0xffff, &d[1], KNOCK_SPA_BYTES,
                                     BPF_HDR_START_NET) < 0)
         return knock_spa_said(KNOCK_SPA_MALFORMED);
-    if ((d[1] & 0xffffffffffULL) != KNOCK_SPA_MAGIC) /* "ALFK", version 1 */
-        return knock_spa_said(KNOCK_SPA_MALFORMED);
     u64 zero = 0; /* stored whole (common.h) */
     struct knock_config *cfg = knock_config.lookup((u32 *)&zero);
     if (!cfg)
         return knock_spa_said(KNOCK_SPA_MALFORMED);
+    /* Which key: version 2 names it (bytes 16 to 19, big-endian); version 1 is the
+     * shared secret's, if there is one. */
+    u64 id; /* stored whole (common.h) */
+    if ((d[1] & 0xffffffffffULL) == KNOCK_SPA_MAGIC2) /* "ALFK", version 2 */
+        id = __builtin_bswap32((u32)d[3]);
+    else if ((d[1] & 0xffffffffffULL) == KNOCK_SPA_MAGIC1 && cfg->spa_shared)
+        id = (u32)cfg->spa_shared;
+    else
+        return knock_spa_said(KNOCK_SPA_MALFORMED);
     /* The tag before anything else: of a datagram from someone without the key,
-     * nothing more is read, and nothing is remembered. */
-    u64 tag = alf_siphash48(cfg->spa_k0, cfg->spa_k1, &d[1]);
+     * nothing more is read, and nothing is remembered (a key revoked is none). */
+    struct knock_spa_key *key = knock_spa_keys.lookup((u32 *)&id);
+    if (!key)
+        return knock_spa_said(KNOCK_SPA_BAD_MAC);
+    u64 tag = alf_siphash48(key->k0, key->k1, &d[1]);
     if (tag != d[7])
         return knock_spa_said(KNOCK_SPA_BAD_MAC);
     u64 family = (d[1] >> 40) & 0xff;
@@ -275,6 +298,24 @@ static __always_inline int knock_spa(struct __sk_buff *skb, struct alf_packet *p
         if (age <= reach || age >= 0x100000 - reach)
             return knock_spa_said(KNOCK_SPA_BUSY);
     }
+    /* The key's share: at most KNOCK_SPA_QUOTA datagrams taken a period (the widest
+     * window), so that one key cannot hold the table against the others (parts.py,
+     * SPA_QUOTA); over it, or racing its own key on another CPU: busy. */
+    u64 period = (now / 1000000000ULL) / (*widest ? *widest : 1);
+    u64 *taken = knock_spa_quota.lookup((u32 *)&id);
+    if (!taken) {
+        u64 none = 0; /* stored whole (common.h) */
+        knock_spa_quota.update((u32 *)&id, &none);
+        taken = knock_spa_quota.lookup((u32 *)&id);
+        if (!taken)
+            return knock_spa_said(KNOCK_SPA_BUSY);
+    }
+    u64 was = *taken;
+    u64 count = (was >> 16) == period ? (was & 0xffff) : 0;
+    if (count >= KNOCK_SPA_QUOTA)
+        return knock_spa_said(KNOCK_SPA_BUSY);
+    if (__sync_val_compare_and_swap(taken, was, (period << 16) | (count + 1)) != was)
+        return knock_spa_said(KNOCK_SPA_BUSY);
     if (__sync_val_compare_and_swap(seen, old, mine) != old)
         return knock_spa_said(KNOCK_SPA_REPLAYED); /* the same, sent twice at once */
     union {

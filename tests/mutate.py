@@ -1020,6 +1020,58 @@ MUTATIONS += [
         (SPA_KERNEL + "test_a_slot_is_taken_only_from_a_datagram_the_window_refuses",),
     ),
     Mutation(
+        "spa-key-has-no-share",
+        "filters/knocking.c",
+        "    if (count >= KNOCK_SPA_QUOTA)\n",
+        "    if (0)\n",
+        (
+            SPA_KERNEL + "test_one_keys_flood_shuts_no_other_client_out",
+            SPA_TEST + "test_one_clients_flood_under_its_own_key_keeps_no_other_client_out",
+        ),
+    ),
+    Mutation(
+        "spa-key-id-ignored",
+        "filters/knocking.c",
+        "        id = __builtin_bswap32((u32)d[3]);\n",
+        "        id = (u32)cfg->spa_shared;\n",
+        (SPA_KERNEL + "test_a_client_key_opens_alone_and_goes_with_its_line",),
+    ),
+    Mutation(
+        "spa-version-1-without-a-shared-secret",
+        "filters/knocking.c",
+        "    else if ((d[1] & 0xffffffffffULL) == KNOCK_SPA_MAGIC1 && cfg->spa_shared)\n",
+        "    else if ((d[1] & 0xffffffffffULL) == KNOCK_SPA_MAGIC1)\n",
+        (SPA_KERNEL + "test_the_kernel_takes_the_documented_vectors_once",),
+    ),
+    Mutation(
+        "spa-revoked-key-kept",
+        "alfwrapper/bpf/parts.py",
+        '                           ("knock_spa_quota", f"{table}/spa_quota"),\n',
+        '                           ("knock_spa_quota", f"{table}/spa_quota"),\n'
+        '                           ("knock_spa_keys", f"{table}/spa_keys"),\n',
+        (SPA_TEST + "test_a_reload_revokes_one_clients_key_and_leaves_the_others_door_open",),
+    ),
+    Mutation(
+        "spa-keys-of-one-id-taken",
+        "alfwrapper/policy/spa.py",
+        "        if ident in found:\n",
+        "        if False:\n",
+        (
+            SPA_KERNEL + "test_two_keys_of_one_id_are_refused",
+            "tests/unit/test_policy_files.py::test_spa_settings_that_cannot_work_are_refused",
+        ),
+    ),
+    Mutation(
+        "spa-client-key-moves-the-knock-state",
+        "alfwrapper/bpf/parts.py",
+        "    text = repr(as_tuple(replace(rules.knock, verifier=False, spa_keys=()))).encode()\n",
+        "    text = repr(as_tuple(replace(rules.knock, verifier=False))).encode()\n",
+        (
+            "tests/unit/test_policy_files.py::test_a_clients_key_keeps_the_knock_state_where_it_was",
+            SPA_TEST + "test_a_reload_revokes_one_clients_key_and_leaves_the_others_door_open",
+        ),
+    ),
+    Mutation(
         "spa-socket-handed-to-the-application",
         "alfwrapper/lifecycle/launch.py",
         "    moved = [r for r in records if not r.stdin and not r.spa]\n",

@@ -562,15 +562,22 @@ class Subnets(Part):
 
 def knock_key(rules: SocketRules) -> str:
     """Names the knock state of sockets with these knock rules: same rules, same state
-    (a socket's SPA socket's too: the one opens what the other reads)."""
+    (a socket's SPA socket's too: the one opens what the other reads).  Clients' own
+    keys are left out: adding or revoking one closes no other client's door."""
     assert rules.knock is not None
-    text = repr(as_tuple(replace(rules.knock, verifier=False))).encode()
+    text = repr(as_tuple(replace(rules.knock, verifier=False, spa_keys=()))).encode()
     return f"knock-{cachedir.sha256(text).hexdigest()[:16]}"
 
 
 # Single-packet authorization (knocking.c, KNOCK_SPA; the datagram: policy/spa.py).
 SPA_VERDICTS = ("accepted", "malformed", "bad_mac", "stale", "replayed", "busy")
 SPA_SEEN = 65536  # knock_spa_seen's slots (a power of two): 512 KiB
+# The datagrams one key may have taken in a window (knock_spa_quota): a slot stays live
+# for at most four windows after its taking (a window ahead, the widest window, and two
+# seconds), so one key, the shared secret's included, holds at most 4 * 64 = 256 slots,
+# 0.4 % of the table: another key's datagram finds its slot busy 1 time in 256 at most.
+SPA_QUOTA = 64
+SPA_QUOTA_KEYS = 4 * 1024  # knock_spa_quota's entries (LRU), the service's keys
 # The folder of the service's SPA replay table, beside its knock folders (and named as
 # they are, for gc): one for all its SPA sockets, whatever their knock rules, so that a
 # datagram is taken once by the service, whichever of its SPA sockets it reaches and
@@ -614,7 +621,11 @@ class Knocking(Part):
             defines += (
                 ("KNOCK_SPA_SEEN", str(SPA_SEEN)),
                 ("KNOCK_SPA_BYTES", str(spa.DATAGRAM.size)),
-                ("KNOCK_SPA_MAGIC", f"{spa.MAGIC_WORD:#x}ULL"),
+                ("KNOCK_SPA_MAGIC1", f"{spa.MAGIC_WORDS[spa.SHARED]:#x}ULL"),
+                ("KNOCK_SPA_MAGIC2", f"{spa.MAGIC_WORDS[spa.VERSION]:#x}ULL"),
+                ("KNOCK_SPA_KEYS", str(len(spa.keys(rules.knock.secret, rules.knock.spa_keys)))),
+                ("KNOCK_SPA_QUOTA", str(SPA_QUOTA)),
+                ("KNOCK_SPA_QUOTA_KEYS", str(SPA_QUOTA_KEYS)),
                 ("KNOCK_SPA_REASONS", str(len(SPA_VERDICTS))),
                 *((f"KNOCK_SPA_{v.upper()}", str(i)) for i, v in enumerate(SPA_VERDICTS)),
             )
@@ -626,6 +637,7 @@ class Knocking(Part):
                 table = f"{pins.service_dir}/{SPA_TABLE}"
                 pinned += (("knock_spa_seen", f"{table}/spa_seen"),
                            ("knock_spa_since", f"{table}/spa_since"),
+                           ("knock_spa_quota", f"{table}/spa_quota"),
                            ("knock_spa_counts", pins.path("spa")))  # fmt: skip
         return PartPlan(self, defines, "", knock, pinned)
 
@@ -644,10 +656,17 @@ class Knocking(Part):
         leaf.steps = knock.steps
         leaf.rows = knock.rows
         if rules.knock.spa:
+            leaf.spa_sender = int(rules.knock.spa_sender)
+        if rules.knock.spa and rules.knock.verifier:
             from alfwrapper.policy import spa  # noqa: PLC0415
 
-            leaf.spa_k0, leaf.spa_k1 = spa.key_words(rules.knock.secret)
-            leaf.spa_sender = int(rules.knock.spa_sender)
+            if rules.knock.secret:  # version 1 datagrams are under it
+                leaf.spa_shared = (1 << 32) | spa.key_id(rules.knock.secret)
+            keys = tables[b"knock_spa_keys"]
+            for ident, key in spa.keys(rules.knock.secret, rules.knock.spa_keys).items():
+                words = keys.Leaf()
+                words.k0, words.k1 = (int.from_bytes(key[i : i + 8], "little") for i in (0, 8))
+                keys[keys.Key(ident)] = words
         config[config.Key(0)] = leaf
         if rules.knock.spa and rules.knock.verifier:
             pinned = dict(plan.pinned).get("knock_spa_since")

@@ -255,7 +255,8 @@ def _spa(
 
     if rules.knock is None or not rules.knock.spa:
         raise AlfError("--spa-datagram", f"socket {name or 'unknown'} has no knock-spa",
-                       "give --knock-spa with --knock-secret", EX_USAGE)  # fmt: skip
+                       "give --knock-spa with --knock-secret or --knock-spa-key",
+                       EX_USAGE)  # fmt: skip
     try:
         raw = bytes.fromhex(args.spa_datagram)
     except ValueError:
@@ -264,7 +265,8 @@ def _spa(
     door = policy.rules_for(f"{name}{SPA_SUFFIX}")
     spec = {s.name: s for s in policy.listens}.get(name)
     port = rules.knock.spa_port or args.port or (spec.port if spec else 1)
-    fields = spa.read(raw, spa.key_of(rules.knock.secret))
+    shared = spa.key_id(rules.knock.secret) if rules.knock.secret else None
+    fields = spa.read(raw, spa.keys(rules.knock.secret, rules.knock.spa_keys), shared)
     for text, source in zip(args.sources, sources, strict=True):
         loaded = compiler.load_program(program.plan_program(door), env)
         since = loaded.tables[b"knock_spa_since"]

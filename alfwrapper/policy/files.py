@@ -123,6 +123,12 @@ KEYS: dict[str, Key] = {
         low=1,
         high=65535,
     ),
+    "knock-spa-key": Key(
+        "list",
+        "a client's own SPA secret (FILE, made as --knock-secret's): it opens for that "
+        "client alone, takes no more than its share of the replay table, and goes with "
+        "its line",
+    ),
     "knock-spa-sender": Key(
         "switch",
         "let an SPA datagram that names no address open the one it came from (weaker: "
@@ -193,6 +199,7 @@ class ScopeRules(Record):
     interfaces: tuple[str, ...] = ()
     knock_ports: tuple[int, ...] = ()
     knock_secret: bytes = b""
+    spa_keys: tuple[bytes, ...] = ()
     settings: tuple[tuple[str, float], ...] = ()
     filter: str = ""
     sets: tuple[MapSetting, ...] = ()
@@ -261,6 +268,7 @@ class Policy(Record):
         settings: dict[str, float] = {}
         ports: tuple[int, ...] = ()
         secret = b""
+        spa_keys: tuple[bytes, ...] = ()
         path = ""
         for r in chosen:
             allow.append(r.allow)
@@ -273,15 +281,17 @@ class Policy(Record):
             settings.update(r.settings)
             if r.knock_ports or r.knock_secret:
                 ports, secret = r.knock_ports, r.knock_secret
+            spa_keys += r.spa_keys
             path = r.filter or path
         log_rate = int(settings.pop("log-drops", 0))
         knock = None
-        if ports or secret:
+        if ports or secret or spa_keys:
             fields = {_SETTING_FIELDS[k]: v for k, v in settings.items()}
             for field_ in ("spa", "spa_sender"):
                 fields[field_] = bool(fields.get(field_, False))
             fields["spa_port"] = int(fields.get("spa_port", 0))
-            knock = replace(KNOCK_DEFAULTS, ports=ports, secret=secret, **fields)
+            knock = replace(KNOCK_DEFAULTS, ports=ports, secret=secret,
+                            spa_keys=tuple(dict.fromkeys(spa_keys)), **fields)  # fmt: skip
         return SocketRules(
             subnets=SubnetRules(allow=PrefixList.concat(allow), deny=PrefixList.concat(deny)),
             interfaces=tuple(dict.fromkeys(interfaces)),
@@ -420,6 +430,8 @@ def build_policy(
                     f"{excerpt(name)} is not an interface name", "give a name such as eth0 or wg0"
                 )
             interfaces.append(name)
+        from alfwrapper.policy.knocking import read_secret  # noqa: PLC0415
+
         ports: tuple[int, ...] = ()
         secret = b""
         for entry in keys.get("knock", []):
@@ -430,9 +442,8 @@ def build_policy(
                     raise entry.error(str(err), "give source ports in knock order") from None
                 _check_sequence(entry, ports)
             else:
-                from alfwrapper.policy.knocking import read_secret  # noqa: PLC0415
-
                 secret = read_secret(entry.path(entry.value))
+        spa_keys = tuple(read_secret(e.path(e.value)) for e in keys.get("knock-spa-key", []))
         path = ""
         for entry in keys.get("filter", []):
             path = entry.path(entry.value)
@@ -453,6 +464,7 @@ def build_policy(
                     interfaces=tuple(interfaces),
                     knock_ports=ports,
                     knock_secret=secret,
+                    spa_keys=spa_keys,
                     settings=settings,
                     filter=path,
                     sets=sets,
@@ -488,10 +500,15 @@ def _check_spa(policy: Policy, entries: Sequence[Entry]) -> None:
             if entry.key == "knock-spa" and _switch(entry) and (knock is None or knock.ports):
                 raise entry.error(
                     "SPA needs a secret to key its datagrams with",
-                    "give --knock-secret FILE (not --knock, a sequence of ports)",
+                    "give --knock-secret FILE or --knock-spa-key FILE (not --knock, a "
+                    "sequence of ports)",
                 )
             if entry.key != "knock-spa" and not spa:
                 raise entry.error(f"{entry.key} without knock-spa", "add --knock-spa")
+        if spa and knock is not None:
+            from alfwrapper.policy import spa as datagrams  # noqa: PLC0415
+
+            datagrams.keys(knock.secret, knock.spa_keys)  # ids told apart, at most MOST_KEYS
 
 
 SET_KEYS = ("allow-set", "deny-set")

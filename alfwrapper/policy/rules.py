@@ -83,6 +83,7 @@ class KnockRules(Record):
     spa: bool = False  # single-packet authorization instead of sequences
     spa_port: int = 0  # the SPA socket's UDP port (0: the socket's own port number)
     spa_sender: bool = False  # a datagram naming no address opens the one it came from
+    spa_keys: tuple[bytes, ...] = ()  # clients' own SPA secrets (knock-spa-key), by id
     # The rules of the SPA socket itself (Policy.rules_for(NAME.spa)), which checks
     # datagrams and opens, where the socket's own rules read what it opened; the knock
     # state is the same (knock_key leaves this out).

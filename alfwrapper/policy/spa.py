@@ -6,18 +6,21 @@ has the format and test vectors):
 
     offset size
      0     4    "ALFK"
-     4     1    version: 1
+     4     1    version: 2 (1: the same without a key id, nonce 16 bytes)
      5     1    family of the address to open: 4 or 6; 0 names none (the sender's
                  is opened, where the policy allows it: knock-spa-sender)
      6     2    the SPA socket's port, as the datagram is sent to it, big-endian
      8     8    when it was sent: ns since the Unix epoch (UTC), big-endian
-    16    16    nonce: random, never used twice
+    16     4    key id, big-endian: which key the tag is under
+    20    12    nonce: random, never used twice
     32    16    the address to open, network order (IPv4: 4 bytes, then zeros)
     48     8    tag: SipHash-2-4 of bytes 0 to 47, under the key, little-endian
 
-The key: the first 16 bytes of HMAC-SHA256(secret, "alfwrapper-spa"), of the same
-secret file port knocking reads.  SipHash comes from python3-siphashc (the C of
-its authors' reference); the kernel's is filters/siphash.h.
+The key: the first 16 bytes of HMAC-SHA256(secret, "alfwrapper-spa"), of a secret
+file (the knock-secret all clients share, or a client's own knock-spa-key); its id,
+the first 4 bytes of HMAC-SHA256(secret, "alfwrapper-spa-id"), so a client needs
+nothing but its file.  SipHash comes from python3-siphashc (the C of its authors'
+reference); the kernel's is filters/siphash.h.
 """
 
 from __future__ import annotations
@@ -29,18 +32,23 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from alfwrapper.errors import EX_DATAERR, EX_OSERR, EX_USAGE, AlfError
+from alfwrapper.errors import EX_CONFIG, EX_DATAERR, EX_OSERR, EX_USAGE, AlfError
 from alfwrapper.record import Record
 
 MAGIC = b"ALFK"
-VERSION = 1
-MAGIC_WORD = int.from_bytes(MAGIC + bytes([VERSION]), "little")  # knocking.c's first 5 bytes
-BODY = struct.Struct(">4sBBHQ16s16s")  # what the tag covers
+VERSION = 2  # what clients send: with a key id
+SHARED = 1  # the first version, without one: under the knock-secret alone
+MAGIC_WORDS = {v: int.from_bytes(MAGIC + bytes([v]), "little") for v in (SHARED, VERSION)}
+BODY = struct.Struct(">4sBBHQ16s16s")  # what the tag covers (the key id and nonce: 16s)
 DATAGRAM = struct.Struct(">48s8s")  # the body, then the tag's 8 bytes (little-endian)
+NONCE = 12  # version 2's (version 1's: 16)
 _KEY_LABEL = b"alfwrapper-spa"
+_ID_LABEL = b"alfwrapper-spa-id"
 SENDER = 0  # the family byte of a datagram that names no address
+MOST_KEYS = 1024  # a socket's keys, the shared secret's included
 
 
 def key_of(secret: bytes) -> bytes:
@@ -48,10 +56,28 @@ def key_of(secret: bytes) -> bytes:
     return hmac.new(secret, _KEY_LABEL, hashlib.sha256).digest()[:16]
 
 
-def key_words(secret: bytes) -> tuple[int, int]:
-    """The key as SipHash's two little-endian words (knock_config's spa_k0, spa_k1)."""
-    key = key_of(secret)
-    return int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
+def key_id(secret: bytes) -> int:
+    """The id a datagram keyed with this secret carries (version 2)."""
+    return int.from_bytes(hmac.new(secret, _ID_LABEL, hashlib.sha256).digest()[:4], "big")
+
+
+def keys(shared: bytes, own: Sequence[bytes]) -> dict[int, bytes]:
+    """The SipHash key of each key id a socket takes: the shared knock-secret's (if
+    any) and each client's own; two secrets of one id (the same key given twice, or,
+    one chance in 2**32 a pair, two alike in id) are an error."""
+    found: dict[int, bytes] = {}
+    for secret in ([shared] if shared else []) + list(own):
+        ident = key_id(secret)
+        if ident in found:
+            raise AlfError("knock-spa-key", f"two keys have the id {ident:08x}: the same "
+                           "secret given twice, or two alike in id", "make a new key for "
+                           "one of them (head -c 32 /dev/urandom | base64)",
+                           EX_CONFIG)  # fmt: skip
+        found[ident] = key_of(secret)
+    if len(found) > MOST_KEYS:
+        raise AlfError("knock-spa-key", f"{len(found)} keys, more than {MOST_KEYS}",
+                       "give each service its own keys", EX_CONFIG)  # fmt: skip
+    return found
 
 
 def siphash24(key: bytes, message: bytes) -> bytes:
@@ -66,8 +92,9 @@ class Datagram(Record):
 
     port: int
     sent_ns: int
-    nonce: bytes
+    nonce: bytes  # NONCE bytes (version 1: 16)
     address: str | None  # None: the sender's (family 0)
+    key_id: int = 0  # version 2's
     version: int = VERSION
 
     def body(self) -> bytes:
@@ -76,7 +103,14 @@ class Datagram(Record):
         else:
             ip = ipaddress.ip_address(self.address)
             family, raw = ip.version, ip.packed.ljust(16, b"\0")
-        return BODY.pack(MAGIC, self.version, family, self.port, self.sent_ns, self.nonce, raw)
+        size = 16 if self.version == SHARED else NONCE
+        if len(self.nonce) != size:
+            raise ValueError(
+                f"a version {self.version} nonce is {size} bytes, not {len(self.nonce)}"
+            )
+        ident = b"" if self.version == SHARED else self.key_id.to_bytes(4, "big")
+        middle = ident + self.nonce
+        return BODY.pack(MAGIC, self.version, family, self.port, self.sent_ns, middle, raw)
 
     def sealed(self, key: bytes) -> bytes:
         body = self.body()
@@ -85,19 +119,25 @@ class Datagram(Record):
 
 def datagram(secret: bytes, port: int, address: str | None, now_ns: int | None = None) -> bytes:
     """A fresh datagram opening ``address`` (None: the sender's) for the service whose
-    SPA socket is on ``port``."""
+    SPA socket is on ``port``, under the secret's key and with its id."""
     sent = time.time_ns() if now_ns is None else now_ns
-    return Datagram(port, sent, os.urandom(16), address).sealed(key_of(secret))
+    fields = Datagram(port, sent, os.urandom(NONCE), address, key_id(secret))
+    return fields.sealed(key_of(secret))
 
 
-def read(raw: bytes, key: bytes) -> Datagram | None:
-    """The fields of a datagram whose format and tag are sound under ``key``; None
-    otherwise (the kernel's first checks, for tests and `explain`)."""
+def read(raw: bytes, keys: dict[int, bytes], shared: int | None = None) -> Datagram | None:
+    """The fields of a datagram whose format and tag are sound under its key among
+    ``keys`` (by id; version 1: the key of id ``shared``, None if there is no shared
+    secret); None otherwise (the kernel's first checks, for tests and `explain`)."""
     if len(raw) != DATAGRAM.size:
         return None
     body, tag = DATAGRAM.unpack(raw)
-    magic, version, family, port, sent, nonce, addr = BODY.unpack(body)
-    if magic != MAGIC or version != VERSION or not hmac.compare_digest(siphash24(key, body), tag):
+    magic, version, family, port, sent, middle, addr = BODY.unpack(body)
+    if magic != MAGIC or version not in (SHARED, VERSION):
+        return None
+    ident = shared if version == SHARED else int.from_bytes(middle[:4], "big")
+    key = keys.get(ident) if ident is not None else None
+    if key is None or not hmac.compare_digest(siphash24(key, body), tag):
         return None
     if family == SENDER:
         address = None
@@ -107,7 +147,9 @@ def read(raw: bytes, key: bytes) -> Datagram | None:
         address = str(ipaddress.IPv6Address(addr))
     else:
         return None
-    return Datagram(port, sent, nonce, address, version)
+    if version == SHARED:
+        return Datagram(port, sent, middle, address, 0, version)
+    return Datagram(port, sent, middle[4:], address, ident or 0, version)
 
 
 def local_address(host: str, port: int) -> str:

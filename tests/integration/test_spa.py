@@ -262,6 +262,89 @@ def test_a_flood_of_forgeries_and_replays_keeps_no_one_out(
     assert taken == counts["accepted"], (taken, counts)
 
 
+ALICE = b"alice's own SPA key, long enough\n"
+BOB = b"bob's own SPA key, just as long\n"
+
+
+def client_keys(folder: Path) -> dict[str, Path]:
+    """Alice's and Bob's own keys (knock-spa-key), as files only they could read."""
+    keys = {}
+    for name, secret in (("alice", ALICE), ("bob", BOB)):
+        keys[name] = folder / f"{name}.key"
+        keys[name].write_bytes(secret)
+        keys[name].chmod(0o600)
+    return keys
+
+
+def test_one_clients_flood_under_its_own_key_keeps_no_other_client_out(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """Alice holds a key of her own and uses it against the others: 65,536 sound
+    datagrams, one for every slot of the replay table, dated ahead so that they stay
+    live as long as they can, sent from the denied host.  She takes her share (64 a
+    window); Bob, with his own key, knocks right after with `alfwrapper knock --spa`
+    and gets in.  Without the share, every slot would hold one of hers, and every knock
+    of Bob's would be refused as busy until they aged out."""
+    a, b = network.allowed, network.denied
+    keys = client_keys(tmp_path)
+    svc = start(network, services, wrapped(
+        "--service", "spakeys", "--listen", "[::]:8080", "--knock-spa-key", str(keys["alice"]),
+        "--knock-spa-key", str(keys["bob"]), *SPA))  # fmt: skip
+    wait_for_the_door("spakeys")
+    key, ident = spa.key_of(ALICE.strip()), spa.key_id(ALICE.strip())
+    sent = time.time_ns() + 4 * 10**9  # within the 5 s window when it arrives
+    ground: dict[int, bytes] = {}
+    for _ in range(3_000_000):  # about 730,000 on average
+        raw = spa.Datagram(8080, sent, os.urandom(spa.NONCE), b.v4, ident).sealed(key)
+        ground.setdefault(int.from_bytes(raw[48:], "little") & 0xFFFF, raw)
+        if len(ground) == 65536:
+            break
+    assert len(ground) == 65536
+    (tmp_path / "sound").write_text("\n".join(raw.hex() for raw in ground.values()))
+    flood = subprocess.run(
+        b.command([sys.executable, str(HERE / "spa_flood.py"), b.server_v4, "8080", "0", "",
+                   "0", str(tmp_path / "sound")]),
+        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert flood.stdout.split()[:2] == ["sound", "65536"], flood
+    for _ in range(2):  # a datagram lost to bad luck (1 in 256) is sent again
+        out = knock_spa(a, "--secret", str(keys["bob"]), "--wait", "1")
+        if out.returncode == 0:
+            break
+    assert out.returncode == 0, out.stderr
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[])
+    counts = spa_counts("spakeys")
+    assert sum(counts.values()) >= 65536, counts  # every one of hers arrived and was judged
+    assert counts["accepted"] <= 2 * 64 + 2 and counts["busy"] >= 65536 - 2 * 64, counts
+
+
+def test_a_reload_revokes_one_clients_key_and_leaves_the_others_door_open(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """Alice and Bob each hold a key of their own.  Both open the door; a reload without
+    Bob's key revokes it alone: Alice's door stays open (the knock state is where it
+    was), Bob's next datagram opens nothing (bad_mac), and Alice's next one opens."""
+    a, b = network.allowed, network.denied
+    keys = client_keys(tmp_path)
+    argv = ["--service", "sparevoke", "--listen", "[::]:8080", *SPA, "--knock-open-for", "600",
+            "--knock-spa-key", str(keys["alice"])]  # fmt: skip
+    svc = start(network, services, wrapped(*argv, "--knock-spa-key", str(keys["bob"])))
+    wait_for_the_door("sparevoke")
+    send_raw(a, [spa.datagram(ALICE.strip(), 8080, a.v4)])
+    send_raw(b, [spa.datagram(BOB.strip(), 8080, b.v4)])
+    both = [Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)]
+    check_policy(svc, served=both, dropped=[])
+    out = subprocess.run(network.server.command([*WRAPPER, "reload", "sparevoke", *argv[2:]]),
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    check_policy(svc, served=both, dropped=[])  # what was opened stays open
+    before = spa_counts("sparevoke")
+    send_raw(b, [spa.datagram(BOB.strip(), 8080, "198.51.100.99")])
+    send_raw(a, [spa.datagram(ALICE.strip(), 8080, "192.0.2.99")])
+    after = spa_counts("sparevoke")
+    assert after["bad_mac"] - before["bad_mac"] == 1, (before, after)
+    assert after["accepted"] - before["accepted"] == 1, (before, after)
+
+
 def _pins(service: str, name: str) -> list[str]:
     from alfwrapper import state  # noqa: PLC0415
 

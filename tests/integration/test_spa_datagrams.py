@@ -23,6 +23,7 @@ from support import ROOT
 
 from alfwrapper.bpf import compiler, program
 from alfwrapper.bpf.parts import SPA_VERDICTS, FillEnv
+from alfwrapper.errors import AlfError
 from alfwrapper.host.bpf_calls import prog_test_run
 from alfwrapper.host.frames import udp_frame
 from alfwrapper.policy import spa
@@ -35,6 +36,7 @@ SECRET = b"alfwrapper test secret 0123456789"
 PORT = 8080
 WINDOW = 30
 SENDER = 0xC6336409  # 198.51.100.9, where the frames come from
+ID = spa.key_id(SECRET)
 
 
 def man_vectors() -> dict[str, Any]:
@@ -45,11 +47,13 @@ def man_vectors() -> dict[str, Any]:
     datagrams = [bytes.fromhex(b.replace("\n", "")) for b in blocks]
     return {
         "siphash": re.search(r"2f:\n\.Li ([0-9a-f]{16}) \.", section).group(1),  # type: ignore[union-attr]
-        "key": re.search(r"gives the key\n\.Li ([0-9a-f]{32}) ;", section).group(1),  # type: ignore[union-attr]
+        "key": re.search(r"gives the key\n\.Li ([0-9a-f]{32})\n", section).group(1),  # type: ignore[union-attr]
+        "id": int(re.search(r"and the id\n\.Li ([0-9a-f]{8}) ;", section).group(1), 16),  # type: ignore[union-attr]
         "secret": re.search(r"The secret\n\.Li (.+)\n", section).group(1).encode(),  # type: ignore[union-attr]
-        "datagrams": dict(zip(("203.0.113.7", "2001:db8::7", None), datagrams, strict=True)),
+        "datagrams": dict(zip(("203.0.113.7", "2001:db8::7", None), datagrams[:3], strict=True)),
+        "version 1": datagrams[3],
         "sent": 1800000000123456789,
-        "nonce": bytes(range(16)),
+        "nonce": bytes(range(12)),
     }
 
 
@@ -58,21 +62,28 @@ def test_the_documented_vectors_are_what_both_clients_make() -> None:
     assert v["secret"] == SECRET
     assert spa.siphash24(bytes(range(16)), bytes(range(48))).hex() == v["siphash"]
     assert spa_knock.siphash24(bytes(range(16)), bytes(range(48))).hex() == v["siphash"]
-    assert spa.key_of(SECRET).hex() == v["key"]
+    assert spa.key_of(SECRET).hex() == v["key"] and spa.key_id(SECRET) == v["id"]
+    keys = spa.keys(SECRET, ())
     for address, raw in v["datagrams"].items():
-        ours = spa.Datagram(PORT, v["sent"], v["nonce"], address).sealed(spa.key_of(SECRET))
+        fields = spa.Datagram(PORT, v["sent"], v["nonce"], address, v["id"])
+        ours = fields.sealed(spa.key_of(SECRET))
         theirs = spa_knock.datagram(SECRET, PORT, address or "sender", v["sent"], v["nonce"])
         assert ours == theirs == raw, address
-        assert spa.read(raw, spa.key_of(SECRET)) == spa.Datagram(PORT, v["sent"], v["nonce"],
-                                                                 address)  # fmt: skip
+        assert spa.read(raw, keys) == fields
+    # Version 1 (earlier clients'): under the shared secret alone.
+    old = spa.Datagram(PORT, v["sent"], bytes(range(16)), "203.0.113.7", version=spa.SHARED)
+    assert old.sealed(spa.key_of(SECRET)) == v["version 1"]
+    assert spa.read(v["version 1"], keys, spa.key_id(SECRET)) == old
+    assert spa.read(v["version 1"], keys) is None
 
 
 class Verifier:
     """The SPA socket's program, loaded and filled as a start fills it (no pins)."""
 
-    def __init__(self, sender: bool = False) -> None:
-        knock = KnockRules(secret=SECRET, spa=True, verifier=True, window=WINDOW,
-                           spa_sender=sender)  # fmt: skip
+    def __init__(self, sender: bool = False, keys: tuple[bytes, ...] = (),
+                 shared: bytes = SECRET) -> None:  # fmt: skip
+        knock = KnockRules(secret=shared, spa_keys=keys, spa=True, verifier=True,
+                           window=WINDOW, spa_sender=sender)  # fmt: skip
         self.loaded = compiler.load_program(program.plan_program(SocketRules(knock=knock)),
                                             FillEnv())  # fmt: skip
         self.tables = self.loaded.tables
@@ -145,6 +156,14 @@ def test_the_kernel_takes_the_documented_vectors_once(verifier: Verifier) -> Non
     verifier.send(v["datagrams"]["203.0.113.7"])
     verifier.send(v["datagrams"]["2001:db8::7"], source=0xCB00710B)
     assert verifier.counts()["replayed"] == 2 and len(verifier.opened()) == 2
+    # Version 1, under the shared secret: taken; by a socket of clients' keys alone, not.
+    verifier.send(v["version 1"])
+    assert verifier.counts()["accepted"] == 3
+    keyed = Verifier(keys=(SECRET,), shared=b"")
+    keyed.clock(v["sent"])
+    keyed.send(v["version 1"])
+    keyed.send(v["datagrams"]["203.0.113.7"])
+    assert keyed.counts()["malformed"] == 1 and keyed.counts()["accepted"] == 1
 
 
 def _sealed(body: bytes, key: bytes = spa.key_of(SECRET)) -> bytes:
@@ -166,9 +185,9 @@ def test_nothing_unsound_opens_and_each_is_counted(verifier: Verifier) -> None:
             spa.datagram(SECRET, PORT + 1, "192.0.2.7", now),  # for another SPA port
             _sealed(body[:36] + b"\1" + body[37:]),  # an IPv4 address with more after it
             _sealed(body[:5] + b"\7" + body[6:]),  # family 7
-            spa.Datagram(PORT, now, os.urandom(16), None).sealed(spa.key_of(SECRET)),
+            spa.Datagram(PORT, now, os.urandom(12), None, ID).sealed(spa.key_of(SECRET)),
             _sealed(
-                spa.Datagram(PORT, now, os.urandom(16), "2001:db8::1").body()[:32]
+                spa.Datagram(PORT, now, os.urandom(12), "2001:db8::1", ID).body()[:32]
                 + bytes(10)
                 + b"\xff\xff"
                 + bytes([192, 0, 2, 7])
@@ -177,6 +196,12 @@ def test_nothing_unsound_opens_and_each_is_counted(verifier: Verifier) -> None:
         "bad_mac": [
             spa.datagram(b"another secret, just as long as it", PORT, "192.0.2.7", now),
             body + bytes(8),
+            # The shared key's tag under another key's id (the socket's keys alone).
+            _sealed(
+                body[:16]
+                + spa.key_id(b"another secret, just as long as it").to_bytes(4, "big")
+                + body[20:]
+            ),  # fmt: skip
         ],
         "stale": [
             spa.datagram(SECRET, PORT, "192.0.2.7", now - (WINDOW + 2) * 10**9),
@@ -190,7 +215,7 @@ def test_nothing_unsound_opens_and_each_is_counted(verifier: Verifier) -> None:
             verifier.send(raw)
             expect[verdict] += 1
     # A bit flipped anywhere: in the magic or version, malformed; anywhere else, the tag
-    # does not fit.
+    # does not fit (in the key id, it names a key the socket has not).
     for bit in range(len(good) * 8):
         flipped = bytearray(good)
         flipped[bit // 8] ^= 1 << bit % 8
@@ -209,7 +234,7 @@ def _same_slot(now: int, tag: bytes, address: str) -> bytes:
     key = spa.key_of(SECRET)
     slot = int.from_bytes(tag, "little") & 0xFFFF
     for _ in range(2_000_000):
-        raw = spa.Datagram(PORT, now, os.urandom(16), address).sealed(key)
+        raw = spa.Datagram(PORT, now, os.urandom(12), address, ID).sealed(key)
         if int.from_bytes(raw[48:], "little") & 0xFFFF == slot:
             return raw
     raise AssertionError("no datagram of the same slot in 2,000,000 tries")
@@ -332,6 +357,79 @@ def test_explain_gives_the_spa_sockets_verdict_on_a_datagram(
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert out.returncode == 0, out.stderr
         said[label] = json.loads(out.stdout)
+    # A client's own key, given to explain as to the service.
+    own = tmp_path / "alice.key"
+    own.write_bytes(ALICE)
+    out = subprocess.run([*base, "--knock-spa-key", str(own), "--from", "198.51.100.9",
+                          "--spa-datagram", spa.datagram(ALICE, PORT, "203.0.113.8").hex()],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["spa"] == "accepted" and "opens 203.0.113.8" in out.stdout
     assert said["good"]["spa"] == "accepted" and "opens 203.0.113.7" in said["good"]["rule"]
     assert [said[k]["spa"] for k in ("forged", "cut", "stale")] == ["bad_mac", "malformed", "stale"]
     assert all(s["verdict"] == "drop" for s in said.values())
+
+
+ALICE = b"alice's own SPA key, long enough 01"
+BOB = b"bob's own SPA key, just as long 234"
+
+
+def _quota_clock(verifier: Verifier) -> int:
+    """Set the kernel's clock to the start of a quota period (the widest window) with
+    a window of room, and return it: every datagram below is judged in one period."""
+    period = verifier.widest() * 10**9
+    start = (time.time_ns() // period + 1) * period
+    verifier.clock(start)
+    return start
+
+
+def test_one_keys_flood_shuts_no_other_client_out(bpf_root: None) -> None:
+    """Alice holds her key and sends 100,000 sound datagrams, as fast as she can, to
+    fill the replay table against the others: she takes her share (SPA_QUOTA), the rest
+    are busy, and Bob's ten knocks all open.  Without the share, her datagrams would
+    hold four slots in five, and Bob's knocks would be busy."""
+    from alfwrapper.bpf.parts import SPA_QUOTA  # noqa: PLC0415
+
+    verifier = Verifier(keys=(ALICE, BOB))
+    now = _quota_clock(verifier)
+    for _ in range(100_000):
+        verifier.send(spa.datagram(ALICE, PORT, "203.0.113.66", now))
+    counts = verifier.counts()
+    assert (counts["accepted"], counts["busy"]) == (SPA_QUOTA, 100_000 - SPA_QUOTA), counts
+    for i in range(10):
+        verifier.send(spa.datagram(BOB, PORT, f"192.0.2.{10 + i}", now))
+    assert verifier.counts()["accepted"] == SPA_QUOTA + 10, verifier.counts()
+    assert {f"192.0.2.{10 + i}" for i in range(10)} <= verifier.opened()
+    # Alice's own next one waits for the next period; the shared secret has a share of
+    # its own (those who share it share it).
+    verifier.send(spa.datagram(ALICE, PORT, "203.0.113.67", now))
+    verifier.send(spa.datagram(SECRET, PORT, "203.0.113.68", now))
+    assert "203.0.113.67" not in verifier.opened() and "203.0.113.68" in verifier.opened()
+    later = now + verifier.widest() * 10**9
+    verifier.clock(later)
+    verifier.send(spa.datagram(ALICE, PORT, "203.0.113.69", later))
+    assert "203.0.113.69" in verifier.opened()
+
+
+def test_a_client_key_opens_alone_and_goes_with_its_line(bpf_root: None) -> None:
+    """Each client's key opens; a key the socket does not have (never given, or taken
+    out and the program loaded again, as a reload does) opens nothing: bad_mac."""
+    both = Verifier(keys=(ALICE, BOB), shared=b"")
+    now = time.time_ns()
+    both.clock(now)
+    both.send(spa.datagram(ALICE, PORT, "192.0.2.7", now))
+    both.send(spa.datagram(BOB, PORT, "192.0.2.8", now))
+    both.send(spa.datagram(SECRET, PORT, "192.0.2.9", now))  # no shared secret here
+    assert both.opened() == {"192.0.2.7", "192.0.2.8"}
+    assert both.counts()["bad_mac"] == 1
+    revoked = Verifier(keys=(BOB,), shared=b"")
+    revoked.clock(now)
+    revoked.send(spa.datagram(ALICE, PORT, "192.0.2.7", now))
+    revoked.send(spa.datagram(BOB, PORT, "192.0.2.8", now))
+    assert revoked.opened() == {"192.0.2.8"} and revoked.counts()["bad_mac"] == 1
+
+
+def test_two_keys_of_one_id_are_refused() -> None:
+    with pytest.raises(AlfError, match="two keys have the id"):
+        spa.keys(SECRET, (ALICE, SECRET))
+    assert set(spa.keys(SECRET, (ALICE, BOB))) == {spa.key_id(s) for s in (SECRET, ALICE, BOB)}

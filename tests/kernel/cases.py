@@ -56,6 +56,7 @@ def rule_files(folder: Path) -> None:
 
 
 SECRET = "knock.secret"
+CLIENT_KEY = "client.key"  # a client's own SPA key (knock-spa-key)
 FILTER = f"--filter {ROOT}/examples/filters/allowlist.c"
 TEST_FILTER = f"--filter {ROOT}/tests/data/allowlist.c"
 SETS = "--set allowed4 192.0.2.2 1 --set allowed6 2001:db8:a::2 1 --set port_limits 0 8080,1"
@@ -87,6 +88,7 @@ CASES = (
     Case(
         "knock-spa",
         f"--knock-secret {{files}}/{SECRET} --knock-spa --knock-spa-port 39999 "
+        f"--knock-spa-key {{files}}/{CLIENT_KEY} "
         "--knock-spa-sender --allow 192.0.2.0/24 --allow 2001:db8::/32",
     ),  # fmt: skip
     Case("filter", f"{FILTER} {SETS}"),
@@ -117,10 +119,11 @@ def record(recorder: Path, out: Path, files: Path) -> dict[str, str]:
     """Run every case with the recorder preloaded; returns {recording: error} for the
     runs that failed on the host (each run's programs are in out/NAME.rec)."""
     rule_files(files)
-    secret = files / SECRET
-    if not secret.exists():
-        secret.write_bytes(os.urandom(32))
-        secret.chmod(0o600)
+    for name in (SECRET, CLIENT_KEY):
+        secret = files / name
+        if not secret.exists():
+            secret.write_bytes(os.urandom(32))
+            secret.chmod(0o600)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.rec"):
         old.unlink()

@@ -29,6 +29,8 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "allow.txt").write_text("192.0.2.0/25\n# comment\n2001:db8:1::/48\n")
     (tmp_path / "deny.txt").write_text("192.0.2.66\n")
     (tmp_path / "knock.secret").write_text(SECRET)
+    (tmp_path / "alice.key").write_text("alice's own key, long enough\n")
+    (tmp_path / "bob.key").write_text("bob's own key, just as long\n")
     (tmp_path / "f.c").write_text("int filter(struct __sk_buff *skb) { return 0; }\n")
     return tmp_path
 
@@ -57,6 +59,11 @@ EQUIVALENT = [
         "[socket.admin]\nknock-spa-port = 62201\nknock-spa-sender = true\n",
         "--knock-secret {d}/knock.secret --knock-spa --knock-window 60 "
         "--knock-spa-port admin=62201 --knock-spa-sender admin=yes",
+    ),
+    (
+        'knock-spa = true\nknock-spa-key = ["alice.key"]\n'
+        '[socket.admin]\nknock-spa-key = ["bob.key"]\n',
+        "--knock-spa --knock-spa-key {d}/alice.key --knock-spa-key admin={d}/bob.key",
     ),
     (
         "log-drops = 20\n[socket.web]\nlog-drops = 5\n",
@@ -270,11 +277,17 @@ def test_socket_names_follow_one_rule_everywhere(tmp_path: Path, name: str, vali
         ('knock-secret = "knock.secret"\n', ("--knock-spa", "maybe"), "is not yes or no"),
         ('knock-secret = "knock.secret"\n', ("--knock-spa", "--knock-spa-port", "0"),
          "out of range"),
+        ('knock-spa-key = ["alice.key"]\n', (), "knock-spa-key without knock-spa"),
+        ('knock-secret = "alice.key"\nknock-spa = true\nknock-spa-key = ["alice.key"]\n', (),
+         "two keys have the id"),
+        ('knock = [7001, 7002]\nknock-spa-key = ["alice.key"]\n', (), "without knock-spa"),
+        ('knock-spa = true\nknock-spa-key = ["short.key"]\n', (), "only 5 bytes"),
     ],
 )  # fmt: skip
 def test_spa_settings_that_cannot_work_are_refused(
     files: Path, text: str, argv: tuple[str, ...], needle: str
 ) -> None:
+    (files / "short.key").write_text("short")
     with pytest.raises(AlfError) as caught:
         from_file(files, text, *argv)
     assert needle in caught.value.line(), caught.value.line()
@@ -290,3 +303,15 @@ def test_the_spa_socket_has_its_sockets_rules_and_checks_datagrams(files: Path) 
     assert knock_key(door) == knock_key(web)  # one knock state: the one opens, the other reads
     plain = from_file(files, 'knock-secret = "knock.secret"\n')
     assert plain.rules_for("web.spa") == plain.rules_for("other")  # type: ignore[attr-defined]
+
+
+def test_a_clients_key_keeps_the_knock_state_where_it_was(files: Path) -> None:
+    """Clients' own keys are the SPA socket's alone: adding one, or revoking one, keeps
+    the knock state (who is open now) where it was, and the keys come in order, once."""
+    one = from_file(files, 'knock-spa = true\nknock-spa-key = ["alice.key"]\n')
+    two = from_file(files, 'knock-spa = true\nknock-spa-key = ["alice.key", "bob.key"]\n'
+                    '[socket.admin]\nknock-spa-key = ["alice.key"]\n')  # fmt: skip
+    web, admin = two.rules_for("web"), two.rules_for("admin")  # type: ignore[attr-defined]
+    assert knock_key(one.rules_for("web")) == knock_key(web)  # type: ignore[attr-defined]
+    assert [k[:5] for k in web.knock.spa_keys] == [b"alice", b"bob's"]
+    assert admin.knock.spa_keys == web.knock.spa_keys  # alice's twice is alice's once
