@@ -264,6 +264,7 @@ def test_a_flood_of_forgeries_and_replays_keeps_no_one_out(
 
 ALICE = b"alice's own SPA key, long enough\n"
 BOB = b"bob's own SPA key, just as long\n"
+CAROL = b"carol's own SPA key, as long again"
 
 
 def client_keys(folder: Path) -> dict[str, Path]:
@@ -320,11 +321,14 @@ def test_one_clients_flood_under_its_own_key_keeps_no_other_client_out(
 def test_a_reload_revokes_one_clients_key_and_leaves_the_others_door_open(
     network: Network, services: list[Service], tmp_path: Path
 ) -> None:
-    """Alice and Bob each hold a key of their own.  Both open the door; a reload without
-    Bob's key revokes it alone: Alice's door stays open (the knock state is where it
-    was), Bob's next datagram opens nothing (bad_mac), and Alice's next one opens."""
+    """Alice and Bob each hold a key of their own.  Both open the door; a reload that
+    gives Carol a key in place of Bob's revokes his alone: Alice's door stays open (the
+    knock state is where it was), Bob's next datagram opens nothing (bad_mac), and
+    Alice's and Carol's open."""
     a, b = network.allowed, network.denied
     keys = client_keys(tmp_path)
+    carol = tmp_path / "carol.key"
+    carol.write_bytes(CAROL)
     argv = ["--service", "sparevoke", "--listen", "[::]:8080", *SPA, "--knock-open-for", "600",
             "--knock-spa-key", str(keys["alice"])]  # fmt: skip
     svc = start(network, services, wrapped(*argv, "--knock-spa-key", str(keys["bob"])))
@@ -333,16 +337,18 @@ def test_a_reload_revokes_one_clients_key_and_leaves_the_others_door_open(
     send_raw(b, [spa.datagram(BOB.strip(), 8080, b.v4)])
     both = [Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)]
     check_policy(svc, served=both, dropped=[])
-    out = subprocess.run(network.server.command([*WRAPPER, "reload", "sparevoke", *argv[2:]]),
+    out = subprocess.run(network.server.command([*WRAPPER, "reload", "sparevoke", *argv[2:],
+                                                 "--knock-spa-key", str(carol)]),
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     check_policy(svc, served=both, dropped=[])  # what was opened stays open
     before = spa_counts("sparevoke")
     send_raw(b, [spa.datagram(BOB.strip(), 8080, "198.51.100.99")])
-    send_raw(a, [spa.datagram(ALICE.strip(), 8080, "192.0.2.99")])
+    send_raw(a, [spa.datagram(ALICE.strip(), 8080, "192.0.2.99"),
+                 spa.datagram(CAROL, 8080, "192.0.2.98")])  # fmt: skip
     after = spa_counts("sparevoke")
     assert after["bad_mac"] - before["bad_mac"] == 1, (before, after)
-    assert after["accepted"] - before["accepted"] == 1, (before, after)
+    assert after["accepted"] - before["accepted"] == 2, (before, after)
 
 
 def _pins(service: str, name: str) -> list[str]:
