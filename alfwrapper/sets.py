@@ -923,13 +923,30 @@ def assign(name: str, entries: dict[Prefix, int]) -> int:
     return removed
 
 
+class NotWhole(AlfError):
+    """Entries the set could not take (it cannot grow: at MOST_SIZE, or no memory for a
+    larger map); every other one was put in.  ``unstored``: how many."""
+
+    def __init__(self, first: AlfError, unstored: int) -> None:
+        super().__init__(first.what, f"{unstored} entries could not be stored: {first.why}",
+                         first.hint, first.exit_code)  # fmt: skip
+        self.unstored = unstored
+
+
 def _hold_keyed(name: str, fds: Maps, by_role: Keyed) -> None:
     """Whole addresses in one batch update (Linux 5.6), shorter prefixes one by one
-    (an LPM trie has no batch update); their sieve's bits are set already."""
+    (an LPM trie has no batch update); their sieve's bits are set already.  An entry
+    the set cannot take stops no other: once the hosts map cannot grow, the rest go in
+    one by one (those it holds are renewed, new ones counted), the ranges go in, and
+    NotWhole then says how many were left out."""
+    unstored, first = 0, None
     try:
         keys, values = by_role["hosts"]
         for start in range(0, len(keys), BATCH):
             part = slice(start, start + BATCH)
+            if first is not None:
+                unstored += _one_by_one(fds["hosts"], keys[part], values[part])
+                continue
             batch = (b"".join(keys[part]), b"".join(values[part]), len(keys[part]))
             try:
                 bpf_calls.map_update_batch(fds["hosts"], *batch)
@@ -937,12 +954,39 @@ def _hold_keyed(name: str, fds: Maps, by_role: Keyed) -> None:
                 if err.errno != errno.E2BIG:
                     raise
                 _sweep(fds["hosts"], "hosts")
-                _grow(name, fds, batch[2])  # room for the whole batch, then it again
+                try:
+                    _grow(name, fds, batch[2])  # room for the whole batch, then it again
+                except AlfError as grown:
+                    # Only into the map programs read: a growth that failed after its
+                    # switch leaves another in force until _repair (the next change).
+                    if _in_force(fds["hosts_at"]) != bpf_calls.map_info_id(fds["hosts"]):
+                        raise
+                    first = grown
+                    unstored += _one_by_one(fds["hosts"], keys[part], values[part])
+                    continue
                 bpf_calls.map_update_batch(fds["hosts"], *batch)
         for key, value in zip(*by_role["ranges"], strict=True):
-            _update(name, fds, "ranges", key, value)
+            try:
+                _update(name, fds, "ranges", key, value)
+            except AlfError as full:
+                first, unstored = first or full, unstored + 1
     except OSError as err:
         raise _fail(f"adding to set {name}", err) from None
+    if first is not None:
+        raise NotWhole(first, unstored)
+
+
+def _one_by_one(fd: int, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
+    """Each entry on its own into a hosts map that cannot grow; how many found no room."""
+    left = 0
+    for key, value in zip(keys, values, strict=True):
+        try:
+            bpf_calls.map_update(fd, key, value)
+        except OSError as err:
+            if err.errno not in (errno.E2BIG, errno.ENOSPC, errno.ENOMEM):
+                raise
+            left += 1
+    return left
 
 
 def delete(name: str, prefixes: Sequence[Prefix]) -> int:

@@ -1548,6 +1548,20 @@ MUTATIONS += [
         (CROWDSEC_TEST + "test_metrics_say_what_the_set_holds_after_an_answer_stopped_half_way",),
     ),
     Mutation(
+        "set-full-stops-every-other-entry",
+        "alfwrapper/sets.py",
+        "                    first = grown\n",
+        "                    raise\n",
+        (CROWDSEC_TEST + "test_metrics_say_what_the_set_holds_after_an_answer_stopped_half_way",),
+    ),
+    Mutation(
+        "bouncer-unstored-said-once-a-minute",
+        "alfwrapper/lifecycle/bouncer.py",
+        "    if counts.unstored or synced or counts.failures == 1 or counts.failures % 60 == 0:\n",
+        "    if synced or counts.failures == 1 or counts.failures % 60 == 0:\n",
+        (CROWDSEC_TEST + "test_metrics_say_what_the_set_holds_after_an_answer_stopped_half_way",),
+    ),
+    Mutation(
         "set-stops-at-its-default-room",
         "alfwrapper/sets.py",
         "    if wanted > MOST_SIZE:\n",

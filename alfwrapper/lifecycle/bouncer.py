@@ -208,6 +208,7 @@ class Counters(Record, frozen=False):
     skipped: int = 0  # decisions that are not bans of an Ip or a Range
     malformed: int = 0  # decisions that could not be read (left out)
     too_wide: int = 0  # bans wider than widest-ipv4/-ipv6 (left out)
+    unstored: int = 0  # the last poll's bans the set could not take (sets.NotWhole)
     entries: int = 0
     last_success: float = 0.0  # wall-clock seconds
     apply_seconds: float = 0.0  # the last answer's, from its arrival to the set changed
@@ -377,20 +378,28 @@ def run(config: Config, once: bool = False) -> int:
                 print(f"alfwrapper crowdsec: in step with {config.url}: {counts.entries} "
                       f"entries", flush=True)  # fmt: skip
             synced = True
-            counts.last_success = time.time()
+            counts.last_success, counts.unstored = time.time(), 0
         except Exception as err:  # noqa: BLE001  (said, then a full resync: never a stop)
-            counts.failures += 1
-            if not isinstance(err, AlfError):
-                err = AlfError("alfwrapper crowdsec", f"{type(err).__name__}: {err}",
-                               "a bug? report it; the next poll resyncs")  # fmt: skip
-            if synced or counts.failures == 1 or counts.failures % 60 == 0:
-                print(f"alfwrapper crowdsec: {err.line().removeprefix('alfwrapper: ')}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+            failed(err, counts, synced)
             synced = False
         write_metrics(config.metrics, counts)
         while not stopping and time.monotonic() < started + config.interval:
             time.sleep(min(0.05, config.interval))
     return 0
+
+
+def failed(err: Exception, counts: Counters, synced: bool) -> None:
+    """A poll that failed, counted and said on stderr (the journal): bans the set could
+    not take, every poll while they last (every other decision was applied); any other
+    failure (a LAPI that cannot be reached) the first time, then every 60th poll."""
+    counts.failures += 1
+    if not isinstance(err, AlfError):
+        err = AlfError("alfwrapper crowdsec", f"{type(err).__name__}: {err}",
+                       "a bug? report it; the next poll resyncs")  # fmt: skip
+    counts.unstored = err.unstored if isinstance(err, sets.NotWhole) else 0
+    if counts.unstored or synced or counts.failures == 1 or counts.failures % 60 == 0:
+        print(f"alfwrapper crowdsec: {err.line().removeprefix('alfwrapper: ')}",
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 def read_metrics(path: str = METRICS) -> dict[str, Any] | None:

@@ -227,6 +227,12 @@ _BOUNCER = (
         "decisions_too_wide_total",
         "Bans wider than widest-ipv4/-ipv6 (or /0), left out.",
     ),
+    (
+        "unstored",
+        "gauge",
+        "entries_unstored",
+        "The last poll's bans the set could not take (at its most, or no memory).",
+    ),
     ("entries", "gauge", "entries", "Entries the set holds for the LAPI's bans."),
     ("last_success", "gauge", "last_success_seconds", "When a poll last succeeded (Unix time)."),
     (

@@ -4,6 +4,8 @@ deletions lift them, and LAPI restarts and bouncer crashes lose nothing."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -359,24 +361,45 @@ def test_metrics_say_what_the_set_holds_after_an_answer_stopped_half_way(
     bpf_root: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An answer the set cannot take whole (here its growth fails: ALFWRAPPER_FAIL_AT,
-    the kernel's ENOMEM) stops the poll; the counters then say what the set holds, not
-    the 0 of a book that took nothing.  The next poll takes the answer whole."""
+    the kernel's ENOMEM): every entry it can take still goes in (the hosts it has room
+    for, and the range after them), the poll fails saying how many could not, every
+    poll while that lasts (metrics: unstored), and the counters say what the set holds,
+    not the 0 of a book that took nothing.  The next poll takes the answer whole."""
     name = f"c{os.getpid()}-{time.monotonic_ns() % 10**9}"
     sets.create(name, (), 4)
     try:
         bans = [{"id": i + 1, "origin": "crowdsec", "scope": "Ip", "type": "ban",
                  "value": f"2001:db8:c::{i + 1:x}", "duration": "1h", "scenario": "t"}
                 for i in range(10)]  # fmt: skip
+        bans.append({"id": 11, "origin": "crowdsec", "scope": "Range", "type": "ban",
+                     "value": "2001:db8:d::/48", "duration": "1h", "scenario": "t"})  # fmt: skip
         session = _Answered(json.dumps({"new": bans, "deleted": None}).encode())
         config, book, counts = bouncer.Config(set=name), Book.empty(), bouncer.Counters()
         monkeypatch.setenv("ALFWRAPPER_FAIL_AT", "set-grown-pinned")
-        with pytest.raises((AlfError, OSError)):
-            bouncer.poll_once(session, config, book, False, counts)  # type: ignore[arg-type]
-        held = len(sets.entries(name))
-        assert 0 < held < 10 and counts.entries == held, (held, counts.entries)
+        said = []
+        for _ in range(3):
+            with pytest.raises(sets.NotWhole) as caught:
+                bouncer.poll_once(session, config, book, False, counts)  # type: ignore[arg-type]
+            assert caught.value.unstored == 6 and "6 entries could not be stored" in str(
+                caught.value.line()
+            )
+            stderr = io.StringIO()
+            with contextlib.redirect_stderr(stderr):
+                bouncer.failed(caught.value, counts, False)
+            said.append(stderr.getvalue())
+        assert all("6 entries could not be stored" in line for line in said), said
+        assert counts.unstored == 6
+        held = {str(p) for p, _ in sets.entries(name)}
+        assert len(held) == 5 and "2001:db8:d::/48" in held and counts.entries == 5, held
         monkeypatch.delenv("ALFWRAPPER_FAIL_AT")
         bouncer.poll_once(session, config, Book.empty(), False, counts)  # type: ignore[arg-type]
-        assert counts.entries == 10 == len(sets.entries(name))
+        assert counts.entries == 11 == len(sets.entries(name))
+        # A LAPI that cannot be reached is said the first time, then every 60th poll.
+        quiet, stderr = bouncer.Counters(), io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            for _ in range(3):
+                bouncer.failed(AlfError("the CrowdSec LAPI", "cannot be reached"), quiet, False)
+        assert stderr.getvalue().count("cannot be reached") == 1 and quiet.unstored == 0
     finally:
         sets.destroy(name)
 
