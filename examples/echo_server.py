@@ -13,7 +13,8 @@ stdout per thing it receives, so you (and the tests) can see what reached it:
 It uses only the standard library and follows sd_listen_fds(3): LISTEN_PID
 must be its own pid, or it serves nothing.  With ECHO_IDLE_EXIT=SECONDS in its
 environment it exits after that long without traffic, as socket-activated
-services often do.
+services often do.  With ECHO_BIND=NAME=tcp:PORT,NAME=udp:PORT it binds its own
+sockets instead, as most daemons do.
 """
 
 from __future__ import annotations
@@ -54,8 +55,27 @@ def peer_host(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
     return host.removeprefix("::ffff:")  # IPv4 clients of a dual-stack socket
 
 
+def own_sockets(spec: str) -> list[tuple[socket.socket, str]]:
+    """ECHO_BIND=NAME=tcp:PORT,NAME=udp:PORT: sockets it binds itself (dual-stack), as
+    most daemons do (nginx, PostgreSQL, ...): what alfwrapper must then intercept."""
+    sockets = []
+    for item in spec.split(","):
+        name, _, where = item.partition("=")
+        kind, _, port = where.partition(":")
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM if kind == "tcp" else
+                             socket.SOCK_DGRAM)  # fmt: skip
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("::", int(port)))
+        if kind == "tcp":
+            sock.listen(64)
+        sockets.append((sock, name))
+    return sockets
+
+
 def main() -> int:
-    sockets = listen_fds()
+    spec = os.environ.get("ECHO_BIND")
+    sockets = own_sockets(spec) if spec else listen_fds()
     if not sockets:
         say("no sockets passed (LISTEN_FDS/LISTEN_PID); start me under alfwrapper")
         return 1

@@ -370,8 +370,8 @@ MUTATIONS = [
     Mutation(
         "accept-yes-compiles-again",
         "alfwrapper/lifecycle/launch.py",
-        "    if any(not r.connected for r in records):\n",
-        "    if True:\n",
+        "    elif any(not r.connected for r in records):\n",
+        "    elif True:\n",
         ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
@@ -787,9 +787,11 @@ MUTATIONS = [
     Mutation(
         "allowed-peer-imports-state",
         "alfwrapper/lifecycle/launch.py",
-        "    if any(not r.connected for r in records):\n"
+        "    elif any(not r.connected for r in records):\n"
         "        from alfwrapper.lifecycle import kept  # noqa: PLC0415  (the state, "
         "programs, BCC)\n",
+        "    elif False:\n"
+        "        pass\n"
         "    from alfwrapper.lifecycle import kept  # noqa: PLC0415\n\n"
         "    if any(not r.connected for r in records):\n",
         ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
@@ -970,6 +972,65 @@ MUTATIONS = [
         (
             "tests/boot/test_lifecycle.py::test_a_socket_filtered_under_another_name_names_its_socket_unit",
         ),
+    ),
+]
+
+INTERCEPT = "tests/integration/test_intercept.py::"
+MUTATIONS += [
+    Mutation(
+        "intercept-udp-bind-unfiltered",
+        "alfwrapper/lifecycle/intercept.py",
+        "            if sock.type == socket.SOCK_DGRAM:\n",
+        "            if False:\n",
+        (
+            INTERCEPT + "test_a_daemon_that_binds_its_own_sockets_is_filtered",
+            INTERCEPT + "test_an_fd_swapped_during_bind_never_binds_an_unfiltered_socket",
+        ),
+    ),
+    Mutation(
+        "intercept-listen-unfiltered",
+        "alfwrapper/lifecycle/intercept.py",
+        "                if inet:\n",
+        "                if False:\n",
+        (
+            INTERCEPT + "test_a_listen_without_bind_is_filtered",
+            INTERCEPT + "test_debians_nginx_binding_its_own_sockets_and_a_reload_adding_one",
+        ),
+    ),
+    Mutation(
+        "intercept-32-bit-entry-points-open",
+        "alfwrapper/host/notify.py",
+        "            others.add_rule(seccomp.ERRNO(errno.EPERM), name)\n",
+        "            pass\n",
+        (INTERCEPT + "test_io_uring_and_the_32_bit_entry_points_are_refused",),
+    ),
+    Mutation(
+        "intercept-io-uring-open",
+        "alfwrapper/host/notify.py",
+        '    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "io_uring_setup")\n',
+        "",
+        (INTERCEPT + "test_io_uring_and_the_32_bit_entry_points_are_refused",),
+    ),
+    Mutation(
+        "intercept-binds-with-the-supervisors-privileges",
+        "alfwrapper/lifecycle/intercept.py",
+        "            if not may_bind(call.pid, address):\n",
+        "            if False:\n",
+        (INTERCEPT + "test_the_daemons_own_privileges_bind_not_the_supervisors",),
+    ),
+    Mutation(
+        "intercept-unix-bind-as-the-supervisor",
+        "alfwrapper/lifecycle/intercept.py",
+        "                return as_the_daemon(call.pid, fd, address)\n",
+        "                return notify.bind(fd, address)\n",
+        (INTERCEPT + "test_the_daemons_own_privileges_bind_not_the_supervisors",),
+    ),
+    Mutation(
+        "bpf-filter-without-the-32-bit-entry-points",
+        "alfwrapper/host/privileges.py",
+        '        if os.uname().machine == "x86_64":  # (system_arch() is unsigned, Arch signed)\n',
+        "        if seccomp.system_arch() == seccomp.Arch.X86_64:\n",
+        (INTERCEPT + "test_io_uring_and_the_32_bit_entry_points_are_refused",),
     ),
 ]
 

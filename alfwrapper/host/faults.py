@@ -48,6 +48,8 @@ POINTS = (
     "set-made",  # set create: the set is whole, pinned under its temporary name, not renamed in
     "set-grown-pinned",  # a set's hosts map grown: its larger copy pinned, not in force
     "set-grown-switched",  # the copy in force for every program; the hosts pin not renamed
+    "intercept-taken",  # a daemon's bind or listen: its socket taken, nothing done yet
+    "intercept-attached",  # its filter attached, not locked; the call not done
 )
 
 

@@ -139,7 +139,7 @@ def deny_bpf_syscall() -> None:
         # no_new_privs is the capability step's to set (and, without CAP_SYS_ADMIN,
         # what lets this filter load at all): libseccomp would set it quietly.
         rules.set_attr(seccomp.Attr.CTL_NNP, 0)
-        if seccomp.system_arch() == seccomp.Arch.X86_64:
+        if os.uname().machine == "x86_64":  # (system_arch() is unsigned, Arch signed)
             for arch in (seccomp.Arch.X86, seccomp.Arch.X32):
                 rules.add_arch(arch)
         rules.add_rule(seccomp.ERRNO(errno.EPERM), "bpf")

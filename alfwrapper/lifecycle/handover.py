@@ -48,11 +48,18 @@ def confine_and_exec(
     names: Sequence[str],
     diverted: dict[int, int] | None,
     held: Sequence[socket.socket] = (),
+    intercepted: socket.socket | None = None,
 ) -> NoReturn:
     """Confine this process for the application (privileges.confine_application),
     then exec COMMAND with the sockets at fd 3 on (a socket on fd 0 stays there), and
-    the ``held`` ones (SPA sockets) after them, outside LISTEN_FDS."""
+    the ``held`` ones (SPA sockets) after them, outside LISTEN_FDS.  ``intercepted``:
+    the channel to the bind supervisor (lifecycle/intercept.py), which gets the
+    listener of the filters loaded last."""
     note = privileges.confine_application(keep_capabilities)
     if note:
         print(f"alfwrapper: note: {note}", file=sys.stderr)
+    if intercepted is not None:
+        from alfwrapper.lifecycle import intercept  # noqa: PLC0415
+
+        intercept.hand_over(intercepted)
     activation.exec_with_sockets(sockets, names, command, os.environ, diverted, held)

@@ -24,7 +24,12 @@ def filter_and_exec(
     check_command(policy.command[0])
     load_seccomp()
 
-    if any(not r.connected for r in records):
+    channel = None
+    if not records:  # a daemon that binds its own sockets
+        from alfwrapper.lifecycle import intercept  # noqa: PLC0415
+
+        channel = intercept.prepare(policy, service)
+    elif any(not r.connected for r in records):
         from alfwrapper.lifecycle import kept  # noqa: PLC0415  (the state, programs, BCC)
 
         kept.filter_kept(records, service, argv)
@@ -36,4 +41,4 @@ def filter_and_exec(
             record.sock.detach()  # fd 0 (and 1) stay as they are
     sockets, names = [r.sock for r in moved], [r.name for r in moved]
     held = [r.sock for r in records if r.spa]  # open while the application runs, not its
-    confine_and_exec(policy.command, keep_capabilities, sockets, names, diverted, held)
+    confine_and_exec(policy.command, keep_capabilities, sockets, names, diverted, held, channel)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import stat
 import sys
 from typing import TYPE_CHECKING
 
@@ -76,6 +77,8 @@ def gather_sockets(policy: Policy) -> list[SocketRecord]:
     if stdin is not None:
         inherited.insert(0, (stdin, activation.INETD_NAME))
     if not inherited and not policy.listens:
+        if not _socket_on_fd_0():
+            return []  # COMMAND binds its own: lifecycle/intercept.py
         raise AlfError(
             "sockets",
             "none inherited (LISTEN_FDS unset, and fd 0 is no TCP or UDP socket) and "
@@ -92,6 +95,15 @@ def gather_sockets(policy: Policy) -> list[SocketRecord]:
     for record in records:
         check_spa_name(record.name, record.spa, "a start")
     return records + spa_sockets(policy, records)
+
+
+def _socket_on_fd_0() -> bool:
+    """Whether fd 0 is a socket (one not ours to take: a Unix socket): a start meant to
+    be inetd's, not a daemon's that binds its own."""
+    try:
+        return stat.S_ISSOCK(os.fstat(0).st_mode)
+    except OSError:
+        return False
 
 
 def check_spa_name(name: str, spa: bool, when: str) -> None:

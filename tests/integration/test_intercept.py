@@ -1,0 +1,233 @@
+"""Daemons that bind their own sockets, with real traffic between namespace hosts: the
+wrapper with no socket inherited and none to create intercepts COMMAND's binds and
+listens (lifecycle/intercept.py), and a daemon that tries to get a receiving socket
+past it (binder.py: an fd swapped during bind, a listen without bind, forked workers,
+io_uring, the 32-bit entry points, a killed supervisor) gets none that a denied host
+reaches."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hosts import Network, Probe, Service, check_policy
+from support import ECHO_SERVER, WRAPPER
+from wrapping import allowed_in_denied_out
+
+HERE = Path(__file__).resolve().parent
+BINDER = [sys.executable, str(HERE / "binder.py")]
+RULES = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]
+
+
+def daemon(network: Network, services: list[Service], *command: str,
+           ready: str = r"^ready") -> Service:  # fmt: skip
+    svc = Service(network.server, [*WRAPPER, "--service", "bindself", *RULES, "--", *command])
+    services.append(svc)
+    svc.wait_for(ready)
+    return svc
+
+
+def bound(svc: Service, kind: str = "udp|tcp") -> list[int]:
+    """The ports of the sockets binder.py got, of this kind, once each."""
+    found = re.findall(rf"^bound (?:{kind}) (\d+)$", svc.output(), re.M)
+    return sorted({int(p) for p in found})
+
+
+def test_a_daemon_that_binds_its_own_sockets_is_filtered(
+    network: Network, services: list[Service]
+) -> None:
+    """The echo server binding TCP 8080 and UDP 8081 itself (as nginx or a DNS server
+    does), dual-stack: the allowed host is served on both, over IPv4 and IPv6; the
+    denied host's packets never reach it."""
+    svc = daemon(network, services, "env", "ECHO_BIND=web=tcp:8080,dns=udp:8081",
+                 *ECHO_SERVER)  # fmt: skip
+    allowed_in_denied_out(svc, network, 8080, 8081)
+
+
+def test_an_fd_swapped_during_bind_never_binds_an_unfiltered_socket(
+    network: Network, services: list[Service]
+) -> None:
+    """200 binds of a UDP socket while another thread dup2s a TCP or UDP socket onto
+    its fd: whatever got bound, the denied host reaches none of it."""
+    svc = daemon(network, services, *BINDER, "race", "9000")
+    udp = bound(svc, "udp")
+    assert udp and all(9000 <= p < 9200 for p in udp), svc.output()
+    probes = [Probe(network.denied, "udp", 4, p) for p in udp[:40]]
+    check_policy(svc, served=[Probe(network.allowed, "udp", 4, udp[0])], dropped=probes)
+
+
+def test_a_listen_without_bind_is_filtered(network: Network, services: list[Service]) -> None:
+    """listen(2) on an unbound socket binds it to a port the kernel picks: filtered too."""
+    svc = daemon(network, services, *BINDER, "autobind")
+    (port,) = bound(svc)
+    check_policy(svc, served=[Probe(network.allowed, "tcp", 6, port)],
+                 dropped=[Probe(network.denied, "tcp", 4, port),
+                          Probe(network.denied, "tcp", 6, port)])  # fmt: skip
+
+
+def test_forked_workers_binding_each_their_own_are_filtered(
+    network: Network, services: list[Service]
+) -> None:
+    """Forty forked workers, each binding a UDP port of its own (the filters go with
+    fork and exec): the denied host reaches none."""
+    svc = daemon(network, services, *BINDER, "workers", "9300", "40")
+    deadline = time.monotonic() + 30
+    while len(bound(svc)) < 40 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ports = bound(svc)
+    assert sorted(ports) == list(range(9300, 9340)), svc.output()
+    check_policy(svc, served=[Probe(network.allowed, "udp", 4, 9300 + i) for i in (0, 39)],
+                 dropped=[Probe(network.denied, "udp", 4, p) for p in ports])  # fmt: skip
+
+
+def test_io_uring_and_the_32_bit_entry_points_are_refused(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """io_uring, which binds and listens without those system calls (Linux 6.11), is
+    refused (ENOSYS); so are socketcall, bind and listen through int 0x80 (EPERM), while
+    other 32-bit calls work."""
+    svc = daemon(network, services, *BINDER, "io_uring")
+    assert "refused io_uring 38" in svc.output(), svc.output()
+    source = HERE / "bind32.c"
+    binary = tmp_path / "bind32"
+    subprocess.run(["gcc", "-O1", "-o", str(binary), str(source)], check=True, timeout=120)
+    svc32 = Service(network.server, [*WRAPPER, "--service", "bind32", *RULES, "--", str(binary),
+                                     "9400"])  # fmt: skip
+    services.append(svc32)
+    svc32.wait_for(r"^done")
+    assert re.search(r"^socketcall bind -1 1$", svc32.output(), re.M), svc32.output()
+    assert re.search(r"^bind -1 1$", svc32.output(), re.M), svc32.output()
+    # Every other 32-bit call works (the bpf(2) filter of privileges.py, too, has the
+    # 32-bit entry points: it once killed any 32-bit call with SIGSYS).
+    assert re.search(r"^getpid [1-9]\d* 0$", svc32.output(), re.M), svc32.output()
+
+
+def test_with_its_supervisor_killed_the_daemon_binds_nothing(
+    network: Network, services: list[Service]
+) -> None:
+    """SIGKILL to the supervisor: the daemon's next bind fails (ENOSYS), and nothing
+    listens on its port."""
+    svc = daemon(network, services, *BINDER, "after-signal", "9500", ready=r"^waiting")
+    found = subprocess.run(["pgrep", "-f", "alfwrapper-bind bindself"], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    pids = [int(p) for p in found.stdout.split()]
+    assert len(pids) == 1, found
+    os.kill(pids[0], signal.SIGKILL)
+    time.sleep(0.3)
+    svc.proc.send_signal(signal.SIGUSR1)
+    svc.wait_for(r"^ready")
+    assert "refused bind 38 ENOSYS" in svc.output(), svc.output()
+    assert bound(svc) == []
+
+
+@pytest.mark.parametrize("point", ["intercept-taken", "intercept-attached"])
+def test_a_supervisor_killed_at_each_step_leaves_nothing_unfiltered(
+    network: Network, services: list[Service], point: str
+) -> None:
+    """A kill of the supervisor at each step of taking a socket: the daemon's bind
+    fails, and no packet of the denied host's reaches it."""
+    env = {**os.environ, "ALFWRAPPER_CRASH_AT": point}
+    svc = Service(network.server, [*WRAPPER, "--service", "bindcrash", *RULES, "--", "env",
+                                   "ECHO_BIND=dns=udp:8081", *ECHO_SERVER], env=env)  # fmt: skip
+    services.append(svc)
+    deadline = time.monotonic() + 20
+    while svc.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert svc.proc.poll() is not None, "the daemon bound on with its supervisor gone"
+    assert "Function not implemented" in svc.output() + svc.errors(), svc.errors()
+    assert "ready" not in svc.output()  # it never served
+
+
+def test_the_daemons_own_privileges_bind_not_the_supervisors(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """The supervisor binds as root, but a port below 1024 only for a daemon with its
+    own CAP_NET_BIND_SERVICE (--no-capabilities: none); and a Unix socket's path is
+    the daemon's: relative to its working directory, with its umask."""
+    svc = Service(network.server, [*WRAPPER, "--service", "bindpriv", "--no-capabilities",
+                                   *RULES, "--", *BINDER, "privileged", "53"])  # fmt: skip
+    services.append(svc)
+    svc.wait_for(r"^ready")
+    assert "refused bind 13" in svc.output() and bound(svc) == [], svc.output()
+    folder = tmp_path / "run"
+    folder.mkdir()
+    svc = daemon(network, services, *BINDER, "unix", str(folder))
+    assert "unix 0o700" in svc.output(), svc.output()
+    assert (folder / "daemon.sock").is_socket()
+
+
+NGINX_CONF = """daemon off;
+master_process on;
+worker_processes 2;
+pid {folder}/nginx.pid;
+error_log stderr notice;
+events {{ worker_connections 64; }}
+http {{
+    access_log {folder}/access.log;
+    client_body_temp_path {folder}/body;
+    proxy_temp_path {folder}/proxy;
+    fastcgi_temp_path {folder}/fastcgi;
+    uwsgi_temp_path {folder}/uwsgi;
+    scgi_temp_path {folder}/scgi;
+    server {{
+        {listens}
+        location / {{ return 200 "served $remote_addr\\n"; }}
+    }}
+}}
+"""
+
+
+def http_get(host: object, address: str, port: int) -> str:
+    """What an HTTP GET from the host gets: the body, or "timeout"."""
+    url = f"http://[{address}]:{port}/" if ":" in address else f"http://{address}:{port}/"
+    code = (
+        "import urllib.request, sys\n"
+        f"try: print(urllib.request.urlopen({url!r}, timeout=2).read().decode().strip())\n"
+        "except Exception as err: print('timeout' if 'timed out' in str(err) else err)\n"
+    )
+    out = subprocess.run(host.command([sys.executable, "-c", code]),  # type: ignore[attr-defined]
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    return out.stdout.strip().replace("::ffff:", "")  # IPv4 on a dual-stack socket
+
+
+@pytest.mark.skipif(not Path("/usr/sbin/nginx").exists(), reason="nginx-light: make setup")
+def test_debians_nginx_binding_its_own_sockets_and_a_reload_adding_one(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """Debian's nginx, master and two workers, binding [::]:8080 itself: the allowed
+    host is served over IPv4 and IPv6, the denied host's connections time out; then
+    `nginx -s reload` with a config adding [::]:8082: the new socket, bound by the
+    master on reload, is filtered too."""
+    conf = tmp_path / "nginx.conf"
+    listen = "listen [::]:8080 ipv6only=off;"
+    conf.write_text(NGINX_CONF.format(folder=tmp_path, listens=listen))
+    svc = Service(network.server, [*WRAPPER, "--service", "nginx", *RULES, "--",
+                                   "/usr/sbin/nginx", "-c", str(conf)])  # fmt: skip
+    services.append(svc)
+    a, b = network.allowed, network.denied
+    deadline = time.monotonic() + 20
+    while http_get(a, a.server_v4, 8080) != f"served {a.v4}" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert http_get(a, a.server_v4, 8080) == f"served {a.v4}", svc.errors()
+    assert http_get(a, a.server_v6, 8080) == f"served {a.v6}"
+    assert http_get(b, b.server_v4, 8080) == "timeout"
+    assert http_get(b, b.server_v6, 8080) == "timeout"
+    more = listen + " listen [::]:8082 ipv6only=off;"
+    conf.write_text(NGINX_CONF.format(folder=tmp_path, listens=more))
+    subprocess.run(network.server.command(["/usr/sbin/nginx", "-c", str(conf), "-s", "reload"]),
+                   check=True, timeout=30)  # fmt: skip
+    deadline = time.monotonic() + 20
+    while http_get(a, a.server_v4, 8082) != f"served {a.v4}" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert http_get(a, a.server_v4, 8082) == f"served {a.v4}", svc.errors()
+    for port in (8080, 8082):
+        assert http_get(b, b.server_v4, port) == "timeout", port
+        assert http_get(b, b.server_v6, port) == "timeout", port
+    log = (tmp_path / "access.log").read_text()
+    assert b.v4 not in log and b.v6 not in log, log
