@@ -26,6 +26,7 @@ LAYERS = (
     "lifecycle",  # start-up, the running service, the processes beside it
     "observe",  # read-only questions
     "cli",  # the command line and its completion
+    "supervise",  # the bind supervisor's entry: builds policies as the command line does
     "completion",
     "door",  # the way in: a kept verdict's denial, else the command line
     "__main__",

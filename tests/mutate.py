@@ -990,8 +990,9 @@ MUTATIONS += [
     Mutation(
         "intercept-listen-unfiltered",
         "alfwrapper/lifecycle/intercept.py",
-        "                if inet:\n",
-        "                if False:\n",
+        '                record = self.filter(sock, "tcp", sock.getsockname()[1]) if inet '
+        "else None\n",
+        "                record = None\n",
         (
             INTERCEPT + "test_a_listen_without_bind_is_filtered",
             INTERCEPT + "test_debians_nginx_binding_its_own_sockets_and_a_reload_adding_one",
@@ -1024,6 +1025,20 @@ MUTATIONS += [
         "                return as_the_daemon(call.pid, fd, address)\n",
         "                return notify.bind(fd, address)\n",
         (INTERCEPT + "test_the_daemons_own_privileges_bind_not_the_supervisors",),
+    ),
+    Mutation(
+        "intercept-new-socket-ignores-reload",
+        "alfwrapper/lifecycle/intercept.py",
+        "        if reloads and reloads != self.seen:\n",
+        "        if False:\n",
+        (INTERCEPT + "test_debians_nginx_binding_its_own_sockets_and_a_reload_adding_one",),
+    ),
+    Mutation(
+        "intercept-socket-not-described",
+        "alfwrapper/lifecycle/intercept.py",
+        "        if record is not None and result == 0:\n",
+        "        if False:\n",
+        (INTERCEPT + "test_an_operator_runs_a_daemons_own_sockets_as_any_others",),
     ),
     Mutation(
         "bpf-filter-without-the-32-bit-entry-points",

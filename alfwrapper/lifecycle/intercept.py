@@ -23,71 +23,92 @@ next bind and listen (ENOSYS): nothing listens unfiltered.  io_uring (whose bind
 listen need no system call of their own) is refused, and so are the other ABIs' bind
 and listen (i386, x32).
 
-Not yet: rules for one bound socket (every socket gets the rules for every socket),
-knocking and interface rules, pinned state (so no runtime rules, reload, status or
-explain SERVICE for these sockets; named sets change live).
+Each socket is named PROTOCOL-PORT (``tcp-8080``, ``udp-53``: what a policy's
+[socket.tcp-8080] gives rules of its own) and gets pinned state, as a socket of
+--listen does (state.Store.take: the dispatcher attached and locked first, its empty
+slot dropping, then the program in the slot), so that runtime rules, `reload`,
+`status` and `explain SERVICE` reach it.  Not yet: knocking and interface rules.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import pickle
+import re
 import select
 import socket
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from alfwrapper.errors import EX_OSERR, EX_USAGE, AlfError
 from alfwrapper.host import notify
-from alfwrapper.host.attach import SO_ATTACH_BPF, SO_LOCK_FILTER, socket_cookie
+from alfwrapper.host.attach import socket_cookie
 from alfwrapper.host.faults import crash_point
+from alfwrapper.lifecycle.sockets import SocketRecord
 from alfwrapper.policy.files import Policy
-from alfwrapper.policy.rules import SocketRules
 
 NR_BIND, NR_LISTEN = 49, 50  # x86-64's: the filter notifies only the native ABI
 CAP_NET_BIND_SERVICE = 10
 SOCKADDR_MOST = 128  # sizeof(struct sockaddr_storage)
 
 
-def rules_of(policy: Policy) -> SocketRules:
-    """The rules every intercepted socket gets; what interception cannot do yet is an
-    error, never a rule quietly left out."""
-    if policy.names:
-        raise AlfError("rules for named sockets", "a daemon's own sockets have no names",
-                       "give rules for every socket (--allow CIDR, not NAME=CIDR)",
-                       EX_USAGE)  # fmt: skip
-    rules = policy.rules_for("")
-    if rules.empty:
+_NAME = re.compile(r"^(tcp|udp)-([1-9][0-9]{0,4})$")
+
+
+def check(policy: Policy) -> None:
+    """What interception cannot do is an error, never a rule quietly left out: the
+    daemon's sockets are named PROTOCOL-PORT, and take no knock or interface rules."""
+    for name in sorted(policy.names):
+        found = _NAME.match(name)
+        if not found or int(found.group(2)) > 65535:
+            raise AlfError(f"rules for socket {name}", "a daemon's own sockets are named by "
+                           "protocol and port", "name them tcp-PORT or udp-PORT "
+                           "(--allow tcp-8080=CIDR)", EX_USAGE)  # fmt: skip
+    scopes = [policy.rules_for(n) for n in ["", *sorted(policy.names)]]
+    if all(rules.empty for rules in scopes):
         raise AlfError("sockets", "none inherited, none to create, and no rules",
                        "give rules, and --listen or a socket unit, or let COMMAND bind "
                        "its own", EX_USAGE)  # fmt: skip
-    if rules.knock is not None or rules.interfaces:
+    if any(rules.knock is not None or rules.interfaces for rules in scopes):
         raise AlfError("a daemon's own sockets", "cannot be given knock or interface "
                        "rules yet", "give the daemon its sockets (--listen, a socket "
                        "unit) for those", EX_USAGE)  # fmt: skip
-    return rules
 
 
-def prepare(policy: Policy, service: str) -> socket.socket:
-    """The program loaded and the supervisor started; the channel that hand_over sends
-    the listener down."""
+def prepare(policy: Policy, service: str, argv: list[str]) -> socket.socket:
+    """The supervisor started, with the policy; the channel that hand_over sends the
+    listener down.  Each rule set's program is loaded once here, so that one that
+    cannot be is this start's error, and the supervisor's loads come from the cache."""
     from alfwrapper import sets, state  # noqa: PLC0415
     from alfwrapper.bpf import program  # noqa: PLC0415
     from alfwrapper.bpf.parts import FillEnv  # noqa: PLC0415
     from alfwrapper.host import companion  # noqa: PLC0415
 
-    rules = rules_of(policy)
-    env = sets.fill_env(FillEnv.of_host([rules]), [rules])
-    label = program.label(service, "any", 0)
-    loaded = state.store().load_filter(rules, None, label, [], None, env)
+    check(policy)
+    from alfwrapper.lifecycle.kept import state_available  # noqa: PLC0415
+
+    missing = state_available()
+    if missing:
+        raise AlfError("a daemon's own sockets", f"need pinned state ({missing})",
+                       "mount the BPF file system (/sys/fs/bpf)", EX_OSERR)  # fmt: skip
+    for name in ["", *sorted(policy.names)]:
+        rules = policy.rules_for(name)
+        if not rules.empty:
+            env = sets.fill_env(FillEnv.of_host([rules]), [rules])
+            label = program.label(service, name[:3] or "any", 0)
+            state.store().load_filter(rules, None, label, [], None, env)  # dropped again
+    given = os.memfd_create("alfwrapper-policy", os.MFD_CLOEXEC)
+    os.write(given, pickle.dumps((policy, argv)))
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        companion.spawn("alfwrapper.lifecycle.intercept", "bind supervisor",
-                        [service, str(theirs.fileno()), str(loaded.fd)],
-                        [theirs.fileno(), loaded.fd])  # fmt: skip
+        companion.spawn("alfwrapper.supervise", "bind supervisor",
+                        [service, str(theirs.fileno()), str(given)],
+                        [theirs.fileno(), given])  # fmt: skip
     finally:
         theirs.close()
+        os.close(given)
     return ours
 
 
@@ -117,12 +138,36 @@ def hand_over(channel: socket.socket) -> None:
 
 
 class Supervisor:
-    def __init__(self, listener: int, prog: int) -> None:
-        self.listener, self.prog = listener, prog
+    def __init__(self, listener: int, service: str, policy: Policy, argv: list[str],
+                 app: int, build: Callable[[list[str]], Policy]) -> None:  # fmt: skip
+        self.listener, self.service, self.policy, self.argv = listener, service, policy, argv
+        self.app = app  # the application's pid: the sockets' holder, in their meta
+        self.build = build
+        self.seen: tuple[str, ...] = ()  # the reloads its sockets' metas name (their ids)
         self.filtered: set[int] = set()  # cookies of the sockets it filtered
-        self.taken = 0
 
-    def serve(self, app_pidfd: int) -> None:
+    def current(self) -> Policy:
+        """The policy in force: the start's, or the last `alfwrapper reload`'s, built
+        again from the options the sockets' metas keep (with the files as they are
+        now, as the reload read them) whenever a reload was done since."""
+        from alfwrapper import state  # noqa: PLC0415
+
+        try:
+            held = state.store().sockets_of(self.service)
+        except AlfError:
+            held = []  # none yet: its first socket
+        metas = [state.read_meta(s) for s in held]
+        reloaded = [m for m in metas if m.get("reload")]
+        reloads = tuple(sorted({str(m["reload"]) for m in reloaded}))
+        if reloads and reloads != self.seen:
+            newest = max(reloaded, key=lambda m: int(str(m.get("reloaded") or 0)))
+            given = newest.get("argv")
+            self.argv = [str(a) for a in given] if isinstance(given, list) else self.argv
+            self.policy = self.build(self.argv)
+            self.seen = reloads
+        return self.policy
+
+    def serve(self) -> None:
         """Until every process under the filter is gone (the listener hangs up)."""
         poller = select.poll()
         poller.register(self.listener, select.POLLIN)
@@ -138,7 +183,8 @@ class Supervisor:
             except OSError as err:
                 result = -(err.errno or errno.EPERM)
             except Exception as err:  # noqa: BLE001  (the call fails; we go on)
-                print(f"alfwrapper: bind supervisor: {type(err).__name__}: {err}",
+                said = err.line() if isinstance(err, AlfError) else f"{type(err).__name__}: {err}"
+                print(f"alfwrapper: bind supervisor: {said.removeprefix('alfwrapper: ')}",
                       file=sys.stderr, flush=True)  # fmt: skip
                 result = -errno.EPERM
             notify.answer(self.listener, call, result)
@@ -170,34 +216,60 @@ class Supervisor:
             crash_point("intercept-taken")
             inet = sock.family in (socket.AF_INET, socket.AF_INET6)
             if call.nr == NR_LISTEN:
-                if inet:
-                    self.filter(sock)
+                record = self.filter(sock, "tcp", sock.getsockname()[1]) if inet else None
                 backlog = struct.unpack("=i", struct.pack("=I", call.args[1] & 0xFFFFFFFF))[0]
-                return notify.listen(fd, backlog)
+                return self.done(record, notify.listen(fd, backlog))
             if not inet:
                 return as_the_daemon(call.pid, fd, address)
+            port = int.from_bytes(address[2:4], "big") if len(address) >= 4 else 0
+            record = None
             if sock.type == socket.SOCK_DGRAM:
-                self.filter(sock)
+                record = self.filter(sock, "udp", port)
             if not may_bind(call.pid, address):
                 return -errno.EACCES
-            return notify.bind(fd, address)
+            return self.done(record, notify.bind(fd, address))
         finally:
             sock.close()
             os.close(fd)
 
-    def filter(self, sock: socket.socket) -> None:
-        """The program attached and locked, once a socket: before it can receive."""
+    def filter(self, sock: socket.socket, protocol: str, port: int) -> SocketRecord | None:
+        """The socket's filter, attached and locked before it can receive: its pinned
+        state taken (the dispatcher first: its empty slot drops), its program loaded
+        into the slot; once a socket.  None if it has one, or no rules."""
+        from alfwrapper import sets, state  # noqa: PLC0415
+        from alfwrapper.bpf import program  # noqa: PLC0415
+        from alfwrapper.bpf.parts import FillEnv  # noqa: PLC0415
+
         cookie = socket_cookie(sock)
         if cookie in self.filtered:
-            return
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_BPF, self.prog)
-            crash_point("intercept-attached")
-            sock.setsockopt(socket.SOL_SOCKET, SO_LOCK_FILTER, 1)
-        except OSError as err:  # a filter the daemon locked on it first: refused
-            raise OSError(err.errno or errno.EPERM, "attaching the filter") from None
+            return None
+        name = f"{protocol}-{port}" if port else protocol
+        rules = self.current().rules_for(name)
+        if rules.empty:
+            return None
+        record = SocketRecord(sock, name, rules)
+        record.label = program.label(self.service, protocol, port)
+        store = state.store()
+        record.pins = store.take(self.service, sock, record.label, self.app).state
+        crash_point("intercept-attached")
+        env = sets.fill_env(FillEnv.of_host([rules]), [rules])
+        record.loaded = store.load_filter(rules, record.pins, record.label, [], None, env)
+        state.inherit_runtime(record.pins, name)  # before a packet meets it
+        store.install(record.pins, record.loaded.fd)
         self.filtered.add(cookie)
-        self.taken += 1
+        return record
+
+    def done(self, record: SocketRecord | None, result: int) -> int:
+        """After the call: a socket filtered and bound (or listening) is written down
+        for status, reload and explain (its name now by the port it got)."""
+        if record is not None and result == 0:
+            from alfwrapper.lifecycle.kept import describe_sockets  # noqa: PLC0415
+
+            port = record.sock.getsockname()[1]
+            if record.name in ("tcp", "udp"):
+                record.name = f"{record.name}-{port}"
+            describe_sockets([record], self.service, self.argv, 0, 0, self.app, intercepted=True)
+        return result
 
 
 def may_bind(pid: int, address: bytes) -> bool:
@@ -252,13 +324,18 @@ def as_the_daemon(pid: int, fd: int, address: bytes) -> int:
     return -code if code > 0 else (0 if code == 0 else -errno.EPERM)
 
 
-def main(argv: Sequence[str]) -> int:
-    """python3 -m alfwrapper.lifecycle.intercept SERVICE PIDFD READYFD CHANNEL PROG"""
+def main(argv: Sequence[str], build: Callable[[list[str]], Policy]) -> int:
+    """python3 -m alfwrapper.supervise SERVICE PIDFD READYFD CHANNEL POLICY; ``build``
+    makes a Policy of rule options (cli.parse_policy), after a reload."""
     service, pidfd, ready_w = argv[0], int(argv[1]), int(argv[2])
-    channel, prog = socket.socket(fileno=int(argv[3])), int(argv[4])
+    channel, given = socket.socket(fileno=int(argv[3])), int(argv[4])
     from alfwrapper.host.companion import name_process  # noqa: PLC0415
 
     name_process(f"alfwrapper-bind {service}")
+    with os.fdopen(given, "rb") as f:
+        f.seek(0)
+        policy, options = pickle.loads(f.read())  # noqa: S301  (the wrapper's, by memfd)
+    app = pidfd_pid(pidfd)
     os.write(ready_w, b"ready")
     os.close(ready_w)
     channel.settimeout(60)
@@ -271,9 +348,14 @@ def main(argv: Sequence[str]) -> int:
         return 1  # the wrapper failed before handing over: it said why
     channel.send(b"taken")
     channel.close()
-    Supervisor(fds[0], prog).serve(pidfd)
+    Supervisor(fds[0], service, policy, options, app, build).serve()
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def pidfd_pid(pidfd: int) -> int:
+    """The pid a pidfd names (its fdinfo's Pid line)."""
+    with open(f"/proc/self/fdinfo/{pidfd}") as f:  # noqa: PTH123
+        for line in f:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    return 0

@@ -21,9 +21,17 @@ from alfwrapper.lifecycle.sockets import SocketRecord, bind_socket, note_unruled
 
 
 def describe_sockets(
-    records: list[SocketRecord], service: str, argv: list[str], watcher: int, forwarder: int
+    records: list[SocketRecord],
+    service: str,
+    argv: list[str],
+    watcher: int,
+    forwarder: int,
+    pid: int = 0,
+    intercepted: bool = False,
 ) -> None:
-    """What status and reload need to know, in each socket's pinned meta."""
+    """What status and reload need to know, in each socket's pinned meta.  ``pid``: the
+    process that holds the sockets (default: this one, which becomes the application);
+    ``intercepted``: the daemon bound them (lifecycle/intercept.py)."""
     for record in records:
         if record.pins is None:
             continue
@@ -37,7 +45,7 @@ def describe_sockets(
                 "address": host,
                 "port": port,
                 "made": record.spec is not None,  # not inherited: a reload keeps its port
-                "pid": os.getpid(),
+                "pid": pid or os.getpid(),
                 "watcher": watcher,
                 "forwarder": forwarder,
                 "rules": record.rules.counts(),
@@ -49,6 +57,7 @@ def describe_sockets(
                 "started": int(time.time()),
                 "program": compiler.prog_id(record.loaded) if record.loaded else 0,
                 "judged": True,
+                **({"intercepted": True} if intercepted else {}),
             },
         )
         # A deny made since the first inherit_runtime (programs.filter_sockets) found

@@ -28,7 +28,7 @@ def filter_and_exec(
     if not records:  # a daemon that binds its own sockets
         from alfwrapper.lifecycle import intercept  # noqa: PLC0415
 
-        channel = intercept.prepare(policy, service)
+        channel = intercept.prepare(policy, service, argv)
     elif any(not r.connected for r in records):
         from alfwrapper.lifecycle import kept  # noqa: PLC0415  (the state, programs, BCC)
 

@@ -182,7 +182,13 @@ def reload(
         policy = build(options)
     finally:
         os.chdir(here)
-    policy.check_names([m.name for m in found])
+    names = [m.name for m in found]
+    if any(m.meta.get("intercepted") for m in found):
+        from alfwrapper.lifecycle import intercept  # noqa: PLC0415
+
+        intercept.check(policy)  # the daemon's sockets come as it binds them
+        names += sorted(policy.names)
+    policy.check_names(names)
     rules = {id(m): policy.rules_for(m.name) for m in found}
     check_spa_sockets(service, found, rules)
     pids = [int(str(m.meta.get("pid", 0)) or 0) for m in found]
@@ -211,8 +217,10 @@ def reload(
             forwarder = companions.start_forwarder(logging, service, app)
         else:
             forwarder = next((int(str(p)) for p in running if alive(p)), 0)
+    reload_id = os.urandom(8).hex()  # a bind supervisor builds the policy again by it
     for m in found:
         m.meta.update(
+            reload=reload_id,
             argv=options,
             watcher=watcher,
             forwarder=forwarder,

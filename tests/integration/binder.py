@@ -131,8 +131,9 @@ def main() -> int:
             got = [sock]
         except OSError as err:
             say("refused bind", err.errno, errno.errorcode.get(err.errno, ""))
-    for sock in got:
-        say("bound", "udp" if sock.type == socket.SOCK_DGRAM else "tcp", sock.getsockname()[1])
+    for sock in got:  # the kind of the socket its fd names now (a swap changed some)
+        kind = sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE)
+        say("bound", "udp" if kind == socket.SOCK_DGRAM else "tcp", sock.getsockname()[1])
     say("ready")
     select = selectors.DefaultSelector()
     for sock in got:
@@ -142,7 +143,7 @@ def main() -> int:
         for key, _ in select.select():
             sock = key.fileobj
             try:
-                if sock.type == socket.SOCK_STREAM:
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM:
                     conn, peer = sock.accept()
                     conn.settimeout(2)
                     data = conn.recv(100)

@@ -7,6 +7,7 @@ reaches."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -202,8 +203,9 @@ def test_debians_nginx_binding_its_own_sockets_and_a_reload_adding_one(
 ) -> None:
     """Debian's nginx, master and two workers, binding [::]:8080 itself: the allowed
     host is served over IPv4 and IPv6, the denied host's connections time out; then
-    `nginx -s reload` with a config adding [::]:8082: the new socket, bound by the
-    master on reload, is filtered too."""
+    `alfwrapper reload` with a rule for tcp-8082, and `nginx -s reload` with a config
+    adding [::]:8082: the new socket, bound by the master on reload, is filtered, by
+    the rules of alfwrapper's reload."""
     conf = tmp_path / "nginx.conf"
     listen = "listen [::]:8080 ipv6only=off;"
     conf.write_text(NGINX_CONF.format(folder=tmp_path, listens=listen))
@@ -218,16 +220,61 @@ def test_debians_nginx_binding_its_own_sockets_and_a_reload_adding_one(
     assert http_get(a, a.server_v6, 8080) == f"served {a.v6}"
     assert http_get(b, b.server_v4, 8080) == "timeout"
     assert http_get(b, b.server_v6, 8080) == "timeout"
+    # alfwrapper's reload first, with rules for a socket nginx has not bound yet: the
+    # supervisor gives that socket the reload's rules when nginx binds it.
+    out = subprocess.run([*WRAPPER, "reload", "nginx", *RULES, "--deny", f"tcp-8082={a.v4}"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
     more = listen + " listen [::]:8082 ipv6only=off;"
     conf.write_text(NGINX_CONF.format(folder=tmp_path, listens=more))
     subprocess.run(network.server.command(["/usr/sbin/nginx", "-c", str(conf), "-s", "reload"]),
                    check=True, timeout=30)  # fmt: skip
     deadline = time.monotonic() + 20
-    while http_get(a, a.server_v4, 8082) != f"served {a.v4}" and time.monotonic() < deadline:
+    while http_get(a, a.server_v6, 8082) != f"served {a.v6}" and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert http_get(a, a.server_v4, 8082) == f"served {a.v4}", svc.errors()
+    assert http_get(a, a.server_v6, 8082) == f"served {a.v6}", svc.errors()
+    assert http_get(a, a.server_v4, 8082) == "timeout"  # the reload's rule for tcp-8082
+    assert http_get(a, a.server_v4, 8080) == f"served {a.v4}"
     for port in (8080, 8082):
         assert http_get(b, b.server_v4, port) == "timeout", port
         assert http_get(b, b.server_v6, port) == "timeout", port
     log = (tmp_path / "access.log").read_text()
     assert b.v4 not in log and b.v6 not in log, log
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WRAPPER, *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_an_operator_runs_a_daemons_own_sockets_as_any_others(
+    network: Network, services: list[Service]
+) -> None:
+    """A daemon's own sockets are named tcp-PORT and udp-PORT: a policy gives one rules
+    of its own by that name; `status` lists them; `deny` drops a host live on both;
+    `explain SERVICE` agrees with the traffic; `reload` keeps the runtime rule and puts
+    new rules in force (on a socket the daemon binds after it: the nginx test)."""
+    a, b = network.allowed, network.denied
+    options = [*RULES, "--allow", "udp-8081=198.51.100.0/24"]
+    bind = "ECHO_BIND=web=tcp:8080,dns=udp:8081"
+    argv = [*WRAPPER, "--service", "bindops", *options, "--", "env", bind, *ECHO_SERVER]
+    svc = Service(network.server, argv)
+    services.append(svc)
+    svc.wait_for(r"^ready")
+    out = cli("status", "bindops", "--json")
+    assert out.returncode == 0, out.stderr
+    names = {s["name"] for s in json.loads(out.stdout)["services"][0]["sockets"]}
+    assert names == {"tcp-8080", "udp-8081"}, names
+    check_policy(svc, served=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 6, 8081),
+                              Probe(b, "udp", 4, 8081)],
+                 dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)])  # fmt: skip
+    assert cli("deny", "bindops", a.v4).returncode == 0
+    said = json.loads(cli("explain", "bindops", "--from", a.v4, "--port", "8080",
+                          "--protocol", "tcp", "--json").stdout)  # fmt: skip
+    assert said["verdict"] == "drop", said
+    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)],
+                 dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 4, 8081)])  # fmt: skip
+    # A reload that takes the denied host's subnet off the UDP socket's rules.
+    out = cli("reload", "bindops", *RULES)
+    assert out.returncode == 0 and "kept 2 runtime rule" in out.stdout, out
+    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)],
+                 dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "udp", 4, 8081)])  # fmt: skip
