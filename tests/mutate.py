@@ -1027,6 +1027,13 @@ MUTATIONS += [
         (INTERCEPT + "test_the_daemons_own_privileges_bind_not_the_supervisors",),
     ),
     Mutation(
+        "doctor-says-a-32-bit-daemon-is-intercepted",
+        "alfwrapper/observe/daemons.py",
+        '    if head[:4] == b"\\x7fELF" and head[4:5] == b"\\x01":\n',
+        "    if False:\n",
+        ("tests/unit/test_daemons.py::test_a_daemon_that_binds_its_own_is_intercepted",),
+    ),
+    Mutation(
         "intercept-new-socket-ignores-reload",
         "alfwrapper/lifecycle/intercept.py",
         "        if reloads and reloads != self.seen:\n",

@@ -2,7 +2,8 @@
 
 Two questions decide it.  How does the command take its sockets: from
 LISTEN_FDS (sd_listen_fds(3)), inetd style on fds 0 and 1, or does it bind
-its own, which alfwrapper never sees?  And does it need a capability that
+its own, which alfwrapper intercepts (lifecycle/intercept.py) when it is given
+no socket, on Linux 5.6 and later, for a 64-bit executable?  And does it need a capability that
 alfwrapper removes (capabilities.REACHES_FILTER, or all with --no-capabilities)?
 KNOWN answers both for daemons from Debian's archive; for any other command
 the executable's bytes are searched for sd_listen_fds / LISTEN_FDS, and its
@@ -26,8 +27,13 @@ INETD, LISTEN_FDS, OWN = "inetd", "listen-fds", "own"
 HOW = {
     INETD: "its connection on fds 0 and 1, inetd style (StandardInput=socket)",
     LISTEN_FDS: "sockets from LISTEN_FDS (sd_listen_fds)",
-    OWN: "binds its own sockets, which alfwrapper never sees",
+    OWN: "binds its own sockets",
 }
+INTERCEPTED = (
+    "alfwrapper intercepts its binds when given rules and no socket (no --listen, no "
+    "socket unit): alfwrapper(1), DAEMONS THAT BIND THEIR OWN SOCKETS"
+)
+_INTERCEPTION_KERNEL = (5, 6)  # pidfd_getfd(2)
 _SCAN_LIMIT = 64 << 20  # bytes of an executable searched for sd_listen_fds
 # capability(7)'s names, by number (linux/capability.h).
 _CAP_NAMES = (
@@ -65,6 +71,14 @@ KNOWN = (
     Daemon("git", r"^daemon .*--inetd", INETD),
     Daemon("git", r"^daemon", OWN),
     Daemon("dnsmasq", "", OWN),
+    Daemon("nginx", "", OWN),
+    Daemon("apache2", "", OWN),
+    Daemon("postgres", "", OWN),
+    Daemon("redis-server", "", OWN),
+    Daemon("haproxy", "", OWN),
+    Daemon("mariadbd", "", OWN),
+    Daemon("unbound", "", OWN),
+    Daemon("named", "", OWN),
     Daemon("lighttpd", "", LISTEN_FDS, why="server.systemd-socket-activation"),
     Daemon("systemd-socket-proxyd", "", LISTEN_FDS),
 )
@@ -80,6 +94,25 @@ def known(argv: Sequence[str]) -> Daemon | None:
     return next(
         (d for d in KNOWN if d.program == name and re.search(d.option, args)), None
     )  # fmt: skip
+
+
+def own_sockets(program: str, path: str, inetd: bool) -> Finding:
+    """A command that binds its own sockets: intercepted, unless it is started with a
+    socket, is a 32-bit executable (whose binds are refused), or the kernel is older
+    than pidfd_getfd."""
+    if inetd:
+        return Finding(False, f"{program} {HOW[OWN]}, not its connection on fd 0: start it "
+                       "with no socket (leave out --inetd)")  # fmt: skip
+    with open(path, "rb") as exe:
+        head = exe.read(5)
+    if head[:4] == b"\x7fELF" and head[4:5] == b"\x01":
+        return Finding(False, f"{program} {HOW[OWN]}, and is a 32-bit executable, whose "
+                       "binds alfwrapper refuses: use its 64-bit build")  # fmt: skip
+    release = tuple(int(n) for n in re.findall(r"\d+", os.uname().release)[:2])
+    if release < _INTERCEPTION_KERNEL:
+        return Finding(False, f"{program} {HOW[OWN]}, which alfwrapper intercepts on Linux "
+                       "5.6 and later only: this is " + os.uname().release)  # fmt: skip
+    return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}")
 
 
 def scan_sockets(path: str) -> str:
@@ -127,7 +160,7 @@ def examine(argv: Sequence[str], inetd: bool, no_capabilities: bool) -> list[Fin
     given = INETD if inetd else LISTEN_FDS
     takes = daemon.sockets if daemon else scan_sockets(path)
     if takes == OWN:
-        findings.append(Finding(False, f"{argv[0]} {HOW[OWN]}: look for an inetd mode"))
+        findings.append(own_sockets(argv[0], path, inetd))
     elif takes and takes != given:
         findings.append(
             Finding(
@@ -143,7 +176,7 @@ def examine(argv: Sequence[str], inetd: bool, no_capabilities: bool) -> list[Fin
             Finding(
                 True,
                 f"{argv[0]} does not name sd_listen_fds: it may take {HOW[INETD]}, or "
-                "bind its own sockets (which alfwrapper never sees)",
+                f"bind its own sockets ({INTERCEPTED})",
             )
         )
     removed = (1 << 64) - 1 if no_capabilities else capabilities.REACHES_FILTER_MASK

@@ -97,3 +97,18 @@ def test_the_readme_example_is_what_it_prints() -> None:
                       readme, re.S)  # fmt: skip
     assert block is not None
     assert texts(block.group(1).split(), inetd=True) == block.group(2).strip().splitlines()
+
+
+def test_a_daemon_that_binds_its_own_is_intercepted(tmp_path: Path) -> None:
+    """nginx and its kind bind their own sockets: alfwrapper intercepts them, unless
+    the command is started inetd style or is a 32-bit executable."""
+    assert daemons.known(["/usr/sbin/nginx", "-g", "daemon off;"]).sockets == daemons.OWN  # type: ignore[union-attr]
+    own = script(tmp_path, "exec ./serve")
+    found = daemons.own_sockets("nginx", own, inetd=False)
+    assert found.ok and "intercepts its binds" in found.text
+    assert not daemons.own_sockets("nginx", own, inetd=True).ok
+    elf32 = tmp_path / "elf32"
+    elf32.write_bytes(b"\x7fELF\x01" + bytes(60))
+    elf32.chmod(0o755)
+    found = daemons.own_sockets("old", str(elf32), inetd=False)
+    assert not found.ok and "32-bit" in found.text
