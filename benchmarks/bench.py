@@ -464,6 +464,11 @@ def main() -> int:
         capture_output=True, text=True, check=True, timeout=1800, cwd=ROOT,
     )  # fmt: skip
     results["sets"] = json.loads(named.stdout)
+    intercepted = subprocess.run(
+        [sys.executable, str(HERE / "intercepted.py"), "--json", *(["--smoke"] * args.smoke)],
+        capture_output=True, text=True, check=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    results["intercept"] = json.loads(intercepted.stdout)
     if not args.no_throughput:
         results["flood"] = synflood.run(args.smoke)
     results["gallery"] = gallery(args.deb, args.smoke)
@@ -1267,6 +1272,24 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
                  "allowed, judged in full": "a connection from an allowed peer, no cache",
                  "compiling": "a listening socket (compiles)"}  # fmt: skip
         lines += [f"| {names[k]} | {ms:.0f} | {mib:.0f} |" for k, (ms, mib) in r["inetd"].items()]
+    if "intercept" in r:
+        alone, caught = r["intercept"]["alone"], r["intercept"]["intercepted"]
+        lines += [
+            "",
+            "## A daemon that binds its own sockets",
+            "",
+            f"A daemon binding {r['intercept']['count']} UDP sockets and making as many TCP "
+            "sockets listen, alone and under alfwrapper's interception "
+            "(`benchmarks/intercepted.py`, medians): each intercepted call takes the "
+            "socket's pinned state and its program (from the program cache) before it is "
+            "done. The bind supervisor's resident memory is read while the daemon runs.",
+            "",
+            "| | bind (ms) | listen (ms) | supervisor (MiB) |",
+            "|---|---:|---:|---:|",
+            f"| alone | {alone['bind_ms']:.3f} | {alone['listen_ms']:.3f} | |",
+            f"| intercepted | {caught['bind_ms']:.1f} | {caught['listen_ms']:.1f} | "
+            f"{caught['supervisor_mib']:.0f} |",
+        ]
     if "spa" in r:
         c, subnet = r["spa"], r["subnets"][-1]
         lines += [

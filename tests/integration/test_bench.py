@@ -39,6 +39,7 @@ def test_bench_smoke(bpf_root: None, tmp_path: Path, deb: Path) -> None:
         "The wrapper's start-up stages with 100 rules",
         "half IPv4 /32, half IPv6 /64",
         "## Accept=yes",
+        "## A daemon that binds its own sockets",
         "A denied peer on an Accept=yes socket",
         "## The gallery's sshd, under systemd",
         "An allowed ssh-keyscan through the gallery's sshd unit",
