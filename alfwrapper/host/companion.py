@@ -112,8 +112,13 @@ def spawn(module: str, what: str, args: Sequence[str], keep_fds: Sequence[int],
         # starts it, its caller's stdout and stderr are not to be held open).
         try:
             log = os.open(f"/proc/{app_pid}/fd/2", os.O_WRONLY | os.O_APPEND)
-        except OSError:
-            log = os.open(os.devnull, os.O_WRONLY)
+        except OSError:  # a socket (the journal's stream) cannot be opened by path
+            try:
+                from alfwrapper.host.notify import take_fd  # noqa: PLC0415
+
+                log = take_fd(pidfd, 2)
+            except OSError:
+                log = os.open(os.devnull, os.O_WRONLY)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
