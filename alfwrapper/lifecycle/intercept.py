@@ -180,13 +180,13 @@ class Supervisor:
                 continue
             try:
                 result = self.handle(call)
-            except OSError as err:
-                result = -(err.errno or errno.EPERM)
-            except Exception as err:  # noqa: BLE001  (the call fails; we go on)
+            except Exception as err:  # noqa: BLE001  (the call fails, said; we go on)
                 said = err.line() if isinstance(err, AlfError) else f"{type(err).__name__}: {err}"
-                print(f"alfwrapper: bind supervisor: {said.removeprefix('alfwrapper: ')}",
+                call_name = "bind" if call.nr == NR_BIND else "listen"
+                print(f"alfwrapper: bind supervisor: {call_name} of process {call.pid} "
+                      f"refused: {said.removeprefix('alfwrapper: ')}",
                       file=sys.stderr, flush=True)  # fmt: skip
-                result = -errno.EPERM
+                result = -((err.errno if isinstance(err, OSError) else 0) or errno.EPERM)
             notify.answer(self.listener, call, result)
 
     def handle(self, call: notify.Call) -> int:

@@ -69,12 +69,12 @@ esac
 TAP=rb-$NAME
 
 # The guest: systemd as PID 1, Debian's kernel, sshd, the gallery's daemons (git,
-# tftpd-hpa), and what alfwrapper's .deb depends on (Depends + Recommends of
+# tftpd-hpa, nginx-light), and what alfwrapper's .deb depends on (Depends + Recommends of
 # debian/control, first alternatives), so that `apt-get install ./alfwrapper_*.deb`
 # works offline in the guest.
 BASE_PACKAGES="systemd systemd-sysv udev dbus kmod iproute2 iputils-ping procps less
 openssh-server openssh-client linux-image-amd64 initramfs-tools e2fsprogs ncat python3
-git tftpd-hpa"
+git tftpd-hpa nginx-light"
 control_depends() {
     sed -n '/^Package: alfwrapper/,$p' "$CHECKOUT/debian/control" |
         awk '/^(Depends|Recommends):/ { on = 1; sub(/^[A-Za-z]+:/, "") } /^[A-Za-z-]+:/ && !/^(Depends|Recommends):/ { on = 0 } on' |
@@ -149,7 +149,7 @@ EOF
     chroot "$root" systemctl mask systemd-timesyncd.service apt-daily.timer \
         apt-daily-upgrade.timer man-db.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
     # Daemons installed for units under test (the gallery's tftp) run only behind them.
-    chroot "$root" systemctl disable tftpd-hpa.service >/dev/null 2>&1 || true
+    chroot "$root" systemctl disable tftpd-hpa.service nginx.service >/dev/null 2>&1 || true
     # Keep journald's log across boots of a kept image, and readable after a failure.
     mkdir -p "$root/var/log/journal"
 }
@@ -312,14 +312,16 @@ start_nspawn() {
     for d in $cgroups; do mkdir -p "$d"; done
     # A private network (--network-veth): its host end moves into our netns.
     # CAP_BPF and CAP_PERFMON (not in nspawn's default set) and bpf(2) and
-    # perf_event_open(2) (not in its default system call filter) for the filters.
+    # perf_event_open(2) (not in its default system call filter) for the filters;
+    # pidfd_getfd(2) (Linux 5.6, not in nspawn 252's filter either) for the bind
+    # supervisor, which takes a daemon's sockets with it.
     # shellcheck disable=SC2016,SC2086
     setsid bash -c 'for d in $0; do echo $$ >"$d/cgroup.procs"; done; exec "$@"' "$cgroups" \
         systemd-nspawn --quiet --boot --directory="$RUN/root" "${vol[@]}" \
         --machine="$NAME" --register=no --keep-unit \
         --network-veth \
         --capability=CAP_BPF,CAP_PERFMON \
-        --system-call-filter='bpf perf_event_open' \
+        --system-call-filter='bpf perf_event_open pidfd_getfd' \
         --bind="$RUN/bpf:/sys/fs/bpf" \
         ${GUEST_NSPAWN_ARGS:-} \
         </dev/null >"$RUN/console.log" 2>&1 &

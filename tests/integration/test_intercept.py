@@ -278,3 +278,118 @@ def test_an_operator_runs_a_daemons_own_sockets_as_any_others(
     assert out.returncode == 0 and "kept 2 runtime rule" in out.stdout, out
     check_policy(svc, served=[Probe(a, "tcp", 6, 8080)],
                  dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "udp", 4, 8081)])  # fmt: skip
+
+
+# --- Debian's daemons that bind their own sockets, each under alfwrapper as it ships ---
+
+EXCHANGE = """
+import socket, sys
+proto, address, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+payload = bytes.fromhex(sys.argv[4])
+family = socket.AF_INET6 if ":" in address else socket.AF_INET
+s = socket.socket(family, socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM)
+s.settimeout(2)
+try:
+    if proto == "tcp":
+        s.connect((address, port)); s.sendall(payload); reply = s.recv(4096)
+    else:
+        s.sendto(payload, (address, port)); reply = s.recv(4096)
+    print(reply.hex())
+except (TimeoutError, socket.timeout):
+    print("timeout")
+except OSError as err:
+    print(f"error {err}")
+"""
+
+
+def exchange(host: object, address: str, port: int, payload: bytes, proto: str = "tcp") -> str:
+    """The reply's bytes (hexadecimal) to one payload from the host, or "timeout"."""
+    argv = [sys.executable, "-c", EXCHANGE, proto, address, str(port), payload.hex()]
+    out = subprocess.run(host.command(argv), capture_output=True, text=True, timeout=30)  # type: ignore[attr-defined]
+    return out.stdout.strip()
+
+
+def gallery(network: Network, services: list[Service], name: str, command: list[str],
+            port: int, payload: bytes, answer: bytes, proto: str = "tcp") -> Service:  # fmt: skip
+    """The daemon under alfwrapper, binding its own sockets: once it answers the allowed
+    host (IPv4, then IPv6) with ``answer``, the denied host gets nothing (either family)."""
+    svc = Service(network.server, [*WRAPPER, "--service", name, *RULES, "--", *command])
+    services.append(svc)
+    a, b = network.allowed, network.denied
+    deadline = time.monotonic() + 30
+    got = ""
+    while time.monotonic() < deadline:
+        got = exchange(a, a.server_v4, port, payload, proto)
+        if bytes.fromhex(
+            got if got != "timeout" and not got.startswith("error") else ""
+        ).startswith(answer):
+            break
+        time.sleep(0.3)
+    assert bytes.fromhex(got).startswith(answer), (got, svc.output(), svc.errors())
+    assert bytes.fromhex(exchange(a, a.server_v6, port, payload, proto)).startswith(answer)
+    assert exchange(b, b.server_v4, port, payload, proto) == "timeout"
+    assert exchange(b, b.server_v6, port, payload, proto) == "timeout"
+    return svc
+
+
+def needs(program: str) -> None:
+    if not Path(program).exists():
+        pytest.fail(f"{program} is missing: `make setup` installs it")
+
+
+def test_debians_redis_binding_its_own(network: Network, services: list[Service],
+                                       tmp_path: Path) -> None:  # fmt: skip
+    needs("/usr/bin/redis-server")
+    gallery(network, services, "redis", ["/usr/bin/redis-server", "--port", "6379", "--bind",
+            "* -::*", "--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir",
+            str(tmp_path)], 6379, b"PING\r\n", b"+PONG")  # fmt: skip
+
+
+def test_debians_haproxy_binding_its_own(network: Network, services: list[Service],
+                                         tmp_path: Path) -> None:  # fmt: skip
+    needs("/usr/sbin/haproxy")
+    conf = tmp_path / "haproxy.cfg"
+    conf.write_text("defaults\n  mode http\n  timeout client 5s\n  timeout connect 5s\n"
+                    "  timeout server 5s\nfrontend web\n  bind :::8091 v4v6\n"
+                    "  http-request return status 200 content-type text/plain "
+                    'string "served"\n')  # fmt: skip
+    gallery(network, services, "haproxy", ["/usr/sbin/haproxy", "-db", "-f", str(conf)], 8091,
+            b"GET / HTTP/1.0\r\n\r\n", b"HTTP/1.1 200")  # fmt: skip
+
+
+def test_debians_dnsmasq_answering_dns_over_udp(network: Network, services: list[Service]) -> None:
+    needs("/usr/sbin/dnsmasq")
+    # A query for example.test, type A, class IN (id 0x1234, recursion desired).
+    query = (
+        bytes.fromhex("123401000001000000000000")
+        + b"\x07example\x04test\x00"
+        + bytes.fromhex("00010001")
+    )
+    gallery(network, services, "dnsmasq", ["/usr/sbin/dnsmasq", "-k", "--no-resolv",
+            "--no-hosts", "--port=5353", "--address=/example.test/192.0.2.99", "--user=root",
+            "--pid-file="], 5353, query, bytes.fromhex("1234"), proto="udp")  # fmt: skip
+
+
+APACHE_CONF = """ServerRoot "/etc/apache2"
+LoadModule mpm_event_module /usr/lib/apache2/modules/mod_mpm_event.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+ServerName localhost
+Listen 8092
+PidFile {folder}/apache.pid
+ErrorLog {folder}/error.log
+DefaultRuntimeDir {folder}
+Mutex file:{folder}
+User www-data
+Group www-data
+DocumentRoot {folder}
+"""
+
+
+def test_debians_apache_binding_its_own(network: Network, services: list[Service],
+                                        tmp_path: Path) -> None:  # fmt: skip
+    """Apache's event MPM: its parent binds, its children (www-data) serve."""
+    needs("/usr/sbin/apache2")
+    conf = tmp_path / "apache.conf"
+    conf.write_text(APACHE_CONF.format(folder=tmp_path))
+    gallery(network, services, "apache", ["/usr/sbin/apache2", "-f", str(conf), "-DFOREGROUND"],
+            8092, b"GET / HTTP/1.0\r\n\r\n", b"HTTP/1.1 ")  # fmt: skip
