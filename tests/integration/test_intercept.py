@@ -393,3 +393,36 @@ def test_debians_apache_binding_its_own(network: Network, services: list[Service
     conf.write_text(APACHE_CONF.format(folder=tmp_path))
     gallery(network, services, "apache", ["/usr/sbin/apache2", "-f", str(conf), "-DFOREGROUND"],
             8092, b"GET / HTTP/1.0\r\n\r\n", b"HTTP/1.1 ")  # fmt: skip
+
+
+POSTGRES = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+
+
+def test_debians_postgresql_as_its_own_user(network: Network, services: list[Service]) -> None:
+    """PostgreSQL runs as the user postgres (the supervisor, root, takes the sockets of
+    another user's process) and binds TCP 5433 and its Unix socket itself: the TCP
+    socket answers the allowed host's SSLRequest (N: no SSL) and never the denied
+    host's; the Unix socket is made by the daemon's user, in its folder."""
+    if not POSTGRES:
+        pytest.fail("postgresql is missing: `make setup` installs it")
+    import pwd  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    postgres = pwd.getpwnam("postgres")
+    data = Path(tempfile.mkdtemp(prefix="alfwrapper-pg-", dir="/var/tmp"))
+    try:
+        os.chown(data, postgres.pw_uid, postgres.pw_gid)
+        initdb = POSTGRES[-1].with_name("initdb")
+        subprocess.run(["runuser", "-u", "postgres", "--", str(initdb), "-D", str(data / "db"),
+                        "-A", "trust"], check=True, capture_output=True, timeout=120)  # fmt: skip
+        command = ["runuser", "-u", "postgres", "--", str(POSTGRES[-1]), "-D", str(data / "db"),
+                   "-p", "5433", "-c", "listen_addresses=*", "-k", str(data)]  # fmt: skip
+        ssl_request = (8).to_bytes(4, "big") + (80877103).to_bytes(4, "big")
+        gallery(network, services, "postgres", command, 5433, ssl_request, b"N")
+        unix = data / ".s.PGSQL.5433"
+        assert unix.is_socket() and unix.stat().st_uid == postgres.pw_uid
+    finally:
+        for svc in services:
+            svc.stop()
+        shutil.rmtree(data, ignore_errors=True)
