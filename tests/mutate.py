@@ -1034,6 +1034,13 @@ MUTATIONS += [
         ("tests/unit/test_daemons.py::test_a_daemon_that_binds_its_own_is_intercepted",),
     ),
     Mutation(
+        "intercept-chroots-without-need",
+        "alfwrapper/lifecycle/intercept.py",
+        '                if (root.st_dev, root.st_ino) != _identity("/"):\n',
+        "                if True:\n",
+        ("tests/boot/test_units.py::test_gallery_dnsmasq_answering_dns_binding_its_own",),
+    ),
+    Mutation(
         "intercept-new-socket-ignores-reload",
         "alfwrapper/lifecycle/intercept.py",
         "        if reloads and reloads != self.seen:\n",

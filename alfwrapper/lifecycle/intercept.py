@@ -308,12 +308,19 @@ def as_the_daemon(pid: int, fd: int, address: bytes) -> int:
         if child == 0:
             code = errno.EPERM
             try:
-                os.chroot(f"/proc/{pid}/root")
+                # Each step only where the daemon differs (chroot and setgroups need
+                # capabilities a unit may not give: CAP_SYS_CHROOT, CAP_SETGID).
+                root = os.stat(f"/proc/{pid}/root")
+                if (root.st_dev, root.st_ino) != _identity("/"):
+                    os.chroot(f"/proc/{pid}/root")
                 os.fchdir(cwd)
                 os.umask(umask)
-                os.setgroups(groups)
-                os.setresgid(*gids)
-                os.setresuid(*uids)
+                if sorted(groups) != sorted(os.getgroups()):
+                    os.setgroups(groups)
+                if tuple(gids) != os.getresgid():
+                    os.setresgid(*gids)
+                if tuple(uids) != os.getresuid():
+                    os.setresuid(*uids)
                 code = -notify.bind(fd, address)
             finally:
                 os._exit(code)
@@ -322,6 +329,11 @@ def as_the_daemon(pid: int, fd: int, address: bytes) -> int:
         os.close(cwd)
     code = os.waitstatus_to_exitcode(status)
     return -code if code > 0 else (0 if code == 0 else -errno.EPERM)
+
+
+def _identity(path: str) -> tuple[int, int]:
+    found = os.stat(path)
+    return found.st_dev, found.st_ino
 
 
 def main(argv: Sequence[str], build: Callable[[list[str]], Policy]) -> int:

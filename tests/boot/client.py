@@ -12,6 +12,7 @@ guest's link.  Prints one line and exits 0:
   client.py udp SRC DST PORT SECONDS [SEND]
   client.py tftp SRC DST SECONDS FILE           a read request; answered = DATA
   client.py git SRC DST PATH SECONDS            git:// upload-pack ref advertisement
+  client.py dns SRC DST SECONDS NAME            an A query to port 53; answered A ADDRESS
   client.py hammer SRC DST PORT tcp|udp TAG COUNT [SECONDS]
                     COUNT clients, 8 at a time, each sending TAG-i and waiting
                     SECONDS (default 1) for its echo: prints "answered N of COUNT"
@@ -181,6 +182,14 @@ def main(argv: list[str]) -> str:
         word, data = datagram(src, dst, 69, float(argv[3]), request)
         if word == "answered" and data[:2] == b"\x00\x03":
             return "answered DATA " + data[4:].decode(errors="replace").strip()
+        return word if not data else f"wrong answer {data[:40]!r}"
+    if kind == "dns":  # an A query for NAME: answered A ADDRESS
+        name = argv[4]
+        query = bytes.fromhex("4a4b01000001000000000000")
+        query += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\x00"
+        word, data = datagram(src, dst, 53, float(argv[3]), query + bytes.fromhex("00010001"))
+        if word == "answered" and data[:2] == b"\x4a\x4b" and len(data) >= 4 + len(query):
+            return "answered A " + ".".join(str(b) for b in data[-4:])
         return word if not data else f"wrong answer {data[:40]!r}"
     if kind == "git":
         path = argv[3]

@@ -69,12 +69,12 @@ esac
 TAP=rb-$NAME
 
 # The guest: systemd as PID 1, Debian's kernel, sshd, the gallery's daemons (git,
-# tftpd-hpa, nginx-light), and what alfwrapper's .deb depends on (Depends + Recommends of
+# tftpd-hpa, nginx-light, dnsmasq-base), and what alfwrapper's .deb depends on (Depends + Recommends of
 # debian/control, first alternatives), so that `apt-get install ./alfwrapper_*.deb`
 # works offline in the guest.
 BASE_PACKAGES="systemd systemd-sysv udev dbus kmod iproute2 iputils-ping procps less
 openssh-server openssh-client linux-image-amd64 initramfs-tools e2fsprogs ncat python3
-git tftpd-hpa nginx-light"
+git tftpd-hpa nginx-light dnsmasq-base"
 control_depends() {
     sed -n '/^Package: alfwrapper/,$p' "$CHECKOUT/debian/control" |
         awk '/^(Depends|Recommends):/ { on = 1; sub(/^[A-Za-z]+:/, "") } /^[A-Za-z-]+:/ && !/^(Depends|Recommends):/ { on = 0 } on' |

@@ -45,6 +45,7 @@ EXPOSURE = {
     "alfwrapper-metrics.service": 2.2,
     "alfwrapper-tftp.service": 5.5,
     "alfwrapper-nginx.service": 4.7,  # root, its binds intercepted: 4.7 when it shipped
+    "alfwrapper-dnsmasq.service": 4.7,  # likewise
     "alfwrapper-git@.service": 4.1,
     "alfwrapper-sshd@.service": 9.6,
 }
@@ -328,6 +329,33 @@ def test_gallery_nginx_binding_its_own_sockets(guest: Guest) -> None:
         assert '"tcp-80"' in names, names
         log = guest.run("cat /var/log/nginx/access.log")
         assert ALLOW4 in log and DENY4 not in log and DENY6 not in log, log
+    finally:
+        stop(guest, unit)
+
+
+def test_gallery_dnsmasq_answering_dns_binding_its_own(guest: Guest) -> None:
+    """dnsmasq under alfwrapper-dnsmasq.service as shipped, a UDP daemon binding port 53
+    itself and then running as the user dnsmasq: the allowed host's queries are
+    answered over IPv4 and IPv6, the denied host's never."""
+    guest.run(f"cp {GALLERY}/* /etc/systemd/system/ && systemctl daemon-reload")
+    guest.run("mkdir -p /etc/alfwrapper && echo 'address=/example.test/192.0.2.99' "
+              "> /etc/alfwrapper/dnsmasq.conf")  # fmt: skip
+    unit = "alfwrapper-dnsmasq.service"
+    guest.run(f"systemctl start {unit}")
+    try:
+        deadline = time.monotonic() + 120  # the program compiled, then dnsmasq binds
+        while time.monotonic() < deadline:
+            if guest.client("dns", ALLOW4, GUEST4, "3", "example.test").startswith("answered"):
+                break
+            time.sleep(1)
+        expect(guest, unit, "answered A 192.0.2.99", "dns", ALLOW4, GUEST4, "5", "example.test")
+        expect(guest, unit, "answered A 192.0.2.99", "dns", ALLOW6, GUEST6, "5", "example.test")
+        expect(guest, unit, "timeout", "dns", DENY4, GUEST4, "3", "example.test")
+        expect(guest, unit, "timeout", "dns", DENY6, GUEST6, "3", "example.test")
+        status = guest.run("alfwrapper status alfwrapper-dnsmasq --json")
+        assert '"udp-53"' in status, status
+        level = guest.run(f"systemd-analyze security --no-pager {unit} | tail -n 1")
+        print(f"{unit}: {level}")
     finally:
         stop(guest, unit)
 
