@@ -1041,6 +1041,13 @@ MUTATIONS += [
         ("tests/boot/test_units.py::test_gallery_dnsmasq_answering_dns_binding_its_own",),
     ),
     Mutation(
+        "intercept-takes-an-earlier-runs-reload",
+        "alfwrapper/lifecycle/intercept.py",
+        '        metas = [m for m in map(state.read_meta, held) if m.get("pid") == self.app]\n',
+        "        metas = list(map(state.read_meta, held))\n",
+        (INTERCEPT + "test_a_restart_takes_its_own_rules_not_an_earlier_runs_reload",),
+    ),
+    Mutation(
         "intercept-new-socket-ignores-reload",
         "alfwrapper/lifecycle/intercept.py",
         "        if reloads and reloads != self.seen:\n",

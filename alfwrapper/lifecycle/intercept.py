@@ -156,7 +156,9 @@ class Supervisor:
             held = state.store().sockets_of(self.service)
         except AlfError:
             held = []  # none yet: its first socket
-        metas = [state.read_meta(s) for s in held]
+        # This application's sockets alone: an earlier run's state, not collected
+        # yet, may name a reload of its own, with the options of its own day.
+        metas = [m for m in map(state.read_meta, held) if m.get("pid") == self.app]
         reloaded = [m for m in metas if m.get("reload")]
         reloads = tuple(sorted({str(m["reload"]) for m in reloaded}))
         if reloads and reloads != self.seen:

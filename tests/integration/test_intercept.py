@@ -426,3 +426,27 @@ def test_debians_postgresql_as_its_own_user(network: Network, services: list[Ser
         for svc in services:
             svc.stop()
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_a_restart_takes_its_own_rules_not_an_earlier_runs_reload(
+    network: Network, services: list[Service]
+) -> None:
+    """A run reloaded with a deny, then killed (its state not collected yet); the next
+    run, started with the rules alone, filters its socket by those, not by the earlier
+    run's reload."""
+    a = network.allowed
+    bind = "ECHO_BIND=dns=udp:8081"
+    first = Service(network.server, [*WRAPPER, "--service", "bindstale", *RULES, "--", "env",
+                                     bind, *ECHO_SERVER])  # fmt: skip
+    services.append(first)
+    first.wait_for(r"^ready")
+    out = cli("reload", "bindstale", *RULES, "--deny", f"udp-8081={a.v4}")
+    assert out.returncode == 0, out.stderr
+    first.proc.kill()
+    first.proc.wait(timeout=30)
+    second = Service(network.server, [*WRAPPER, "--service", "bindstale", *RULES, "--", "env",
+                                      bind, *ECHO_SERVER])  # fmt: skip
+    services.append(second)
+    second.wait_for(r"^ready")
+    check_policy(second, served=[Probe(a, "udp", 4, 8081)],
+                 dropped=[Probe(network.denied, "udp", 4, 8081)])  # fmt: skip
