@@ -1048,6 +1048,23 @@ MUTATIONS += [
         (INTERCEPT + "test_a_restart_takes_its_own_rules_not_an_earlier_runs_reload",),
     ),
     Mutation(
+        "nginx-handover-without-its-variable",
+        "alfwrapper/host/activation.py",
+        '        env[NGINX_VAR] = "".join(f"{fd};" for fd in fds)\n',
+        "",
+        (
+            INTERCEPT + "test_nginx_takes_the_wrappers_sockets_in_its_own_variable",
+            "tests/boot/test_units.py::test_gallery_nginx_on_a_socket_units_sockets",
+        ),
+    ),
+    Mutation(
+        "doctor-forgets-native-handover",
+        "alfwrapper/observe/daemons.py",
+        '        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")\n',
+        '        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}")\n',
+        ("tests/unit/test_daemons.py::test_nginx_and_haproxy_take_given_sockets_their_own_way",),
+    ),
+    Mutation(
         "intercept-new-socket-ignores-reload",
         "alfwrapper/lifecycle/intercept.py",
         "        if reloads and reloads != self.seen:\n",
@@ -2130,8 +2147,8 @@ MUTATIONS += [
     Mutation(
         "application-gets-the-wrappers-own-settings",
         "alfwrapper/host/activation.py",
-        "k not in LISTEN_VARS and k not in _set_here}",
-        "k not in LISTEN_VARS}",
+        "    dropped = {*LISTEN_VARS, NGINX_VAR, *_set_here}\n",
+        "    dropped = {*LISTEN_VARS, NGINX_VAR}\n",
         (
             "tests/unit/test_activation.py::"
             "test_numpy_loads_without_a_thread_per_core_and_the_application_never_knows",

@@ -20,6 +20,9 @@ from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_OSERR, AlfError, excerpt
 SD_LISTEN_FDS_START = 3  # sd-daemon.h
 SOCK_STREAM, SOCK_DGRAM = socket.SOCK_STREAM, socket.SOCK_DGRAM
 LISTEN_VARS = ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+# nginx's own list of inherited sockets, "3;4;" (NGINX_VAR in its src/core/nginx.h,
+# read by ngx_add_inherited_sockets): the same fds as LISTEN_FDS, which nginx ignores.
+NGINX_VAR = "NGINX"
 DEFAULT_NAME = "unknown"  # what sd_listen_fds_with_names(3) reports for unnamed fds
 INETD_NAME = "stdin"  # the name of a socket handed over on fd 0 (inetd_socket)
 
@@ -111,16 +114,20 @@ def own_environment(environ: MutableMapping[str, str]) -> None:
 
 
 def child_environment(environ: Mapping[str, str], names: Sequence[str], pid: int) -> dict[str, str]:
-    """The application's environment: ours, with LISTEN_* describing the filtered fds,
-    and without what own_environment set.
+    """The application's environment: ours, with LISTEN_* describing the filtered fds
+    (and NGINX listing them for nginx), and without what own_environment set.
 
-    LISTEN_PID is our pid, which exec keeps.
+    LISTEN_PID is our pid, which exec keeps.  An NGINX we were given is never passed
+    on: its fds are closed by then.
     """
-    env = {k: v for k, v in environ.items() if k not in LISTEN_VARS and k not in _set_here}
+    dropped = {*LISTEN_VARS, NGINX_VAR, *_set_here}
+    env = {k: v for k, v in environ.items() if k not in dropped}
     if names:
         env["LISTEN_FDS"] = str(len(names))
         env["LISTEN_PID"] = str(pid)
         env["LISTEN_FDNAMES"] = ":".join(names)
+        fds = range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + len(names))
+        env[NGINX_VAR] = "".join(f"{fd};" for fd in fds)
     return env
 
 

@@ -3,7 +3,8 @@
 Two questions decide it.  How does the command take its sockets: from
 LISTEN_FDS (sd_listen_fds(3)), inetd style on fds 0 and 1, or does it bind
 its own, which alfwrapper intercepts (lifecycle/intercept.py) when it is given
-no socket, on Linux 5.6 and later, for a 64-bit executable?  And does it need a capability that
+no socket, on Linux 5.6 and later, for a 64-bit executable, or takes given sockets
+its own way (nginx's NGINX variable, HAProxy's fd@N)?  And does it need a capability that
 alfwrapper removes (capabilities.REACHES_FILTER, or all with --no-capabilities)?
 KNOWN answers both for daemons from Debian's archive; for any other command
 the executable's bytes are searched for sd_listen_fds / LISTEN_FDS, and its
@@ -54,8 +55,17 @@ class Daemon(Record):
     sockets: str  # INETD, LISTEN_FDS or OWN
     needs: tuple[int, ...] = ()  # capabilities, when it runs as root
     why: str = ""
+    native: str = ""  # how it takes the sockets alfwrapper is given, its own way
 
 
+_NGINX_NATIVE = (
+    "given sockets (--listen, a socket unit), it takes them from the NGINX variable "
+    "alfwrapper sets, for each `listen` of the same address and port"
+)
+_HAPROXY_NATIVE = (
+    "given sockets (--listen, a socket unit), it takes them where its configuration "
+    "says `bind fd@3` (fd@4 for the second, and so on)"
+)
 _PRIVSEP = (capabilities.CAP_SETUID, capabilities.CAP_SETGID, capabilities.CAP_SYS_CHROOT)
 KNOWN = (
     # -i alone or among sshd's flags that take no argument (-Di), not in -oIdentity...
@@ -71,11 +81,11 @@ KNOWN = (
     Daemon("git", r"^daemon .*--inetd", INETD),
     Daemon("git", r"^daemon", OWN),
     Daemon("dnsmasq", "", OWN),
-    Daemon("nginx", "", OWN),
+    Daemon("nginx", "", OWN, native=_NGINX_NATIVE),
     Daemon("apache2", "", OWN),
     Daemon("postgres", "", OWN),
     Daemon("redis-server", "", OWN),
-    Daemon("haproxy", "", OWN),
+    Daemon("haproxy", "", OWN, native=_HAPROXY_NATIVE),
     Daemon("mariadbd", "", OWN),
     Daemon("unbound", "", OWN),
     Daemon("named", "", OWN),
@@ -96,10 +106,13 @@ def known(argv: Sequence[str]) -> Daemon | None:
     )  # fmt: skip
 
 
-def own_sockets(program: str, path: str, inetd: bool) -> Finding:
+def own_sockets(program: str, path: str, inetd: bool, native: str = "") -> Finding:
     """A command that binds its own sockets: intercepted, unless it is started with a
     socket, is a 32-bit executable (whose binds are refused), or the kernel is older
-    than pidfd_getfd."""
+    than pidfd_getfd.  ``native``: how it takes given sockets its own way, which
+    works whatever the executable and kernel."""
+    if native and not inetd:
+        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")
     if inetd:
         return Finding(False, f"{program} {HOW[OWN]}, not its connection on fd 0: start it "
                        "with no socket (leave out --inetd)")  # fmt: skip
@@ -160,7 +173,7 @@ def examine(argv: Sequence[str], inetd: bool, no_capabilities: bool) -> list[Fin
     given = INETD if inetd else LISTEN_FDS
     takes = daemon.sockets if daemon else scan_sockets(path)
     if takes == OWN:
-        findings.append(own_sockets(argv[0], path, inetd))
+        findings.append(own_sockets(argv[0], path, inetd, daemon.native if daemon else ""))
     elif takes and takes != given:
         findings.append(
             Finding(

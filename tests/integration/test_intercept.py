@@ -310,10 +310,13 @@ def exchange(host: object, address: str, port: int, payload: bytes, proto: str =
 
 
 def gallery(network: Network, services: list[Service], name: str, command: list[str],
-            port: int, payload: bytes, answer: bytes, proto: str = "tcp") -> Service:  # fmt: skip
-    """The daemon under alfwrapper, binding its own sockets: once it answers the allowed
-    host (IPv4, then IPv6) with ``answer``, the denied host gets nothing (either family)."""
-    svc = Service(network.server, [*WRAPPER, "--service", name, *RULES, "--", *command])
+            port: int, payload: bytes, answer: bytes, proto: str = "tcp",
+            sockets: tuple[str, ...] = ()) -> Service:  # fmt: skip
+    """The daemon under alfwrapper, binding its own sockets (or taking ``sockets``, the
+    wrapper's socket options): once it answers the allowed host (IPv4, then IPv6) with
+    ``answer``, the denied host gets nothing (either family)."""
+    argv = [*WRAPPER, "--service", name, *sockets, *RULES, "--", *command]
+    svc = Service(network.server, argv)
     services.append(svc)
     a, b = network.allowed, network.denied
     deadline = time.monotonic() + 30
@@ -326,7 +329,8 @@ def gallery(network: Network, services: list[Service], name: str, command: list[
             break
         time.sleep(0.3)
     assert bytes.fromhex(got).startswith(answer), (got, svc.output(), svc.errors())
-    assert bytes.fromhex(exchange(a, a.server_v6, port, payload, proto)).startswith(answer)
+    got = exchange(a, a.server_v6, port, payload, proto)
+    assert got not in ("timeout", "") and bytes.fromhex(got).startswith(answer), got
     assert exchange(b, b.server_v4, port, payload, proto) == "timeout"
     assert exchange(b, b.server_v6, port, payload, proto) == "timeout"
     return svc
@@ -393,6 +397,54 @@ def test_debians_apache_binding_its_own(network: Network, services: list[Service
     conf.write_text(APACHE_CONF.format(folder=tmp_path))
     gallery(network, services, "apache", ["/usr/sbin/apache2", "-f", str(conf), "-DFOREGROUND"],
             8092, b"GET / HTTP/1.0\r\n\r\n", b"HTTP/1.1 ")  # fmt: skip
+
+
+def test_nginx_takes_the_wrappers_sockets_in_its_own_variable(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """nginx given a socket (--listen, as a socket unit would) takes it from NGINX, the
+    variable of its own binary upgrade, and binds nothing itself: no supervisor runs,
+    and `nginx -s reload` keeps the socket, still filtered."""
+    needs("/usr/sbin/nginx")
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(folder=tmp_path, listens="listen [::]:8093 ipv6only=off;"))
+    command = ["/usr/sbin/nginx", "-c", str(conf), "-p", str(tmp_path)]
+    svc = gallery(network, services, "nginx-handover", command, 8093, b"GET / HTTP/1.0\r\n\r\n",
+                  b"HTTP/1.1 200", sockets=("--listen", "[::]:8093"))  # fmt: skip
+    assert 'using inherited sockets from "3;"' in svc.errors(), svc.errors()
+    assert "alfwrapper-bind nginx-handover" not in subprocess.run(["ps", "-eo", "args"],
+        capture_output=True, text=True).stdout  # fmt: skip
+    subprocess.run(network.server.command([*command, "-s", "reload"]), check=True, timeout=30)
+    deadline = time.monotonic() + 20  # the master's new workers started
+    while "gracefully shutting down" not in svc.errors() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "gracefully shutting down" in svc.errors(), svc.errors()
+    a, b = network.allowed, network.denied
+    served = bytes.fromhex(exchange(a, a.server_v4, 8093, b"GET / HTTP/1.0\r\n\r\n"))
+    assert served.startswith(b"HTTP/1.1 200"), svc.errors()
+    assert exchange(b, b.server_v6, 8093, b"GET / HTTP/1.0\r\n\r\n") == "timeout"
+    log = (tmp_path / "access.log").read_text()
+    assert "192.0.2.2" in log and "198.51.100.2" not in log and "2001:db8:b::2" not in log, log
+
+
+def test_haproxy_takes_the_wrappers_sockets_by_fd(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """HAProxy's `bind fd@3`, `bind fd@4`: the wrapper's sockets, in the order given."""
+    needs("/usr/sbin/haproxy")
+    conf = tmp_path / "haproxy.cfg"
+    conf.write_text("defaults\n  mode http\n  timeout client 5s\n  timeout connect 5s\n"
+                    "  timeout server 5s\nfrontend web\n  bind fd@3\n  bind fd@4\n"
+                    "  http-request return status 200 content-type text/plain "
+                    'string "served"\n')  # fmt: skip
+    gallery(network, services, "haproxy-fd", ["/usr/sbin/haproxy", "-W", "-db", "-f",
+            str(conf)], 8094, b"GET / HTTP/1.0\r\n\r\n", b"HTTP/1.1 200",
+            sockets=("--listen", "[::]:8094", "--listen", "0.0.0.0:8095"))  # fmt: skip
+    a, b = network.allowed, network.denied
+    assert bytes.fromhex(exchange(a, a.server_v4, 8095, b"GET / HTTP/1.0\r\n\r\n")).startswith(
+        b"HTTP/1.1 200"
+    )
+    assert exchange(b, b.server_v4, 8095, b"GET / HTTP/1.0\r\n\r\n") == "timeout"
 
 
 POSTGRES = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))

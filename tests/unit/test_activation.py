@@ -48,16 +48,18 @@ def test_refuses_what_sd_listen_fds_would_ignore(env: dict[str, str], message: s
 
 def test_child_environment_replaces_listen_vars() -> None:
     env = {"PATH": "/bin", "LISTEN_FDS": "1", "LISTEN_PID": "1", "LISTEN_FDNAMES": "old"}
-    assert child_environment(env, ["web", "dns"], 99) == {
+    assert child_environment({**env, "NGINX": "7;"}, ["web", "dns"], 99) == {
         "PATH": "/bin",
         "LISTEN_FDS": "2",
         "LISTEN_PID": "99",
         "LISTEN_FDNAMES": "web:dns",
+        "NGINX": "3;4;",  # nginx's inherited sockets: the same fds
     }
 
 
 def test_child_environment_without_sockets_has_no_listen_vars() -> None:
-    assert child_environment({"LISTEN_FDS": "1", "HOME": "/"}, [], 99) == {"HOME": "/"}
+    env = {"LISTEN_FDS": "1", "HOME": "/", "NGINX": "3;"}
+    assert child_environment(env, [], 99) == {"HOME": "/"}
 
 
 THREADS_AFTER_NUMPY = r"""

@@ -112,3 +112,14 @@ def test_a_daemon_that_binds_its_own_is_intercepted(tmp_path: Path) -> None:
     elf32.chmod(0o755)
     found = daemons.own_sockets("old", str(elf32), inetd=False)
     assert not found.ok and "32-bit" in found.text
+
+
+def test_nginx_and_haproxy_take_given_sockets_their_own_way() -> None:
+    """Given sockets, nginx takes them from NGINX and HAProxy by fd@N (tested in
+    tests/integration/test_intercept.py): doctor --for says so beside interception."""
+    for argv, how in ((["/usr/sbin/nginx"], "NGINX variable"), (["haproxy"], "fd@3")):
+        daemon = daemons.known(argv)
+        assert daemon is not None and how in daemon.native
+        found = daemons.own_sockets(argv[0], "/nonexistent", inetd=False, native=daemon.native)
+        assert found.ok and "intercepts its binds" in found.text and how in found.text
+    assert daemons.known(["/usr/sbin/apache2"]).native == ""  # type: ignore[union-attr]
