@@ -9,6 +9,7 @@ guest's link.  Prints one line and exits 0:
 
   client.py tcp SRC DST PORT SECONDS [SEND]     sends SEND (default "hello\\n")
   client.py banner SRC DST PORT SECONDS         waits for the server to talk first
+  client.py bytes SRC DST PORT SECONDS HEX      sends HEX's bytes; answered = what came
   client.py udp SRC DST PORT SECONDS [SEND]
   client.py tftp SRC DST SECONDS FILE           a read request; answered = DATA
   client.py git SRC DST PATH SECONDS            git:// upload-pack ref advertisement
@@ -173,6 +174,8 @@ def main(argv: list[str]) -> str:
         return stream(src, dst, int(argv[3]), float(argv[4]), send.encode())
     if kind == "banner":
         return stream(src, dst, int(argv[3]), float(argv[4]), None)
+    if kind == "bytes":
+        return stream(src, dst, int(argv[3]), float(argv[4]), bytes.fromhex(argv[5]), line=False)
     if kind == "udp":
         send = argv[5] if len(argv) > 5 else "hello"
         word, data = datagram(src, dst, int(argv[3]), float(argv[4]), send.encode())

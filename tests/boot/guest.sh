@@ -69,12 +69,13 @@ esac
 TAP=rb-$NAME
 
 # The guest: systemd as PID 1, Debian's kernel, sshd, the gallery's daemons (git,
-# tftpd-hpa, nginx-light, dnsmasq-base), and what alfwrapper's .deb depends on (Depends + Recommends of
+# tftpd-hpa, nginx-light, dnsmasq-base, apache2, redis-server, haproxy, postgresql),
+# and what alfwrapper's .deb depends on (Depends + Recommends of
 # debian/control, first alternatives), so that `apt-get install ./alfwrapper_*.deb`
 # works offline in the guest.
 BASE_PACKAGES="systemd systemd-sysv udev dbus kmod iproute2 iputils-ping procps less
 openssh-server openssh-client linux-image-amd64 initramfs-tools e2fsprogs ncat python3
-git tftpd-hpa nginx-light dnsmasq-base"
+git tftpd-hpa nginx-light dnsmasq-base apache2 redis-server haproxy postgresql"
 control_depends() {
     sed -n '/^Package: alfwrapper/,$p' "$CHECKOUT/debian/control" |
         awk '/^(Depends|Recommends):/ { on = 1; sub(/^[A-Za-z]+:/, "") } /^[A-Za-z-]+:/ && !/^(Depends|Recommends):/ { on = 0 } on' |
@@ -149,7 +150,8 @@ EOF
     chroot "$root" systemctl mask systemd-timesyncd.service apt-daily.timer \
         apt-daily-upgrade.timer man-db.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
     # Daemons installed for units under test (the gallery's tftp) run only behind them.
-    chroot "$root" systemctl disable tftpd-hpa.service nginx.service >/dev/null 2>&1 || true
+    chroot "$root" systemctl disable tftpd-hpa.service nginx.service apache2.service \
+        redis-server.service haproxy.service postgresql.service >/dev/null 2>&1 || true
     # Keep journald's log across boots of a kept image, and readable after a failure.
     mkdir -p "$root/var/log/journal"
 }

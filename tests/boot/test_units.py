@@ -46,6 +46,11 @@ EXPOSURE = {
     "alfwrapper-tftp.service": 5.5,
     "alfwrapper-nginx.service": 4.7,  # root, its binds intercepted: 4.7 when it shipped
     "alfwrapper-dnsmasq.service": 4.7,  # likewise
+    "alfwrapper-apache2.service": 4.7,  # likewise
+    "alfwrapper-redis.service": 4.6,  # likewise, as the user redis
+    "alfwrapper-postgresql@15-main.service": 4.6,  # likewise, as the user postgres
+    "alfwrapper-nginx-handover.service": 4.1,  # root, on a socket unit's sockets
+    "alfwrapper-haproxy.service": 4.1,  # likewise
     "alfwrapper-git@.service": 4.1,
     "alfwrapper-sshd@.service": 9.6,
 }
@@ -356,6 +361,112 @@ def test_gallery_dnsmasq_answering_dns_binding_its_own(guest: Guest) -> None:
         assert '"udp-53"' in status, status
         level = guest.run(f"systemd-analyze security --no-pager {unit} | tail -n 1")
         print(f"{unit}: {level}")
+    finally:
+        stop(guest, unit)
+
+
+def daemon_served(guest: Guest, unit: str, port: str, want: str, *client: str) -> None:
+    """The daemon under ``unit`` answers the allowed host ``want`` over IPv4 and IPv6
+    (waiting for a first answer: the wrapper compiles its program before the daemon
+    starts), and the denied host's connections time out, IPv4 and IPv6."""
+    kind, *rest = client or ("tcp",)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if guest.client(kind, ALLOW4, GUEST4, port, "5", *rest).startswith(want):
+            break
+        time.sleep(1)
+    expect(guest, unit, want, kind, ALLOW4, GUEST4, port, "10", *rest)
+    expect(guest, unit, want, kind, ALLOW6, GUEST6, port, "10", *rest)
+    for source, target in ((DENY4, GUEST4), (DENY6, GUEST6)):
+        got = guest.client(kind, source, target, port, "3", *rest)
+        assert got.startswith("timeout"), f"{source}: {got}\n" + guest.journal(unit)
+
+
+def exposure(guest: Guest, unit: str) -> None:
+    level = guest.run(f"systemd-analyze security --no-pager {unit} | tail -n 1")
+    print(f"{unit}: {level}")
+
+
+def served_across_a_reload(guest: Guest, unit: str, port: str, want: str) -> None:
+    """daemon_served for an HTTP GET, then `systemctl reload`, then again."""
+    for _ in range(2):
+        daemon_served(guest, unit, port, want, "tcp", "GET / HTTP/1.0\n")
+        guest.run(f"systemctl reload {unit}")
+    exposure(guest, unit)
+
+
+def test_gallery_nginx_on_a_socket_units_sockets(guest: Guest) -> None:
+    """Debian's nginx the other way, as shipped: alfwrapper-nginx-handover.socket's
+    sockets, IPv4 and IPv6 apart as Debian's default site listens, reach nginx through
+    NGINX; no bind supervisor runs; `systemctl reload` keeps them filtered."""
+    guest.run(f"cp {GALLERY}/* /etc/systemd/system/ && systemctl daemon-reload")
+    unit = "alfwrapper-nginx-handover.service"
+    guest.run("systemctl start alfwrapper-nginx-handover.socket " + unit)
+    try:
+        served_across_a_reload(guest, unit, "80", "answered HTTP/1.1 200")
+        journal = guest.journal(unit, 200)
+        assert 'using inherited sockets from "3;4;"' in journal, journal
+        assert "alfwrapper-bind" not in guest.run("ps -eo args"), guest.run("ps -eo args")
+        log = guest.run("cat /var/log/nginx/access.log")
+        assert DENY4 not in log and DENY6 not in log, log
+        # A listen the socket unit does not give, below 1024: nginx has no
+        # CAP_NET_BIND_SERVICE to bind it unfiltered, and keeps its sockets.
+        guest.run("sed -i 's/listen 80 default_server;/&\\n\\tlisten 81;/' "
+                  "/etc/nginx/sites-enabled/default && systemctl reload " + unit)  # fmt: skip
+        guest.wait("grep -q ':81 failed (13: Permission denied)' /var/log/nginx/error.log")
+        assert ":81 " not in guest.run("ss -ltn")
+        daemon_served(guest, unit, "80", "answered HTTP/1.1 200", "tcp", "GET / HTTP/1.0\n")
+    finally:
+        guest.run("sed -i '/listen 81;/d' /etc/nginx/sites-enabled/default", check=False)
+        stop(guest, unit, "alfwrapper-nginx-handover.socket")
+
+
+def test_gallery_haproxy_taking_its_socket_by_fd(guest: Guest) -> None:
+    """HAProxy under alfwrapper-haproxy.service as shipped, its configuration binding
+    fd@3, the socket unit's dual-stack port 8088: served and dropped, and still after
+    `systemctl reload` (a new worker)."""
+    guest.run(f"cp {GALLERY}/* /etc/systemd/system/ && systemctl daemon-reload")
+    guest.run("mkdir -p /etc/alfwrapper && printf '%s\\n' defaults '  mode http' "
+              "'  timeout client 5s' '  timeout connect 5s' '  timeout server 5s' "
+              "'frontend web' '  bind fd@3' '  http-request return status 200 "
+              "content-type text/plain string served' > /etc/alfwrapper/haproxy.cfg")  # fmt: skip
+    unit = "alfwrapper-haproxy.service"
+    guest.run(f"systemctl start alfwrapper-haproxy.socket {unit}")
+    try:
+        served_across_a_reload(guest, unit, "8088", "answered HTTP/1.1 200")
+    finally:
+        stop(guest, unit, "alfwrapper-haproxy.socket")
+
+
+def test_gallery_apache_redis_and_postgresql_binding_their_own(guest: Guest) -> None:
+    """Debian's Apache (port 80, its own configuration, and a graceful restart), Redis
+    (6379, as the user redis) and PostgreSQL (Debian's cluster, as the user postgres,
+    answering an SSLRequest) under their gallery units as shipped: each binds
+    its own sockets; the allowed host is served, the denied host's SYNs dropped."""
+    guest.run(f"cp {GALLERY}/* /etc/systemd/system/ && systemctl daemon-reload")
+    unit = "alfwrapper-apache2.service"
+    guest.run(f"systemctl start {unit}")
+    try:
+        served_across_a_reload(guest, unit, "80", "answered HTTP/1.1 ")
+        assert '"tcp-80"' in guest.run("alfwrapper status alfwrapper-apache2 --json")
+    finally:
+        stop(guest, unit)
+    unit = "alfwrapper-redis.service"
+    guest.run(f"systemctl start {unit}")
+    try:
+        daemon_served(guest, unit, "6379", "answered +PONG", "tcp", "PING")
+        assert guest.run("ps -o user= -C redis-server").split() == ["redis"]
+        exposure(guest, unit)
+    finally:
+        stop(guest, unit)
+    cluster = guest.run("pg_lsclusters -h | awk '{print $1 \"-\" $2; exit}'").strip()
+    unit = f"alfwrapper-postgresql@{cluster}.service"
+    guest.run(f"systemctl stop postgresql; systemctl start {unit}")
+    try:
+        ssl_request = "0000000804d2162f"  # answered S: Debian's cluster has ssl = on
+        daemon_served(guest, unit, "5432", "answered S", "bytes", ssl_request)
+        assert "postgres" in guest.run("ps -o user= -C postgres").split()
+        exposure(guest, unit)
     finally:
         stop(guest, unit)
 
