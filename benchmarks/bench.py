@@ -1290,6 +1290,18 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
             f"| intercepted | {caught['bind_ms']:.1f} | {caught['listen_ms']:.1f} | "
             f"{caught['supervisor_mib']:.0f} |",
         ]
+        rps = r["intercept"]["nginx_rps"]
+        lines += [
+            "",
+            f"Debian's nginx (two workers) serving ab(1), {r['intercept']['nginx_requests']} "
+            "requests, 8 at a time, a new connection each, on the loopback: alone, behind "
+            "alfwrapper binding its own socket (intercepted), and on a socket alfwrapper "
+            "hands it (NGINX); medians of alternated rounds, ab on the same cores.",
+            "",
+            "| nginx | requests/s | against alone |",
+            "|---|---:|---:|",
+            *(f"| {way} | {rps[way]:.0f} | {rps[way] / rps['alone']:.3f} |" for way in rps),
+        ]
     if "spa" in r:
         c, subnet = r["spa"], r["subnets"][-1]
         lines += [

@@ -40,6 +40,7 @@ def test_bench_smoke(bpf_root: None, tmp_path: Path, deb: Path) -> None:
         "half IPv4 /32, half IPv6 /64",
         "## Accept=yes",
         "## A daemon that binds its own sockets",
+        "| nginx | requests/s | against alone |",
         "A denied peer on an Accept=yes socket",
         "## The gallery's sshd, under systemd",
         "An allowed ssh-keyscan through the gallery's sshd unit",
