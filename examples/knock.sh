@@ -1,5 +1,5 @@
 #!/bin/sh
-# The README's knocking example, run and checked: the echo service behind a
+# docs/knocking.md's knocking example, run and checked: the echo service behind a
 # knock, knocked open once with `alfwrapper knock` and once with ncat.
 # Run from the repository after `make setup`, as root.  PORT defaults to 8080.
 set -eu

@@ -94,7 +94,7 @@ def settled(ident: Identity, now_ns: int) -> bool:
     """Is this identity old enough that a later change must show in it?  (Not where
     a file server's clock is behind this machine's by more than the margin, or where
     a file is written through a shared map without its times changing: see the
-    README's Known limits.)"""
+    docs/limits.md.)"""
     if ident is None:
         return True
     coarse = ident[3] % 1_000_000_000 == 0 or ident[4] % 1_000_000_000 == 0

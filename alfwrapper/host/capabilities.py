@@ -15,7 +15,7 @@ CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
 CAP_BPF = 39
 # What reaches the filter, its maps or those who hold them; never the application's.
-# (The README's table of them is checked against this one: tests/unit/test_docs.py.)
+# (docs/daemons.md's table of them is checked against this one: tests/unit/test_confinement.py.)
 REACHES_FILTER = {
     CAP_BPF: ("CAP_BPF", "loads programs and makes maps"),
     CAP_SYS_ADMIN: ("CAP_SYS_ADMIN", "finds programs and maps by id, mounts a BPF file "

@@ -471,5 +471,31 @@ def test_gallery_apache_redis_and_postgresql_binding_their_own(guest: Guest) -> 
         stop(guest, unit)
 
 
+def test_the_readme_tour_as_written(guest: Guest) -> None:
+    """The README's five minutes, on the installed package, each command as written:
+    a line's comment says what it must do (hello echoed; a time-out, never refused;
+    the text explain must print); any other line must succeed."""
+    readme = (HERE.parent.parent / "README.md").read_text()
+    tour = readme.split("## Five minutes with it", 1)[1].split("Your own service", 1)[0]
+    lines = [line for block in tour.split("```sh\n")[1:] for line in
+             block.split("```", 1)[0].splitlines() if line.strip()]  # fmt: skip
+    assert len(lines) >= 9, lines
+    try:
+        for line in lines:
+            command, _, said = line.partition("  #")
+            said = said.strip()
+            code, out = guest.status(command, timeout=300)
+            if said.startswith("hello"):
+                assert code == 0 and out.strip() == "hello", (line, out)
+            elif "times out" in said:
+                assert code != 0 and "TIMEOUT" in out and "refused" not in out, (line, out)
+            elif said.startswith("..."):
+                assert code == 0 and said[3:].strip() in out, (line, out)
+            else:
+                assert code == 0, (line, out)
+    finally:
+        stop(guest, "alfwrapper-echo.socket", "alfwrapper-echo.service")
+
+
 def test_a_unit_that_cannot_start_stops_its_socket(guest: Guest) -> None:
     a_failing_start_stops_its_socket(guest, "30", 120)

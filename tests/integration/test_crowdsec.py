@@ -120,7 +120,7 @@ class Bouncer:
 
 
 def write_key(path: Path, key: str) -> None:
-    """The key as README tells: mode 600 (the bouncer refuses one others may read)."""
+    """The key as docs/sets.md tells: mode 600 (the bouncer refuses one others may read)."""
     path.write_text(key)
     path.chmod(0o600)
 

@@ -389,7 +389,7 @@ MANY_RULES = [w for i in range(SMALL_RULES + 1) for w in ("--allow", f"198.51.10
 @pytest.mark.parametrize("where", ["command line", "rule file"])
 def test_a_few_rules_start_without_numpy(bpf_root: None, tmp_path: Path, where: str) -> None:
     """Up to SMALL_RULES rules given on the command line or in a rule file of at most
-    SMALL_RULES lines, a start needs no numpy: the command runs behind them (README,
+    SMALL_RULES lines, a start needs no numpy: the command runs behind them (docs/install.md,
     Requirements)."""
     mark = tmp_path / "command-ran"
     rules = MANY_RULES[: 2 * SMALL_RULES]

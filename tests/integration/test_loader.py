@@ -149,7 +149,7 @@ def test_ordinary_users_service_behind_their_own_policy(
     # The first connection starts the service through the loader; it is served.
     assert a.probe("tcp", 4, 8080, "first", timeout=30) == "echo", app.output()
     check_policy(app, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
-    # A developer filter cannot judge what queued before it (README, "Activation"): the
+    # A developer filter cannot judge what queued before it (docs/architecture.md): the
     # datagram that starts the service is purged; once it runs, the policy holds.
     a.probe("udp", 4, 8082, "wake", timeout=0.5)
     wait_until(lambda: "ready fds" in dev.output(), dev.output, timeout=60)

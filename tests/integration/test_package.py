@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,8 +61,20 @@ def test_package_installs_works_and_leaves_nothing(network: Network, package: li
                  "/usr/share/man/man1/alfwrapper.1.gz",
                  "/usr/share/man/man8/alfwrapper-loader.8.gz",
                  "/usr/lib/python3/dist-packages/alfwrapper/filters/subnets.c",
-                 "/usr/share/bash-completion/completions/alfwrapper"):  # fmt: skip
+                 "/usr/share/bash-completion/completions/alfwrapper",
+                 "/usr/share/doc/alfwrapper/README.md", "/usr/share/doc/alfwrapper/docs/daemons.md",
+                 "/usr/share/doc/alfwrapper/examples/fail2ban/alfwrapper.conf",
+                 "/usr/share/doc/alfwrapper/examples/filters/allowlist.c",
+                 "/usr/share/doc/alfwrapper/examples/alfwrapper-instance.env"):  # fmt: skip
         assert path in package, path
+    # Every path of ours that a shipped unit, example or guide names is there.
+    named = set()
+    for f in package:
+        if f.startswith(("/usr/lib/systemd/system/", "/usr/share/alfwrapper/units/",
+                         "/usr/share/doc/alfwrapper/")) and not f.endswith(".gz"):  # fmt: skip
+            text = Path(f).read_text(errors="replace")
+            named |= set(re.findall(r"/usr/(?:share|lib)/alfwrapper/[\w./@-]*\w", text))
+    assert len(named) >= 5 and not {p for p in named if not os.path.exists(p)}, named
     # Completion as bash-completion loads it, in a real bash.
     completes = sh("bash", "--norc", "-c", ". /usr/share/bash-completion/completions/alfwrapper"
                    " && complete -p alfwrapper").stdout  # fmt: skip

@@ -213,7 +213,7 @@ def test_knock_with_ncat_source_port(network: Network, services: list[Service]) 
 
 
 def test_knock_through_a_port_randomising_nat(network: Network, services: list[Service]) -> None:
-    """The README's note on NAT: behind `masquerade fully-random` each knock leaves from a
+    """docs/knocking.md's note on NAT: behind `masquerade fully-random` each knock leaves from a
     random source port, so the knock fails and the connection after it is dropped, and
     the client says that a NAT may be why.  The same knock over IPv6, which that NAT
     leaves alone, works (IPv4 would reuse the NAT's conntrack entries of the knocks)."""
@@ -516,7 +516,7 @@ def test_rules_for_an_unknown_socket_name(bpf_root: None) -> None:
 
 
 def test_readme_knocking_example(network: Network) -> None:
-    # examples/knock.sh is the README's example, with its own checks.
+    # examples/knock.sh is docs/knocking.md's example, with its own checks.
     out = subprocess.run(
         network.server.command([str(ROOT / "examples/knock.sh")]),
         capture_output=True,

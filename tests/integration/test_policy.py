@@ -296,7 +296,7 @@ def test_explain_agrees_with_real_traffic(network: Network, services: list[Servi
 
 
 def readme_block(marker: str) -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs/rules.md").read_text()
     after = text.split(f"<!-- policy-walkthrough: {marker} -->", 1)[1]
     return after.split("```", 2)[1].split("\n", 1)[1]
 

@@ -153,7 +153,7 @@ def test_spa_opens_from_behind_a_port_randomising_nat(
 def test_port_sequences_fail_behind_that_nat(
     network: Network, services: list[Service], laptop: Host
 ) -> None:
-    """As the README says: each knock leaves the NAT from a port of its choosing."""
+    """As docs/knocking.md says: each knock leaves the NAT from a port of its choosing."""
     svc = start(network, services, wrapped("--listen", "[::]:8080", "--knock", SEQ))
     out = subprocess.run(laptop.command([*WRAPPER, "knock", laptop.server_v4, "8080",
                                          "--sequence", SEQ]),
@@ -577,7 +577,7 @@ def test_a_datagram_opens_every_socket_that_shares_the_knock_state(
     network: Network, services: list[Service], secret: Path
 ) -> None:
     """Two socket names with the same knock rules share one knock state: a datagram to
-    one's SPA socket opens the address for both (the README says so)."""
+    one's SPA socket opens the address for both (docs/knocking.md says so)."""
     a = network.allowed
     argv = ["--service", "spashared", "--listen", "[::]:8080", "--name", "web", "--listen",
             "[::]:8081", "--name", "admin", "--knock-secret", str(secret), *SPA]  # fmt: skip

@@ -193,7 +193,7 @@ def free_port() -> int:
 
 
 def test_make_run_demo(bpf_root: None, services: list[Service]) -> None:
-    # `make run` as the README gives it, on this host's loopback, on a free port.
+    # `make run` as docs/install.md gives it, on this host's loopback, on a free port.
     port = free_port()
     here = Host("", v4="127.0.0.1", v6="::1", server_v4="127.0.0.1", server_v6="::1")
     svc = Service(here, ["make", "-s", "-C", str(ROOT), "run"], env={"PORT": str(port)})
@@ -221,12 +221,12 @@ def test_make_run_demo(bpf_root: None, services: list[Service]) -> None:
     assert "from-127.0.0.2" not in svc.output()
 
 
-def test_readme_inherited_example_as_typed(
+def test_the_guides_inherited_example_as_typed(
     network: Network, services: list[Service], tmp_path: Path
 ) -> None:
-    """The README's "Inherited" example, its lines as written, in a fresh directory:
+    """docs/rules.md's "Inherited" example, its lines as written, in a fresh directory:
     the blocklist it writes denies the denied host; ./my-service is the echo server."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs/rules.md").read_text()
     block = readme.split("# Inherited: systemd-socket-activate", 1)[1].split("\n\n", 1)[0]
     script = "\n".join(block.splitlines()[1:])  # the commands, after the comment
     assert "> blocklist" in script and "--deny-file blocklist" in script, script
@@ -234,7 +234,7 @@ def test_readme_inherited_example_as_typed(
     service.write_text(f"#!/bin/sh\nexec {' '.join(ECHO_SERVER)}\n")
     service.chmod(0o755)
     tmp_path.chmod(0o755)
-    bin_dir = tmp_path / "bin"  # `alfwrapper` as the README types it: this checkout's
+    bin_dir = tmp_path / "bin"  # `alfwrapper` as the guide types it: this checkout's
     bin_dir.mkdir()
     (bin_dir / "alfwrapper").write_text(f'#!/bin/sh\nexec {" ".join(WRAPPER)} "$@"\n')
     (bin_dir / "alfwrapper").chmod(0o755)

@@ -21,8 +21,8 @@ def test_writable_outside_leaves_out_the_way_to_each_excluded_folder(tmp_path: P
     assert found == [f"{top}/{f}" for f in ("etc", "sys/fs/cgroup", "sys/kernel", "var")]
 
 
-def test_the_readme_lists_what_reaches_the_filter() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_guide_lists_what_reaches_the_filter() -> None:
+    readme = (ROOT / "docs/daemons.md").read_text()
     table = readme[readme.index("| Removed | Why |") :].split("\n\n")[0]
     rows = re.findall(r"^\| `(CAP_\w+)` \| (.+) \|$", table, re.M)
     assert rows == list(REACHES_FILTER.values())

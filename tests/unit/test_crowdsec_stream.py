@@ -352,7 +352,7 @@ def test_a_set_driven_by_the_changes_holds_what_the_book_holds(ops: list[Any]) -
 
 def config_file(tmp_path, text: str, key: str = "k3y\n"):  # type: ignore[no-untyped-def]
     (tmp_path / "key").write_text(key)
-    (tmp_path / "key").chmod(0o600)  # as README tells: others may not read it
+    (tmp_path / "key").chmod(0o600)  # as docs/sets.md tells: others may not read it
     path = tmp_path / "crowdsec.toml"
     path.write_text(text.replace("KEY", str(tmp_path / "key")))
     return str(path)

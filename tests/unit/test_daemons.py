@@ -87,12 +87,12 @@ def test_a_command_that_is_not_there() -> None:
     assert err.value.exit_code == EX_NOINPUT
 
 
-def test_the_readme_example_is_what_it_prints() -> None:
+def test_the_guides_example_is_what_it_prints() -> None:
     require(
         shutil.which("/usr/sbin/sshd") is not None,
         "openssh-server is not installed (make setup installs it)",
     )
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs/daemons.md").read_text()
     block = re.search(r"\$ alfwrapper doctor --inetd --for (/usr/sbin/sshd -i)\n(.*?)```",
                       readme, re.S)  # fmt: skip
     assert block is not None

@@ -39,7 +39,7 @@ def test_many_keys_are_each_ones(entries: dict[Prefix, int], shift: int) -> None
 
 def test_the_sieve_sends_few_others_on_to_the_hash() -> None:
     """At a set's size (SIEVE_BITS_AN_ENTRY bits an entry), about 0.5% of sources in
-    none of its addresses find their bits (the README's figure), IPv4 and IPv6."""
+    none of its addresses find their bits (docs/architecture.md's figure), IPv4 and IPv6."""
     import random  # noqa: PLC0415
 
     from alfwrapper.bpf.parts import sieve_shift  # noqa: PLC0415
