@@ -1058,6 +1058,20 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "start-tells-its-manager-nothing",
+        "alfwrapper/host/progress.py",
+        '    if not os.environ.get("NOTIFY_SOCKET"):\n',
+        "    if True:\n",
+        ("tests/integration/test_wrapper.py::test_a_start_says_what_is_in_force",),
+    ),
+    Mutation(
+        "readme-link-to-a-missing-heading",
+        "README.md",
+        "[docs/rules.md](docs/rules.md#policy-files)",
+        "[docs/rules.md](docs/rules.md#policy-filez)",
+        ("tests/unit/test_docs.py::test_every_link_of_the_readme_and_the_guides_is_there",),
+    ),
+    Mutation(
         "doctor-forgets-native-handover",
         "alfwrapper/observe/daemons.py",
         '        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")\n',

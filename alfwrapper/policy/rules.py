@@ -137,6 +137,22 @@ class SocketRules(Record):
             or self.deny_sets
         )
 
+    def guards(self) -> str:
+        """What guards the socket, in a few words: a start's and a reload's line."""
+        parts = []
+        if len(self.subnets.allow) or len(self.subnets.deny):
+            parts.append(f"subnets {len(self.subnets.allow)} allow, {len(self.subnets.deny)} deny")
+        if self.allow_sets or self.deny_sets:
+            named = [f"allow {n}" for n in self.allow_sets] + [f"deny {n}" for n in self.deny_sets]
+            parts.append("sets " + ", ".join(named))
+        if self.interfaces:
+            parts.append("interfaces " + ", ".join(self.interfaces))
+        if self.knock is not None:
+            parts.append("SPA" if self.knock.spa else "knocking")
+        if self.custom is not None:
+            parts.append("filter " + self.custom.path.rsplit("/", 1)[-1])
+        return " + ".join(parts) or "no rules: every packet passes"
+
     @property
     def too_many_sets(self) -> bool:
         """More named sets, allow and deny together, than sets.c keeps a bit for."""

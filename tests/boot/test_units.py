@@ -81,6 +81,16 @@ def test_echo_serves_the_allowed_and_drops_the_denied(guest: Guest) -> None:
     guest.run("systemctl start alfwrapper-echo.socket")
     try:
         served_and_dropped(guest, "alfwrapper-echo.service", 8080)
+        # The start told systemd (STATUS=, with Type=simple and NotifyAccess=main) and
+        # the journal what is in force.
+        told = guest.run("systemctl show -P StatusText alfwrapper-echo.service")
+        assert told.startswith("alfwrapper: filters in force for alfwrapper-echo after "), told
+        journal = guest.journal("alfwrapper-echo.service", 200)
+        assert re.search(
+            r"filters in force for alfwrapper-echo after [0-9.]+ s: echo \(tcp "
+            r"\[::\]:8080\): subnets 4 allow, 0 deny; echo \(udp",
+            journal,
+        ), journal
         status = guest.run("alfwrapper status alfwrapper-echo")
         assert re.search(r"\(pid \d+; program \d+\)", status), status
         assert re.search(r"subnets [1-9]", status), status

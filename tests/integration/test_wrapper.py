@@ -248,3 +248,37 @@ def test_the_guides_inherited_example_as_typed(
     check_policy(
         svc, served=all_probes(network.allowed, 8080), dropped=all_probes(network.denied, 8080)
     )
+
+
+def test_a_start_says_what_is_in_force(bpf_root: None, tmp_path: Path) -> None:
+    """A start tells its service manager (NOTIFY_SOCKET) STATUS= while it loads and once
+    the filters are in force, never READY=1, and leaves NOTIFY_SOCKET to the command;
+    one line on stderr (the journal, under systemd) names the service, each socket,
+    what guards it and how long the start took."""
+    manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    manager.bind(str(tmp_path / "notify"))
+    manager.settimeout(60)
+    command = ["sh", "-c", 'echo "command sees $NOTIFY_SOCKET"']
+    out = subprocess.run(
+        [*WRAPPER, "--service", "told", "--listen", "127.0.0.1:18470", "--name", "web",
+         "--allow", "192.0.2.0/24", "--interface", "lo", "--", *command],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify")},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"command sees {tmp_path / 'notify'}", out.stdout
+    said = []
+    manager.settimeout(1)
+    try:
+        while True:
+            said.append(manager.recv(4096).decode())
+    except TimeoutError:
+        pass
+    assert said[0] == "STATUS=alfwrapper: loading the filters of 1 socket(s)", said
+    assert said[-1].startswith("STATUS=alfwrapper: filters in force for told after "), said
+    assert not [s for s in said if "READY=" in s], said
+    line = [x for x in out.stderr.splitlines() if "filters in force" in x]
+    assert len(line) == 1, out.stderr
+    assert line[0].endswith(
+        "s: web (tcp 127.0.0.1:18470): subnets 1 allow, 0 deny + interfaces lo"
+    ), line
