@@ -1072,6 +1072,30 @@ MUTATIONS += [
         ("tests/unit/test_docs.py::test_every_link_of_the_readme_and_the_guides_is_there",),
     ),
     Mutation(
+        "inetd-note-writes-ipv4-mapped",
+        "alfwrapper/lifecycle/backlog.py",
+        '    if peer.startswith("::ffff:") and "." in peer:\n',
+        "    if False:\n",
+        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+    ),
+    Mutation(
+        "kept-verdict-note-writes-ipv4-mapped",
+        "alfwrapper/lifecycle/verdicts.py",
+        '        return socket.inet_ntop(socket.AF_INET, v4), 4, int.from_bytes(v4, "big")\n',
+        '        return text, 4, int.from_bytes(v4, "big")\n',
+        (
+            "tests/integration/test_inetd.py::"
+            "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
+        ),
+    ),
+    Mutation(
+        "prometheus-empty-reason-label",
+        "alfwrapper/observe/status.py",
+        """{{{base},verdict="pass"}} {s["counters"]["passed"]}'\n""",
+        """{{{base},verdict="pass",reason=""}} {s["counters"]["passed"]}'\n""",
+        ("tests/integration/test_observe.py::test_status_text_json_and_prometheus",),
+    ),
+    Mutation(
         "doctor-forgets-native-handover",
         "alfwrapper/observe/daemons.py",
         '        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")\n',

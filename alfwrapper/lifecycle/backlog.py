@@ -374,6 +374,8 @@ def judge_connection(record: SocketRecord, command: str) -> bool:
         peer = sock.getpeername()[0]
     except OSError:
         peer = "a peer that has already reset it"
+    if peer.startswith("::ffff:") and "." in peer:
+        peer = peer[len("::ffff:") :]  # IPv4 on a dual-stack socket: written as IPv4
     if connected_peer_allowed(sock, rules_judge(rules.subnets)):
         return True
     reset(sock)

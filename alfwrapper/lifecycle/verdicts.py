@@ -165,8 +165,8 @@ def _unseal(raw: bytes) -> Any:
 
 
 def _peer(fd: int) -> tuple[str, int, int]:
-    """The peer's address as getpeername gives it, its family (4 or 6; an IPv4-mapped
-    one is IPv4, as its packets carry it) and its value."""
+    """The peer's address, its family (4 or 6; an IPv4-mapped one is IPv4, as its
+    packets carry it, and written as IPv4) and its value."""
     socket = _net()
     sock = socket.socket(fileno=fd)
     try:
@@ -177,7 +177,8 @@ def _peer(fd: int) -> tuple[str, int, int]:
         return text, 4, int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
     packed = socket.inet_pton(socket.AF_INET6, text.split("%", 1)[0])
     if packed[:12] == b"\0" * 10 + b"\xff\xff":
-        return text, 4, int.from_bytes(packed[12:], "big")
+        v4 = packed[12:]
+        return socket.inet_ntop(socket.AF_INET, v4), 4, int.from_bytes(v4, "big")
     return text, 6, int.from_bytes(packed, "big")
 
 

@@ -167,8 +167,14 @@ def _label(value: object) -> str:
 def prometheus(report: dict[str, object]) -> str:
     """The counters in Prometheus' text exposition format (for node_exporter's textfile
     collector)."""
+    from alfwrapper import __version__  # noqa: PLC0415
+
     out = [
-        "# HELP alfwrapper_packets_total Packets judged by an alfwrapper socket filter.",
+        "# HELP alfwrapper_build_info The alfwrapper that wrote these metrics.",
+        "# TYPE alfwrapper_build_info gauge",
+        f'alfwrapper_build_info{{version="{_label(__version__)}"}} 1',
+        "# HELP alfwrapper_packets_total Packets judged by an alfwrapper socket filter "
+        "(a dropped one has the reason that dropped it).",
         "# TYPE alfwrapper_packets_total counter",
     ]
     for svc in report["services"]:  # type: ignore[attr-defined]
@@ -178,8 +184,7 @@ def prometheus(report: dict[str, object]) -> str:
                 f'protocol="{_label(s["protocol"])}",port="{_label(s["port"])}"'
             )
             out.append(
-                f'alfwrapper_packets_total{{{base},verdict="pass",reason=""}} '
-                f"{s['counters']['passed']}"
+                f'alfwrapper_packets_total{{{base},verdict="pass"}} {s["counters"]["passed"]}'
             )
             for reason, n in s["counters"]["dropped"].items():
                 out.append(

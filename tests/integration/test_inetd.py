@@ -152,6 +152,9 @@ def test_a_connection_is_judged_without_bcc(
     assert receive(b.command([]), b.server_v6, 7102) in (repr(""), repr("<ConnectionResetError>"))
     wait_until(lambda: svc.errors().count("denied and reset") == 2, svc.errors, timeout=30)
     assert not marker.exists()
+    # IPv4 written as IPv4 (for grep and fail2ban), not IPv4-mapped.
+    assert f"connection from {b.v4} denied" in svc.errors()
+    assert "note: connection from ::ffff:" not in svc.errors()
     # A denied peer is reset before the state, the programs, the loader or BCC's side
     # are imported: a flood of them costs the imports of judging and no more.
     denied = imports(svc.errors())
@@ -235,6 +238,7 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
     served(a, a.server_v4)
     served(a, a.server_v6)
     assert svc.errors().count("connection from") == 4  # the same note, each time
+    assert svc.errors().count(f"connection from {b.v4} denied") == 3  # IPv4 as IPv4
     # A drop-in that lifts the deny file: the next peer is judged in full, and served.
     dropins = tmp_path / "web.toml.d"
     dropins.mkdir()

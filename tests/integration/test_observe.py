@@ -193,6 +193,12 @@ def test_status_text_json_and_prometheus(network: Network, services: list[Servic
     assert {s.labels["service"] for s in samples} == {"seen"}
     runtime = families["alfwrapper_runtime_rules"].samples
     assert [s.value for s in runtime if s.labels["protocol"] == "tcp"] == [1]
+    # Prometheus' conventions: no empty label value, and a build_info.
+    assert '=""' not in out.stdout, out.stdout
+    passed = [s for s in samples if s.labels["verdict"] == "pass"]
+    assert passed and all("reason" not in s.labels for s in passed), passed
+    (info,) = families["alfwrapper_build_info"].samples
+    assert info.name == "alfwrapper_build_info" and info.value == 1 and info.labels["version"]
 
 
 def test_prometheus_file_is_written_whole(
