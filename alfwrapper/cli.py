@@ -1053,14 +1053,47 @@ def quit_closed_pipe() -> int:
     return EX_PIPE_CLOSED
 
 
+def commands() -> str:
+    """What a bare `alfwrapper` and `alfwrapper help` print: each way to run it, a line."""
+    import re  # noqa: PLC0415  (not for a start)
+
+    lines = [
+        "usage: alfwrapper [RULES] [SOCKETS] -- COMMAND [ARG...]   (alfwrapper --help)",
+        "       alfwrapper SUBCOMMAND ...   (alfwrapper help SUBCOMMAND)",
+        "",
+        "subcommands:",
+    ]
+    for name, sub in SUBCOMMANDS.items():
+        about = re.split(r"[:;.(]|, ", sub.parser().description or "", maxsplit=1)[0].strip()
+        lines.append(f"  {name:10} {about if len(about) <= 66 else about[:63] + '...'}")
+    lines += ["", "man alfwrapper; guides in /usr/share/doc/alfwrapper"]
+    return "\n".join(lines)
+
+
+def help_main(argv: Sequence[str]) -> int:
+    """`alfwrapper help [SUBCOMMAND]`, and a bare `alfwrapper`: the list, or its --help."""
+    if argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]].run(["--help"])
+    if argv:
+        raise AlfError("help", f"no subcommand {excerpt(argv[0])}",
+                       "alfwrapper help lists them", EX_USAGE)  # fmt: skip
+    print(commands())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] == "help":
+        argv = ["help", *argv[1:]]
     activation.own_environment(os.environ)  # before numpy loads
     options = argv[: argv.index("--")] if "--" in argv else argv
     verbose = "-v" in options or "--verbose" in options
     try:
         command = SUBCOMMANDS.get(argv[0]) if argv else None
-        code = command.run(argv[1:]) if command is not None else wrapper_main(argv)
+        if argv[0] == "help":
+            code = help_main(argv[1:])
+        else:
+            code = command.run(argv[1:]) if command is not None else wrapper_main(argv)
         if sys.stdout is not None:
             sys.stdout.flush()  # a reader that left shows here, not at the exit's flush
         return code

@@ -1096,6 +1096,13 @@ MUTATIONS += [
         ("tests/integration/test_observe.py::test_status_text_json_and_prometheus",),
     ),
     Mutation(
+        "bare-alfwrapper-is-a-usage-error",
+        "alfwrapper/cli.py",
+        '    if not argv or argv[0] == "help":\n',
+        '    if argv and argv[0] == "help":\n',
+        ("tests/unit/test_cli_help.py::test_a_bare_alfwrapper_and_help_list_the_commands",),
+    ),
+    Mutation(
         "doctor-forgets-native-handover",
         "alfwrapper/observe/daemons.py",
         '        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")\n',

@@ -237,6 +237,7 @@ def confine_application(keep_granted: bool) -> str:
             f"the application keeps {', '.join(past)} and Landlock could not confine it "
             f"({unprotected}); the BPF file system is {view}: it cannot read or change "
             "its filter, but could rename or remove pinned state, or stop the interface "
-            "watcher (use --no-capabilities, or a newer kernel)"
+            "watcher (use --no-capabilities; Landlock needs Linux 5.13 and a container "
+            "or the boot's lsm= may refuse it)"
         )
     return ""

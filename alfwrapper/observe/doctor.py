@@ -70,8 +70,8 @@ def check_jit() -> Check:
     if value is None and os.path.exists("/proc/sys/net/core/bpf_jit_enable"):
         return Check(True, "BPF JIT: only root may read net.core.bpf_jit_enable")
     if value is None and os.path.isdir("/proc/sys/net/core"):
-        return Check(True, "BPF JIT: net.core.bpf_jit_enable is seen from the host's network "
-                     "namespace only")  # fmt: skip
+        return Check(True, "BPF JIT: the host's setting applies (net.core.bpf_jit_enable "
+                     "is not shown inside a network namespace)")  # fmt: skip
     if value is None:
         return Check(False, "cannot read net.core.bpf_jit_enable: is /proc mounted?")
     if value == "0":

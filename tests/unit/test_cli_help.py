@@ -29,6 +29,24 @@ def test_help_exits_0_with_examples(name: str) -> None:
     assert f"alfwrapper {name}".strip() in examples[1], examples[1]
 
 
+@pytest.mark.parametrize("argv", [[], ["help"]])
+def test_a_bare_alfwrapper_and_help_list_the_commands(argv: list[str]) -> None:
+    """`alfwrapper` and `alfwrapper help` list every subcommand, a line each, exit 0;
+    `alfwrapper help NAME` is NAME --help; an unknown name is a usage error."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(argv) == 0
+    block = out.getvalue().split("subcommands:\n", 1)[1].split("\n\n", 1)[0]
+    listed = [line.split()[0] for line in block.splitlines()]
+    assert listed == list(cli.SUBCOMMANDS), out.getvalue()
+    assert all(len(line) <= 80 for line in out.getvalue().splitlines()), out.getvalue()
+    with contextlib.redirect_stdout(io.StringIO()) as one, pytest.raises(SystemExit) as done:
+        cli.main(["help", "status"])
+    assert done.value.code == 0 and one.getvalue().startswith("usage: alfwrapper status")
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["help", "nope"]) == 64
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_option_has_help(name: str) -> None:
     parser = cli.parser_of(name)
