@@ -801,7 +801,9 @@ def _knock_spa(args: argparse.Namespace) -> int:
         f"knock --spa {args.host} port {args.port}",
         f"no answer within {args.wait:g} s",
         "behind a NAT, give your public address (--address A); check the secret, the "
-        "clock (the service allows its --knock-window of skew) and --spa-port",
+        "clock (the service allows its --knock-window of skew) and --spa-port; a "
+        "service refuses every datagram for one window after its first start since "
+        "boot (`alfwrapper status` there says until when)",
         EX_UNAVAILABLE,
     )
 

@@ -1103,6 +1103,13 @@ MUTATIONS += [
         ("tests/unit/test_cli_help.py::test_a_bare_alfwrapper_and_help_list_the_commands",),
     ),
     Mutation(
+        "status-hides-spas-first-window",
+        "alfwrapper/observe/status.py",
+        "                if ahead > 0:\n",
+        "                if False:\n",
+        ("tests/integration/test_spa.py::test_spa_opens_from_behind_a_port_randomising_nat",),
+    ),
+    Mutation(
         "doctor-forgets-native-handover",
         "alfwrapper/observe/daemons.py",
         '        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")\n',

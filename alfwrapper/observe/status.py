@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import struct
 import sys
+import time
 
 from alfwrapper import state
 from alfwrapper.bpf.parts import RUNTIME_ALLOW
@@ -43,6 +44,23 @@ def counters(member: Member, pin: str = "counters") -> dict[str, int]:
         return out
     finally:
         os.close(fd)
+
+
+def spa_from(member: Member) -> float | None:
+    """When the service's SPA table takes datagrams from (UTC, seconds): a table made
+    by this boot's first start refuses, as stale, those sent in its first window
+    (knocking.c: knock_spa_since[0]).  None if there is no table."""
+    from alfwrapper.bpf.parts import SPA_TABLE  # noqa: PLC0415
+
+    try:
+        fd = bpf_calls.obj_get(str(member.pins.service_dir / SPA_TABLE / "spa_since"), True)
+    except OSError:
+        return None
+    try:
+        raw = bpf_calls.map_lookup(fd, struct.pack("I", 0), 8)
+    finally:
+        os.close(fd)
+    return struct.unpack("Q", raw)[0] / 1e9 if raw else None
 
 
 def program_in_slot(member: Member) -> int:
@@ -95,6 +113,7 @@ def socket_status(m: Member) -> dict[str, object]:
         },
         "log_suppressed": log_suppressed(m),
         "spa": counters(m, "spa") if state.store().has_pin(m.pins, "spa") else None,
+        "spa_from": spa_from(m) if state.store().has_pin(m.pins, "spa") else None,
     }
 
 
@@ -155,6 +174,12 @@ def status_lines(report: dict[str, object]) -> list[str]:
             if s.get("spa") is not None:
                 spa = ", ".join(f"{v.replace('_', ' ')} {n}" for v, n in s["spa"].items())
                 lines.append(f"    SPA datagrams: {spa}")
+                ahead = (s.get("spa_from") or 0) - time.time()
+                if ahead > 0:
+                    at = time.strftime("%H:%M:%S", time.gmtime(s["spa_from"]))
+                    lines.append(f"    SPA: refuses datagrams as stale for {ahead:.0f} s more: "
+                                 f"it takes those sent from {at} UTC (the first window "
+                                 "after its table was made)")  # fmt: skip
     if not report["services"]:
         lines.append("no service is pinned (nothing runs behind alfwrapper here)")
     return lines

@@ -78,11 +78,15 @@ def send_raw(host: Host, datagrams: list[bytes], port: int = 8080, count: int = 
     subprocess.run(host.command([sys.executable, "-c", code]), check=True, timeout=300)
 
 
-def spa_counts(service: str) -> dict[str, int]:
-    out = subprocess.run([*WRAPPER, "status", service, "--json"], capture_output=True,
+def status(service: str, *how: str) -> str:
+    out = subprocess.run([*WRAPPER, "status", service, *how], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    sockets = json.loads(out.stdout)["services"][0]["sockets"]
+    return out.stdout
+
+
+def spa_counts(service: str) -> dict[str, int]:
+    sockets = json.loads(status(service, "--json"))["services"][0]["sockets"]
     counts = [s["spa"] for s in sockets if s["name"].endswith(".spa")]
     assert len(counts) == 1, sockets
     return counts[0]
@@ -132,11 +136,20 @@ def test_spa_opens_from_behind_a_port_randomising_nat(
     )
     behind = Probe(laptop, "tcp", 4, 8080)
     check_policy(svc, served=[], dropped=[behind])
+    # In its first window the service refuses every datagram as stale: status says
+    # until when, and the client's failure names that too.
+    since = spa_table("spanat")[0] / 1e9
+    at = time.strftime("%H:%M:%S", time.gmtime(since))
+    assert f"it takes those sent from {at} UTC" in status("spanat"), status("spanat")
+    report = json.loads(status("spanat", "--json"))["services"][0]["sockets"]
+    assert [s["spa_from"] for s in report if s["spa"] is not None] == [since], report
     wait_for_the_door("spanat")
+    assert "as stale" not in status("spanat")
     # Its own address is not what the server sees: it opens nothing useful, and the
     # client says why it may be so.
     out = knock_spa(laptop, "--secret", str(secret), "--wait", "2")
     assert out.returncode == 69 and "behind a NAT" in out.stderr, out.stderr
+    assert "one window after its first start" in out.stderr, out.stderr
     assert "opening 203.0.113.2" in out.stdout
     check_policy(svc, served=[], dropped=[behind])
     # Its public address opens the service, through the NAT.
