@@ -1110,6 +1110,13 @@ MUTATIONS += [
         ("tests/integration/test_spa.py::test_spa_opens_from_behind_a_port_randomising_nat",),
     ),
     Mutation(
+        "drop-log-says-interface-0",
+        "alfwrapper/lifecycle/droplog.py",
+        '    where = (name(ifindex) if name else f"#{ifindex}") if ifindex else ""\n',
+        '    where = name(ifindex) if name else f"#{ifindex}"\n',
+        ("tests/unit/test_droplog.py",),
+    ),
+    Mutation(
         "doctor-forgets-native-handover",
         "alfwrapper/observe/daemons.py",
         '        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")\n',

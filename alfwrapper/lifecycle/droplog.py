@@ -42,7 +42,8 @@ class Event(Record):
     family: int
     proto: int
     source: str
-    interface: str  # its name in the service's network namespace, else "#INDEX"
+    interface: str  # its name in the service's network namespace, else "#INDEX"; ""
+    # for a packet judged from the queue (ifindex 0: a test run, lifecycle/backlog.py)
 
     @property
     def protocol(self) -> str:
@@ -57,7 +58,7 @@ class Event(Record):
             "protocol": self.protocol,
             "source_port": self.sport,
             "port": self.dport,
-            "interface": self.interface,
+            "interface": self.interface or None,
             "suppressed_before": self.suppressed,
             "time": wall_clock(self.ts_ns),
         }
@@ -66,7 +67,8 @@ class Event(Record):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall_clock(self.ts_ns)))
         text = (
             f"{when} {self.service}/{self.socket}: dropped by {self.reason}: {self.source} "
-            f"{self.protocol} port {self.dport} via {self.interface}"
+            f"{self.protocol} port {self.dport} "
+            + (f"via {self.interface}" if self.interface else "queued before the filter")
         )
         if self.suppressed:
             text += f" ({self.suppressed} more suppressed before this by the rate limit)"
@@ -87,9 +89,10 @@ def decode(
     else:
         source = "?"
     names = parts.REASONS
+    where = (name(ifindex) if name else f"#{ifindex}") if ifindex else ""
     return Event(service, socket_name, ts, ifindex, suppressed, sport, dport,
                  names[reason] if reason < len(names) else str(reason), family, proto,
-                 source, name(ifindex) if name else f"#{ifindex}")  # fmt: skip
+                 source, where)  # fmt: skip
 
 
 _BOOT_OFFSET = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
@@ -166,8 +169,8 @@ def to_journal(event: Event) -> None:
         ALF_REASON=event.reason,
         ALF_PROTOCOL=event.protocol,
         ALF_PORT=str(event.dport),
-        ALF_INTERFACE=event.interface,
         ALF_SUPPRESSED=str(event.suppressed),
+        **({"ALF_INTERFACE": event.interface} if event.interface else {}),  # none: queued
     )
 
 
