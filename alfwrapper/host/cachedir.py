@@ -106,8 +106,11 @@ def sha256(data: bytes) -> _Hash:
     every start would pay for the few keys and seals it hashes."""
     try:
         from _sha256 import sha256 as own  # type: ignore[import-not-found]  # noqa: PLC0415
-    except ImportError:  # not CPython 3.11
-        from hashlib import sha256 as own  # noqa: PLC0415
+    except ImportError:  # CPython 3.12 and later (Debian 13's 3.13) name it _sha2
+        try:
+            from _sha2 import sha256 as own  # type: ignore[import-not-found]  # noqa: PLC0415
+        except ImportError:  # not CPython
+            from hashlib import sha256 as own  # noqa: PLC0415
     digest: _Hash = own(data)
     return digest
 
