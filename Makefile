@@ -10,10 +10,22 @@ GENERATORDIR ?= $(PREFIX)/lib/systemd/system-generators
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DEB := dist/alfwrapper_$(VERSION)_all.deb
 
-.PHONY: setup venv run test lint unit test-fast integration clean install uninstall deb bench mutate completion
+.PHONY: help setup venv run test lint unit test-fast clean install uninstall deb bench mutate completion
 
 setup:
 	@./scripts/setup-host.sh
+	@if [ -d .git ]; then install -D -m 755 scripts/commit-msg .git/hooks/commit-msg; fi
+
+# The targets, each with its one line.
+help:
+	@echo "make run        the echo service behind alfwrapper (installs what is missing)"
+	@echo "make test       lint and every test tier, as CI runs it"
+	@echo "make test-fast  the unit and kernel tiers, on every core"
+	@echo "make unit       the unit tier"
+	@echo "make lint       ruff, mypy, the import layers, the man pages, the commit messages"
+	@echo "make bench      docs/benchmarks.md from a run on this machine"
+	@echo "make mutate     break each feature on purpose: its tests must notice"
+	@echo "make deb        dist/alfwrapper_*.deb;  make install / uninstall: into PREFIX"
 
 # The virtualenv alone: nothing else on this host changes (what make install needs).
 venv:
@@ -36,6 +48,7 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(PY) tests/layers.py
 	mandoc -Tlint -W warning man/*.[1-9]
+	$(PY) tests/commits.py
 
 test: setup lint
 	$(PY) -m pytest -n 3 --dist loadscope $(PYTEST_ARGS)
