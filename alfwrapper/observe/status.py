@@ -20,19 +20,11 @@ from alfwrapper.policy.prefixes import address_text
 from alfwrapper.state import alive
 
 
-def possible_cpus() -> int:
-    """How many per-CPU slots a per-CPU map value has (the possible CPUs)."""
-    try:
-        text = open("/sys/devices/system/cpu/possible").read().strip()  # noqa: PTH123, SIM115
-    except OSError:
-        return os.cpu_count() or 1
-    return max(int(part.split("-")[-1]) for part in text.split(",")) + 1
-
-
 def counters(member: Member, pin: str = "counters") -> dict[str, int]:
     """The socket's verdict counters, summed over CPUs, by reason; ``pin`` "spa": an
     SPA socket's datagrams, by verdict (parts.SPA_VERDICTS)."""
     from alfwrapper.bpf.parts import REASONS, SPA_VERDICTS  # noqa: PLC0415
+    from alfwrapper.bpf.tables import possible_cpus  # noqa: PLC0415
 
     cpus = possible_cpus()
     fd = state.open_pin(member.pins, pin)
