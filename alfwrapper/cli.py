@@ -28,6 +28,7 @@ from alfwrapper.errors import (
     report,
 )
 from alfwrapper.host import activation, capabilities
+from alfwrapper.host.progress import seconds_running
 from alfwrapper.lifecycle import wrapper
 from alfwrapper.policy.files import (
     KEYS,
@@ -450,8 +451,11 @@ def reload_main(argv: Sequence[str]) -> int:
     service = default_service(given)
     ops = _service_ops()
     found = ops.reload(service, options or None, parse_policy)
-    print(f"reloaded {service}: {len(found)} socket(s), " + ", ".join(m.title() for m in found)
-          + f"; kept {ops.runtime_rule_count(found)} runtime rule(s)")  # fmt: skip
+    guarded = [m.title() + (f": {m.meta['guards']}" if m.meta.get("guards") else "")
+               for m in found]  # fmt: skip
+    kept = ops.runtime_rule_count(found)
+    print(f"reloaded {service} after {seconds_running():.1f} s: {len(found)} socket(s), "
+          + "; ".join(guarded) + f"; kept {kept} runtime rule(s)")  # fmt: skip
     return 0
 
 

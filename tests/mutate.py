@@ -1117,6 +1117,13 @@ MUTATIONS += [
         ("tests/unit/test_droplog.py",),
     ),
     Mutation(
+        "reload-line-without-guards",
+        "alfwrapper/lifecycle/service.py",
+        "            guards=rules[id(m)].guards(),\n",
+        "",
+        ("tests/integration/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
+    ),
+    Mutation(
         "doctor-forgets-native-handover",
         "alfwrapper/observe/daemons.py",
         '        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")\n',

@@ -225,6 +225,7 @@ def reload(
             watcher=watcher,
             forwarder=forwarder,
             rules=rules[id(m)].counts(),
+            guards=rules[id(m)].guards(),
             fingerprint=rules[id(m)].fingerprint(),
             reloaded=int(time.time()),
             program=compiler.prog_id(loaded[id(m)]),

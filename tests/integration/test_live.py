@@ -4,6 +4,7 @@ allow/deny/revoke at a million rules, gc, who may reach the pins, and fail-close
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import struct
@@ -57,6 +58,9 @@ def test_live_deny_allow_revoke_at_a_million_rules(
     out = cli("reload", "live")
     assert out.returncode == 0, out.stderr
     assert out.stdout.rstrip().endswith("kept 4 runtime rule(s)"), out.stdout  # 2 on each of 2
+    # The reload's line (the journal's, under ExecReload=) says what guards each socket.
+    assert out.stdout.startswith("reloaded live after "), out.stdout
+    assert len(re.findall(r": subnets [0-9]{6,} allow, 0 deny", out.stdout)) == 2, out.stdout
     assert cli("show", "live").stdout.count("deny 192.0.2.2/32") == 2
     check_policy(svc, served=[], dropped=all_probes(a, 8080, 8081))
     out = cli("revoke", "live", "--all")
