@@ -125,7 +125,11 @@ def test_every_link_of_the_readme_and_the_guides_is_there() -> None:
     """Each fact in one place, linked from the others: every relative link of the
     README and docs/ names a file that exists, and a heading in it."""
     broken = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in [
+        ROOT / "README.md",
+        ROOT / "CONTRIBUTING.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]:
         text = doc.read_text()
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if target.startswith(("http://", "https://")):
