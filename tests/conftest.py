@@ -4,11 +4,13 @@ BPF; ``network`` (three namespaced hosts), ``services`` (stopped afterwards) and
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +18,23 @@ from typing import Any
 
 import pytest
 from hosts import Network, Service, make_network
+from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 from managers import UserManager
 from support import ROOT, WRAPPER, bpf_problem, host_hold, require
 
 from alfwrapper import state
 from alfwrapper.bpf.parts import RUNTIME_KEY
 from alfwrapper.host import bpf_calls
+
+# Hypothesis keeps nothing in the checkout (.hypothesis/): no test writes there.  Its
+# examples are drawn anew each run, as on a fresh clone; what it caches goes to a
+# folder of this run's, removed at its end.
+settings.register_profile("alfwrapper", database=None)
+settings.load_profile("alfwrapper")
+_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="alfwrapper-hypothesis-")
+set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
 
 # The program cache of every start the tests make (alfwrapper/bpf/cache.py): the
 # checkout's own, so that a clean clone starts cold and nothing outside is used.
