@@ -483,7 +483,7 @@ def test_gallery_apache_redis_and_postgresql_binding_their_own(guest: Guest) -> 
 
 def test_the_readme_tour_as_written(guest: Guest) -> None:
     """The README's five minutes, on the installed package, each command as written:
-    a line's comment says what it must do (hello echoed; a time-out, never refused;
+    a line's comment says what it must do (`echo hello` back; a time-out, never refused;
     the text explain must print); any other line must succeed."""
     readme = (HERE.parent.parent / "README.md").read_text()
     tour = readme.split("## Five minutes with it", 1)[1].split("Your own service", 1)[0]
@@ -495,8 +495,8 @@ def test_the_readme_tour_as_written(guest: Guest) -> None:
             command, _, said = line.partition("  #")
             said = said.strip()
             code, out = guest.status(command, timeout=300)
-            if said.startswith("hello"):
-                assert code == 0 and out.strip() == "hello", (line, out)
+            if said.startswith("echo hello"):
+                assert code == 0 and out.strip() == "echo hello", (line, out)
             elif "times out" in said:
                 assert code != 0 and "TIMEOUT" in out and "refused" not in out, (line, out)
             elif said.startswith("..."):
