@@ -1124,6 +1124,13 @@ MUTATIONS += [
         ("tests/integration/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
     ),
     Mutation(
+        "commit-check-takes-any-subject",
+        "tests/commits.py",
+        "    if len(lines[0]) > SUBJECT_MOST:\n",
+        "    if False:\n",
+        ("tests/unit/test_commits.py",),
+    ),
+    Mutation(
         "doctor-forgets-native-handover",
         "alfwrapper/observe/daemons.py",
         '        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")\n',
