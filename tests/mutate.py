@@ -1131,6 +1131,20 @@ MUTATIONS += [
         ("tests/unit/test_commits.py",),
     ),
     Mutation(
+        "handed-sockets-may-reuseport",
+        "alfwrapper/host/privileges.py",
+        "        if handed_sockets:\n",
+        "        if False:\n",
+        (INTERCEPT + "test_nginx_cannot_add_reuseport_siblings_beside_a_handed_socket",),
+    ),
+    Mutation(
+        "status-line-keeps-control-characters",
+        "alfwrapper/host/progress.py",
+        '    line = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in status)\n',
+        "    line = status\n",
+        ("tests/unit/test_progress.py",),
+    ),
+    Mutation(
         "doctor-forgets-native-handover",
         "alfwrapper/observe/daemons.py",
         '        return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")\n',

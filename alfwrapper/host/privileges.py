@@ -128,10 +128,19 @@ def drop_reaching_filter() -> int:
         raise _failed(err) from None
 
 
-def deny_bpf_syscall() -> None:
+SOL_SOCKET, SO_REUSEPORT = 1, 15  # asm-generic/socket.h
+
+
+def deny_bpf_syscall(handed_sockets: bool = False) -> None:
     """A seccomp filter (libseccomp) that fails bpf(2) with EPERM from now on, for this
     process and all it starts; no capability removes it.  On x86-64 the 32-bit entry
-    points get the same rule, so a 32-bit helper program works as well."""
+    points get the same rule, so a 32-bit helper program works as well.
+
+    ``handed_sockets``: the application is handed filtered sockets; then setting
+    SO_REUSEPORT fails with EPERM too (the native system call; a 32-bit one through
+    socketcall cannot be told apart).  Set on a handed socket, it would let a socket
+    of the application's own bind the same port beside it, unfiltered, and take a
+    share of its connections: nginx does so for `listen ... reuseport`."""
     import seccomp  # noqa: PLC0415  (python3-seccomp)
 
     try:
@@ -143,6 +152,10 @@ def deny_bpf_syscall() -> None:
             for arch in (seccomp.Arch.X86, seccomp.Arch.X32):
                 rules.add_arch(arch)
         rules.add_rule(seccomp.ERRNO(errno.EPERM), "bpf")
+        if handed_sockets:
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), "setsockopt",
+                           seccomp.Arg(1, seccomp.EQ, SOL_SOCKET),
+                           seccomp.Arg(2, seccomp.EQ, SO_REUSEPORT))  # fmt: skip
         rules.load()
     except (OSError, RuntimeError, ValueError) as err:
         raise AlfError(
@@ -217,7 +230,7 @@ def landlock_application(mounts: list[str]) -> str:
     return ""
 
 
-def confine_application(keep_granted: bool) -> str:
+def confine_application(keep_granted: bool, handed_sockets: bool = False) -> str:
     """Everything before exec, in order (the module's docstring).  Returns a note for
     the user ("" if none): what the application keeps that the kernel cannot fully
     hold back from its pinned state."""
@@ -230,7 +243,7 @@ def confine_application(keep_granted: bool) -> str:
         kept = 0
     past = [name for cap, name in PAST_GUARDS.items() if kept >> cap & 1]
     unprotected = landlock_application(mounts) if past else ""
-    deny_bpf_syscall()
+    deny_bpf_syscall(handed_sockets)
     if unprotected:
         view = f"in its view ({not_hidden})" if not_hidden else "hidden from its view"
         return (

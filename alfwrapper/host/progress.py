@@ -17,14 +17,17 @@ _STAT_START = 21  # starttime, field 22 of /proc/PID/stat (proc(5)), in clock ti
 
 
 def tell_manager(status: str) -> None:
-    """STATUS= for the service manager, when one listens (NOTIFY_SOCKET)."""
+    """STATUS= for the service manager, when one listens (NOTIFY_SOCKET).  Control
+    characters become spaces: a newline in a name the policy gave (an interface, a
+    filter's file) must not add a line of its own, READY=1 or MAINPID=."""
     if not os.environ.get("NOTIFY_SOCKET"):
         return
+    line = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in status)
     try:
         from systemd import daemon  # noqa: PLC0415
 
-        daemon.notify(f"STATUS={status}")
-    except (ImportError, OSError):
+        daemon.notify(f"STATUS={line}")
+    except (ImportError, OSError, ValueError):
         return  # progress is a courtesy: a start never fails for it
 
 

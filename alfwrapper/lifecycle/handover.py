@@ -55,7 +55,7 @@ def confine_and_exec(
     the ``held`` ones (SPA sockets) after them, outside LISTEN_FDS.  ``intercepted``:
     the channel to the bind supervisor (lifecycle/intercept.py), which gets the
     listener of the filters loaded last."""
-    note = privileges.confine_application(keep_capabilities)
+    note = privileges.confine_application(keep_capabilities, handed_sockets=bool(sockets))
     if note:
         print(f"alfwrapper: note: {note}", file=sys.stderr)
     if intercepted is not None:

@@ -427,6 +427,24 @@ def test_nginx_takes_the_wrappers_sockets_in_its_own_variable(
     assert "192.0.2.2" in log and "198.51.100.2" not in log and "2001:db8:b::2" not in log, log
 
 
+def test_nginx_cannot_add_reuseport_siblings_beside_a_handed_socket(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
+    """`listen ... reuseport` with a handed socket: nginx would set SO_REUSEPORT on it
+    and bind a sibling for each further worker, unfiltered, sharing its connections.
+    Setting SO_REUSEPORT fails (EPERM) for an application handed sockets, so nginx's
+    siblings cannot bind and it does not start: nothing is served, nothing unfiltered."""
+    needs("/usr/sbin/nginx")
+    conf = tmp_path / "nginx.conf"
+    listen = "listen [::]:8096 ipv6only=off reuseport;"
+    conf.write_text(NGINX_CONF.format(folder=tmp_path, listens=listen))
+    svc = Service(network.server, [*WRAPPER, "--service", "nginx-reuse", "--listen", "[::]:8096",
+                                   *RULES, "--", "/usr/sbin/nginx", "-c", str(conf)])  # fmt: skip
+    services.append(svc)
+    assert svc.proc.wait(timeout=60) != 0, svc.errors()
+    assert "setsockopt(SO_REUSEPORT)" in svc.errors() and "(1: " in svc.errors(), svc.errors()
+
+
 def test_haproxy_takes_the_wrappers_sockets_by_fd(
     network: Network, services: list[Service], tmp_path: Path
 ) -> None:
