@@ -263,7 +263,9 @@ def test_each_set_is_read_through_its_own_sieve(name: str) -> None:
     """A program reads each set it names through that set's own sieve, bound into
     its instructions as it loads (sets.c, Sets.bind): six deny sets, and four allow
     sets, each holding addresses of its own, all found; an address held by none
-    passes the deny sets and fails the allow sets."""
+    passes the deny sets and fails the allow sets.  And a socket with both kinds:
+    deny sets before allow sets, so a set read through another's sieve shows (sets of
+    one kind alone give the same verdicts whichever of them holds an address)."""
     rng = random.Random(30)
     every = addresses(rng, 10 * 40 + 40)
     held = {f"{name}-{i}": every[40 * i : 40 * (i + 1)] for i in range(10)}
@@ -274,7 +276,13 @@ def test_each_set_is_read_through_its_own_sieve(name: str) -> None:
         names = list(held)
         deny = SocketRules(deny_sets=tuple(names[:6]))
         allow = SocketRules(allow_sets=tuple(names[6:]))
+        both = SocketRules(deny_sets=tuple(names[:3]), allow_sets=tuple(names[6:9]))
         env = FillEnv(open_set=sets.read_only)
+        mixed = compiler.load_program(program.plan_program(both), env)
+        for each, outcome in zip(names[:3] + names[6:9], [0] * 3 + [1] * 3, strict=True):
+            got = [prog_test_run(mixed.fd, udp_frame(p.family, p.value)).retval > 0
+                   for p in held[each]]  # fmt: skip
+            assert got == [bool(outcome)] * 40, each
         for rules, members, outcome in ((deny, names[:6], 0), (allow, names[6:], 1)):
             loaded = compiler.load_program(program.plan_program(rules), env)
 
