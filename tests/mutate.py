@@ -1527,13 +1527,6 @@ MUTATIONS += [
         (SIEVE_TEST + "test_each_set_is_read_through_its_own_sieve",),
     ),
     Mutation(
-        "sets-bits-kept-apart-on-the-stack",
-        "filters/sets.c",
-        '        asm volatile("" : "+r"(hosts), "+r"(ranges));\n',
-        "",
-        (SIEVE_TEST + "test_the_most_sets_load_with_every_part_and_more_maps_are_refused",),
-    ),
-    Mutation(
         "too-many-maps-unexplained",
         "alfwrapper/bpf/compiler.py",
         '        if maps:  # "The total number of maps per program has reached the limit"\n',
