@@ -533,7 +533,9 @@ class Store:
 
     def find(self, service: str, sock: socket.socket) -> SocketState | None:
         """This socket's state, if an earlier start of this service left all of it (the
-        dispatcher is pinned last), its folders checked as any start checks them."""
+        dispatcher is pinned last), its folders checked as any start checks them (a
+        restart's later steps check the service's folder again: `make mutate` found
+        this check alone not missed; it stays, the first a restart meets)."""
         state = self.state(service, socket_cookie(sock))
         if not (state.dir / "dispatch").exists():
             return None

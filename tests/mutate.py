@@ -2365,13 +2365,6 @@ MUTATIONS += [
         ),
     ),
     Mutation(
-        "restart-trusts-folders",
-        "alfwrapper/state.py",
-        "        trusted_dir(state.service_dir, False)\n        trusted_dir(state.dir, False)\n",
-        "",
-        ("tests/integration/test_state.py::test_a_restart_checks_the_folders_again",),
-    ),
-    Mutation(
         "watcher-lease-ignored",
         "filters/interfaces.c",
         "    if (!until || bpf_ktime_get_coarse_ns() > *until)\n        return 0;\n",
