@@ -19,7 +19,7 @@ from alfwrapper.host import activation, privileges
 TYPE_CHECKING = False  # typing costs an Accept=yes connection milliseconds
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import NoReturn
 
 
@@ -49,12 +49,15 @@ def confine_and_exec(
     diverted: dict[int, int] | None,
     held: Sequence[socket.socket] = (),
     intercepted: socket.socket | None = None,
+    announce: Callable[[], None] | None = None,
 ) -> NoReturn:
     """Confine this process for the application (privileges.confine_application),
     then exec COMMAND with the sockets at fd 3 on (a socket on fd 0 stays there), and
     the ``held`` ones (SPA sockets) after them, outside LISTEN_FDS.  ``intercepted``:
     the channel to the bind supervisor (lifecycle/intercept.py), which gets the
-    listener of the filters loaded last."""
+    listener of the filters loaded last.  ``announce``: says what is in force, once
+    nothing but exec itself can fail (so that a failing confinement's error is the
+    start's one line)."""
     note = privileges.confine_application(keep_capabilities, handed_sockets=bool(sockets))
     if note:
         print(f"alfwrapper: note: {note}", file=sys.stderr)
@@ -62,4 +65,6 @@ def confine_and_exec(
         from alfwrapper.lifecycle import intercept  # noqa: PLC0415
 
         intercept.hand_over(intercepted)
+    if announce is not None:
+        announce()
     activation.exec_with_sockets(sockets, names, command, os.environ, diverted, held)

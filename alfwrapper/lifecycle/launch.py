@@ -28,19 +28,20 @@ def filter_and_exec(
     load_seccomp()
 
     channel = None
+    guarded: list[str] = []  # what is in force, said once nothing but exec can fail
     if not records:  # a daemon that binds its own sockets
         from alfwrapper.lifecycle import intercept  # noqa: PLC0415
 
         tell_manager("alfwrapper: loading the filters for the sockets COMMAND binds")
         channel = intercept.prepare(policy, service, argv)
         scopes = [("every socket it binds", "")] + [(n, n) for n in sorted(policy.names)]
-        in_force(service, [f"{what}: {policy.rules_for(n).guards()}" for what, n in scopes])
+        guarded = [f"{what}: {policy.rules_for(n).guards()}" for what, n in scopes]
     elif any(not r.connected for r in records):
         from alfwrapper.lifecycle import kept  # noqa: PLC0415  (the state, programs, BCC)
 
         tell_manager(f"alfwrapper: loading the filters of {len(records)} socket(s)")
         kept.filter_kept(records, service, argv)
-        in_force(service, [f"{r.name} ({where(r)}): {r.rules.guards()}" for r in records])
+        guarded = [f"{r.name} ({where(r)}): {r.rules.guards()}" for r in records]
     else:
         note_unruled(records)  # an Accept=yes connection: judged, nothing to load
     moved = [r for r in records if not r.stdin and not r.spa]
@@ -49,7 +50,9 @@ def filter_and_exec(
             record.sock.detach()  # fd 0 (and 1) stay as they are
     sockets, names = [r.sock for r in moved], [r.name for r in moved]
     held = [r.sock for r in records if r.spa]  # open while the application runs, not its
-    confine_and_exec(policy.command, keep_capabilities, sockets, names, diverted, held, channel)
+    announce = (lambda: in_force(service, guarded)) if guarded else None
+    confine_and_exec(policy.command, keep_capabilities, sockets, names, diverted, held, channel,
+                     announce)  # fmt: skip
 
 
 def where(record: SocketRecord) -> str:

@@ -368,7 +368,11 @@ def test_command_that_cannot_be_executed(bpf_root: None, tmp_path: Path) -> None
         timeout=60,
     )
     assert out.returncode == 66, out.stderr
-    assert_one_line(out.stderr, f"starting {bogus}", "Exec format error")
+    # The filters were in force, and said so, before exec itself failed: that line,
+    # then the error's one line.
+    said, error = out.stderr.split("\n", 1)
+    assert said.startswith("alfwrapper: filters in force for bogus after "), out.stderr
+    assert_one_line(error, f"starting {bogus}", "Exec format error")
 
 
 # Runs alfwrapper's CLI with one library made unimportable, as on a --no-deps install.
