@@ -4,9 +4,10 @@
 
 (`make completion` and the package build run this.)  Debian 12's shtab (1.5.5)
 completes only the first of an argument's choices in bash (tqdm/shtab#86): the
-subcommands, and values such as ``--protocol tcp|udp``.  So every argument
-with choices also gets a small completion function, written here from the
-same choices, that shtab calls instead.
+subcommands, and values such as ``--protocol tcp|udp``.  So with a shtab older
+than 1.6 every argument with choices also gets a small completion function,
+written here from the same choices, that shtab calls instead; 1.6 and later (Debian
+13's) offer them all themselves.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ def bash() -> str:
 
     parser = completion_parser()
     functions: list[str] = []
-    pending = [parser]
+    # shtab 1.6 and later offer every choice themselves, and would offer each twice
+    # beside these functions.
+    version = str(getattr(shtab, "__version__", "0"))
+    old = tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) < (1, 6)
+    pending = [parser] if old else []
     while pending:
         current = pending.pop()
         for action in current._actions:  # noqa: SLF001  (shtab reads them the same way)
