@@ -57,6 +57,52 @@ def check_kernel() -> Check:
     return Check(True, f"kernel {release}")
 
 
+# The platforms the project's tests run on (README: Requirements): each Debian release
+# with its own kernel and the host's 6.18, and its systemd as PID 1.
+TESTED = {
+    "12": ("bookworm", ("6.1", "6.18"), "252"),
+    "13": ("trixie", ("6.12", "6.18"), "257"),
+}
+
+
+def platform_check(os_release: str, release: str, systemd: str | None) -> Check:
+    """Which platform this is, and whether the tests run on it (never a problem: a
+    platform they do not run on may well work, but nothing is claimed for it)."""
+    fields = dict(re.findall(r'^([A-Z_]+)="?([^"\n]*)"?$', os_release, re.M))
+    name = fields.get("PRETTY_NAME") or fields.get("NAME") or "an unknown system"
+    version = ".".join(map(str, kernel_version(release)))
+    manager = f"systemd {systemd} as PID 1" if systemd else "no systemd as PID 1"
+    text = f"{name}, kernel {release}, {manager}"
+    tested = TESTED.get(fields.get("VERSION_ID", "")) if fields.get("ID") == "debian" else None
+    if tested and version in tested[1]:
+        if systemd == tested[2]:
+            return Check(True, f"{text}: a platform the tests run on")
+        return Check(True, f"{text}: a platform the tests run on (the units under "
+                     f"systemd {tested[2]} as PID 1)")  # fmt: skip
+    return Check(True, f"{text}: not a platform the tests run on (Debian 12 and 13, each "
+                 "with its own kernel or 6.18), so nothing is claimed")  # fmt: skip
+
+
+def systemd_version() -> str | None:
+    """PID 1's systemd version, where systemd is PID 1: sd_booted's /run/systemd/system,
+    and PID 1's name where this process may see it (a unit's ProtectProc= may hide it)."""
+    if not Path("/run/systemd/system").is_dir() or _read("/proc/1/comm") not in ("systemd", None):
+        return None
+    import subprocess  # noqa: PLC0415
+
+    try:
+        out = subprocess.run(["systemctl", "--version"], capture_output=True, text=True,
+                             timeout=10).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.match(r"systemd (\d+)", out)
+    return match.group(1) if match else None
+
+
+def check_platform() -> Check:
+    return platform_check(_read("/etc/os-release") or "", platform.release(), systemd_version())
+
+
 def check_bpf_syscall() -> Check:
     if not Path("/sys/fs/bpf").exists() and not Path("/proc/sys/kernel/bpf_stats_enabled").exists():
         return Check(
@@ -248,6 +294,7 @@ def check_build_through_loader() -> Check:
 
 
 CHECKS: tuple[Callable[[], Check], ...] = (
+    check_platform,
     check_kernel,
     check_bpf_syscall,
     check_jit,
@@ -258,6 +305,7 @@ CHECKS: tuple[Callable[[], Check], ...] = (
 )
 # Through the loader, compiling and pinned state are the loader's business.
 LOADER_CHECKS: tuple[Callable[[], Check], ...] = (
+    check_platform,
     check_kernel,
     check_bpf_syscall,
     check_jit,
