@@ -193,14 +193,29 @@ def readable_copy() -> Iterator[Path]:
 def deb() -> Path:
     """The Debian package, built by `make deb` from this tree once per session."""
     require(os.geteuid() == 0, "builds and installs a Debian package: needs root")
-    build = subprocess.run(
-        ["make", "-C", str(ROOT), "deb"], capture_output=True, text=True, timeout=900
-    )
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    # lintian ran inside `make deb` with --fail-on error; its warnings are printed.
-    debs = sorted((ROOT / "dist").glob("alfwrapper_*_all.deb"))
-    assert debs, build.stdout
-    return debs[-1]
+    import fcntl  # noqa: PLC0415
+
+    # Two lanes (the Debian 12 and 13 guests) want it, on two workers: the first
+    # builds it, the other waits and takes the same file (a second `make deb` would
+    # rewrite it while a guest is reading it).
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", f"pid{os.getpid()}")
+    (ROOT / "build").mkdir(exist_ok=True)
+    with (ROOT / "build" / "deb.lock").open("a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.seek(0)
+        built = lock.read().split()
+        if len(built) == 2 and built[0] == run and Path(built[1]).exists():
+            return Path(built[1])
+        build = subprocess.run(
+            ["make", "-C", str(ROOT), "deb"], capture_output=True, text=True, timeout=900
+        )
+        assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+        # lintian ran inside `make deb` with --fail-on error; its warnings are printed.
+        debs = sorted((ROOT / "dist").glob("alfwrapper_*_all.deb"))
+        assert debs, build.stdout
+        lock.truncate(0)
+        lock.write(f"{run} {debs[-1]}\n")
+        return debs[-1]
 
 
 # The tiers, as pytest markers: `make test-fast` runs unit and kernel, `make test`
@@ -210,8 +225,8 @@ TIERS = {
     "kernel": "loads BPF on this kernel, no network namespaces",
     "netns": "hosts in network namespaces",
     "systemd": "a systemd --user manager with the shipped units",
-    "boot": "a booted guest: Debian 12 under nspawn, or Debian's 6.1 under qemu (its "
-    "verifier too: tests/kernel)",
+    "boot": "a booted guest: Debian 12 and 13 under nspawn, or their own kernels (6.1, "
+    "6.12) under qemu (their verifiers too: tests/kernel)",
     "release": "the package, the install and the benchmark smoke run",
     "thorough": "long fuzz and stress runs on this kernel, no network namespaces (the "
     "loader's compile confinement, a thousand starts)",
@@ -249,8 +264,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # `make test` runs three pytest-xdist workers (on two cores: much of a test is waiting),
 # and this sends them work by lanes: a lane's
 # tests run on one worker, one after another, as written.  The boot and release tiers
-# are one lane: they build the Debian package once (`deb`), and two `make deb` in one
-# tree trip over each other.  The loader's tests are one: its unit (test_loader.py) and
+# are one lane, but for the boot tier's Debian 13 guests, which are another (the
+# package is built once for both: `deb`).  The loader's tests are one: its unit (test_loader.py) and
 # its stand-in (test_crash.py) mount the same /run/alfwrapper-loader.  Every other test
 # file is a lane of its own (its services' names are unique among files, and the echo
 # server's default name differs between workers: support.ECHO_SERVER).
@@ -259,9 +274,12 @@ LANES = {"boot": "guests", "kernel": "guests", "test_loader.py": "loader",
 
 
 def lane_of(nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
+    path, _, name = nodeid.partition("::")
     parts = Path(path).parts
-    return LANES.get(parts[1] if len(parts) > 2 else "", "") or LANES.get(parts[-1], path)
+    lane = LANES.get(parts[1] if len(parts) > 2 else "", "") or LANES.get(parts[-1], path)
+    if lane == "guests" and parts[1:2] == ("boot",) and "trixie" in name:
+        return "guests-trixie"
+    return lane
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest -p no:xdist runs too
@@ -282,9 +300,9 @@ def host_share(request: pytest.FixtureRequest) -> Iterator[None]:
     """Other workers' tests run beside this one.  One marked `alone` holds the host
     to itself: it changes a sysctl that every namespace and guest sees, or watches what
     any gc (each network test ends with one) would change.  Every other test shares it,
-    but one in the qemu guest (guest61): its kernel, disk and BPF file system are its
+    but one in the qemu guest (qemu_guest): its kernel, disk and BPF file system are its
     own, so an `alone` test need not wait minutes for it."""
-    if "guest61" in request.fixturenames:
+    if "qemu_guest" in request.fixturenames:
         yield
         return
     with host_hold(exclusive=request.node.get_closest_marker("alone") is not None):

@@ -2170,14 +2170,14 @@ MUTATIONS += [
         "filters/common.h",
         "    u64 words[5];\n    alf_clear(words);\n",
         "    u64 words[5];\n",
-        ("tests/kernel/test_verifiers.py::test_every_program_loads_in_every_mode[debian]",),
+        ("tests/kernel/test_verifiers.py::test_every_program_loads_in_every_mode[debian12]",),
     ),
     Mutation(
         "map-value-indexed-by-pointer",
         "filters/subnets.c",
         "    return (*word >> (address & 63)) & 1;",
         "    return (((u8 *)word)[(address >> 3) & 7 ^ (word_index & 0)] >> (address & 7)) & 1;",
-        ("tests/kernel/test_verifiers.py::test_every_program_loads_in_every_mode[debian]",),
+        ("tests/kernel/test_verifiers.py::test_every_program_loads_in_every_mode[debian12]",),
     ),
     Mutation(
         "check-loads-as-root-only",
@@ -2722,6 +2722,35 @@ MUTATIONS += [  # issue 49's small ones
         "    return state.store() if client.use_if_needed() else None\n",
         "    return None\n",
         ("tests/integration/test_loader.py::test_check_as_an_ordinary_user",),
+    ),
+]
+MUTATIONS += [  # issue 51: Debian 13 beside Debian 12
+    Mutation(
+        "doctor-claims-any-systemd",
+        "alfwrapper/observe/doctor.py",
+        "        if systemd == tested[2]:",
+        "        if True:",
+        (
+            "tests/unit/test_doctor.py::test_doctor_says_which_platform_and_whether_the_tests_run_on_it",
+        ),
+    ),
+    Mutation(
+        "completion-choices-twice-with-new-shtab",
+        "alfwrapper/completion.py",
+        'for part in version.split(".")[:2] if part.isdigit()) < (1, 6)',
+        'for part in version.split(".")[:2] if part.isdigit()) < (9, 9)',
+        (
+            "tests/boot/test_release_python.py::test_the_unit_tier_under_the_releases_python[trixie]",
+        ),
+    ),
+    Mutation(
+        "trixie-guest-on-a-hybrid-cgroup",
+        "tests/boot/guest.sh",
+        '    [ "$SUITE" = bookworm ] || cgenv=(SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1)',
+        "    :",
+        (
+            "tests/boot/test_release_python.py::test_the_unit_tier_under_the_releases_python[trixie]",
+        ),
     ),
 ]
 

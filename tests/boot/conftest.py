@@ -1,4 +1,6 @@
-"""The boot tier's guests (guest.py): one per test module, the package installed."""
+"""The boot tier's guests (guest.py): one per test module and Debian release, the
+package installed.  Every module runs once on Debian 12 (bookworm) and once on
+Debian 13 (trixie); the two releases are lanes of their own (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from guest import Guest
+from guest import SUITES, Guest
 from support import require
 
 
-def booted(deb: Path, name: str, route: str) -> Iterator[Guest]:
+def booted(deb: Path, name: str, route: str, suite: str) -> Iterator[Guest]:
     require(shutil.which("mmdebstrap") is not None, "mmdebstrap is missing: run `make setup`")
-    g = Guest(name, route)
+    g = Guest(name, route, suite)
     g.stop()  # one left over by an interrupted run
     g.start()
     try:
@@ -24,13 +26,15 @@ def booted(deb: Path, name: str, route: str) -> Iterator[Guest]:
         g.stop()
 
 
-@pytest.fixture(scope="module")
-def guest(deb: Path) -> Iterator[Guest]:
+@pytest.fixture(scope="module", params=SUITES)
+def guest(deb: Path, request: pytest.FixtureRequest) -> Iterator[Guest]:
     """systemd-nspawn --boot: the real systemd as PID 1 on this host's kernel."""
-    yield from booted(deb, "alfguest", "nspawn")
+    suite = request.param
+    yield from booted(deb, f"alfguest{SUITES[suite]}", "nspawn", suite)
 
 
-@pytest.fixture(scope="module")
-def guest61(deb: Path) -> Iterator[Guest]:
-    """qemu: Debian's own kernel (6.1), emulated."""
-    yield from booted(deb, "alfguest61", "qemu")
+@pytest.fixture(scope="module", params=SUITES)
+def qemu_guest(deb: Path, request: pytest.FixtureRequest) -> Iterator[Guest]:
+    """qemu: Debian's own kernel (6.1 on Debian 12, 6.12 on Debian 13), emulated."""
+    suite = request.param
+    yield from booted(deb, f"alfqemu{SUITES[suite]}", "qemu", suite)

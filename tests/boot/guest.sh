@@ -1,5 +1,5 @@
 #!/bin/bash
-# guest.sh: a Debian 12 guest with the real systemd as PID 1, for the boot tier
+# guest.sh: a Debian 12 or 13 guest with the real systemd as PID 1, for the boot tier
 # (tests/boot): system units run there with all their sandboxing (DynamicUser=,
 # ProtectKernelModules=, ...), as a user's machine runs them.  Adapted from the
 # team's realboot harness (shared/realboot/boot.sh).  One image (mmdebstrap,
@@ -8,13 +8,14 @@
 # boot starts from the pristine image unless GUEST_KEEP=1:
 #   nspawn  (default) systemd-nspawn --boot on the image: the host's kernel, boots in
 #           about 2 s.  Made for hosts whose PID 1 is not systemd (Firecracker VMs).
-#   qemu    qemu-system-x86_64 booting Debian's own kernel (linux-image-amd64, 6.1)
-#           from the image.  KVM where the host has hardware virtualisation
+#   qemu    qemu-system-x86_64 booting Debian's own kernel (linux-image-amd64: 6.1 on
+#           Debian 12, 6.12 on Debian 13) from the image.  KVM where the host has hardware virtualisation
 #           (kvm_intel/kvm_amd); otherwise TCG, emulated: ~40 s to boot, ~30x slower
 #           (a /dev/kvm from kvm_pvm, as on Firecracker hosts, runs only PVM-guest
 #           kernels: Debian's hangs after "Probing EDD").
 #
 #   guest.sh build                 build the image if missing (cached by package list)
+#   guest.sh kernel                build if needed; print the path of its Debian kernel
 #   guest.sh start                 build if needed, boot in the background, wait for ssh
 #   guest.sh run 'CMD'             run CMD in the guest as root (stdin passed through)
 #   guest.sh put HOSTFILE GUESTPATH   copy a file into the guest
@@ -35,12 +36,14 @@
 # Needs, on Debian 12, as root: mmdebstrap systemd-container (nspawn) or
 # qemu-system-x86 (qemu), plus iproute2, openssh-client, e2fsprogs (make setup).
 #
-# Environment: GUEST_DIR (cache and state; default build/guest in the checkout),
+# Environment: GUEST_SUITE (bookworm, the default, or trixie: systemd 257, which
+# refuses cgroup v1, so its nspawn guest gets a cgroup v2-only hierarchy, as the
+# release boots on hardware), GUEST_DIR (cache and state; default build/guest in the checkout),
 # GUEST_ROUTE (nspawn|qemu), GUEST_NAME, GUEST_MEM (qemu, MiB, default 2048),
 # GUEST_CPUS (qemu, default 2), GUEST_ACCEL (qemu: auto|kvm|tcg), GUEST_PACKAGES
 # (extra packages, comma or space separated; part of the cache key), GUEST_MIRROR
-# (a Debian mirror URL; default deb.debian.org with bookworm-updates and
-# bookworm-security), GUEST_KEEP=1 (write to the image itself), GUEST_TIMEOUT
+# (a Debian mirror URL; default: the host's own apt mirrors, with the suite's
+# -updates and -security), GUEST_KEEP=1 (write to the image itself), GUEST_TIMEOUT
 # (seconds to wait for the guest, default 240), GUEST_NSPAWN_ARGS (more
 # systemd-nspawn options), GUEST_NICE (qemu's nice level), MMDEBSTRAP.
 set -euo pipefail
@@ -54,7 +57,11 @@ MEM=${GUEST_MEM:-2048}
 CPUS=${GUEST_CPUS:-2}
 TIMEOUT=${GUEST_TIMEOUT:-240}
 MMDEBSTRAP=${MMDEBSTRAP:-mmdebstrap}
-SUITE=bookworm
+SUITE=${GUEST_SUITE:-bookworm}
+case "$SUITE" in
+    bookworm | trixie) ;;
+    *) echo "guest: GUEST_SUITE is bookworm or trixie, not $SUITE" >&2; exit 64 ;;
+esac
 IMAGE_FORMAT=1   # bump when the guest's customisation below changes
 
 HOST4=192.0.2.1 GUEST4=192.0.2.2
@@ -70,12 +77,14 @@ TAP=rb-$NAME
 
 # The guest: systemd as PID 1, Debian's kernel, sshd, the gallery's daemons (git,
 # tftpd-hpa, nginx-light, dnsmasq-base, apache2, redis-server, haproxy, postgresql),
+# pytest, hypothesis, shtab and mandoc (the unit tier under the release's own Python),
 # and what alfwrapper's .deb depends on (Depends + Recommends of
 # debian/control, first alternatives), so that `apt-get install ./alfwrapper_*.deb`
 # works offline in the guest.
 BASE_PACKAGES="systemd systemd-sysv udev dbus kmod iproute2 iputils-ping procps less
 openssh-server openssh-client linux-image-amd64 initramfs-tools e2fsprogs ncat python3
-git tftpd-hpa nginx-light dnsmasq-base apache2 redis-server haproxy postgresql"
+git tftpd-hpa nginx-light dnsmasq-base apache2 redis-server haproxy postgresql
+python3-pytest python3-hypothesis python3-shtab mandoc"
 control_depends() {
     sed -n '/^Package: alfwrapper/,$p' "$CHECKOUT/debian/control" |
         awk '/^(Depends|Recommends):/ { on = 1; sub(/^[A-Za-z]+:/, "") } /^[A-Za-z-]+:/ && !/^(Depends|Recommends):/ { on = 0 } on' |
@@ -83,6 +92,20 @@ control_depends() {
 }
 
 die() { echo "guest: $*" >&2; exit 1; }
+# host_uri PATTERN [-v]: the first URI of the host's Debian apt sources whose suites
+# match PATTERN (with -v: do not match), deb822 or one-line format.
+host_uri() {
+    { for f in /etc/apt/sources.list.d/*.sources; do
+          [ -f "$f" ] && awk 'BEGIN { RS = ""; FS = "\n" } { u = ""; s = ""
+              for (i = 1; i <= NF; i++) {
+                  if ($i ~ /^URIs:/) { sub(/^URIs:[ \t]*/, "", $i); u = $i }
+                  if ($i ~ /^Suites:/) { sub(/^Suites:[ \t]*/, "", $i); s = $i } }
+              if (u != "") print u " " s }' "$f"
+      done
+      cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+          awk '$1 == "deb" { print $2 " " $3 }' || true; } |
+        grep -e "$1" ${2:-} | awk 'NR == 1 { print $1 }' || true
+}
 log() { echo "guest: $*" >&2; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -98,9 +121,10 @@ image_key() {
 IMG=$DIR/images/$(image_key)
 RUN=$DIR/run/$NAME
 # A running guest keeps the image it was started from (its ssh key is that image's).
-if [ "${1:-}" != start ] && [ "${1:-}" != build ] && [ -s "$RUN/image" ]; then
-    IMG=$(cat "$RUN/image")
-fi
+case "${1:-}" in
+    start | build | kernel) ;;
+    *) [ ! -s "$RUN/image" ] || IMG=$(cat "$RUN/image") ;;
+esac
 
 need_root() { [ "$(id -u)" = 0 ] || die "run as root"; }
 need() {
@@ -156,8 +180,15 @@ EOF
     mkdir -p "$root/var/log/journal"
 }
 
+# One build of an image at a time (two lanes of a test run may ask at once); the lock
+# is not held past the build (a guest started afterwards must not inherit it).
 build() {
     need_root
+    mkdir -p "$DIR/images"
+    (flock 9 || die "cannot lock $DIR/images"
+        build_locked) 9>"$DIR/images/.lock"
+}
+build_locked() {
     if [ -f "$IMG/done" ]; then
         log "image $IMG is built (delete it, or change GUEST_PACKAGES, to rebuild)"
         return 0
@@ -172,9 +203,17 @@ build() {
     mkdir -p "$tmp"
     ssh-keygen -q -t ed25519 -N '' -C alfguest -f "$tmp/id_ed25519"
     root=$tmp/rootfs
-    [ -z "${GUEST_MIRROR:-}" ] || mirrors=(
-        "deb $GUEST_MIRROR $SUITE main"
-        "deb $GUEST_MIRROR $SUITE-updates main")
+    if [ -n "${GUEST_MIRROR:-}" ]; then
+        mirrors=("deb $GUEST_MIRROR $SUITE main" "deb $GUEST_MIRROR $SUITE-updates main")
+    elif [ "$SUITE" != bookworm ]; then
+        # another release than the host's: the host's own mirrors, with its suites
+        local main sec
+        main=$(host_uri '-security' -v)
+        sec=$(host_uri '-security')
+        [ -n "$main" ] || die "no Debian mirror in the host's apt sources (set GUEST_MIRROR)"
+        mirrors=("deb $main $SUITE main" "deb $main $SUITE-updates main")
+        [ -z "$sec" ] || mirrors+=("deb $sec $SUITE-security main")
+    fi
     log "building the $SUITE root file system in $root (packages: $(packages | tr '\n' ' '))"
     "$MMDEBSTRAP" --mode=root --variant=apt --skip=cleanup/apt/lists \
         --include="$(packages | paste -sd,)" \
@@ -317,8 +356,12 @@ start_nspawn() {
     # perf_event_open(2) (not in its default system call filter) for the filters;
     # pidfd_getfd(2) (Linux 5.6, not in nspawn 252's filter either) for the bind
     # supervisor, which takes a daemon's sockets with it.
+    # systemd 256 and later (trixie's 257) refuse cgroup v1: on a hybrid host nspawn
+    # would give the guest hybrid, so a v2-only hierarchy is asked for.
+    local cgenv=()
+    [ "$SUITE" = bookworm ] || cgenv=(SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1)
     # shellcheck disable=SC2016,SC2086
-    setsid bash -c 'for d in $0; do echo $$ >"$d/cgroup.procs"; done; exec "$@"' "$cgroups" \
+    env "${cgenv[@]}" setsid bash -c 'for d in $0; do echo $$ >"$d/cgroup.procs"; done; exec "$@"' "$cgroups" \
         systemd-nspawn --quiet --boot --directory="$RUN/root" "${vol[@]}" \
         --machine="$NAME" --register=no --keep-unit \
         --network-veth \
@@ -398,6 +441,7 @@ cmd=${1:-}
 [ $# -eq 0 ] || shift
 case "$cmd" in
     build) build ;;
+    kernel) build >&2 && echo "$IMG/vmlinuz" ;;
     start) start ;;
     run)
         running || die "not running (guest.sh start)"

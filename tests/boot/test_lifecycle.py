@@ -32,6 +32,7 @@ from guest import (
     past_systemd,
     served_and_dropped,
     stop,
+    tftp_served,
 )
 
 ECHO = "alfwrapper-echo.service"
@@ -218,7 +219,12 @@ def test_accept_yes_resets_denied_peers_and_refuses_knocking(clean: Guest) -> No
     g.run("systemctl start alfwrapper-echo-accept.socket")
     expect(g, "alfwrapper-echo-accept@*", "answered", "tcp", ALLOW4, GUEST4, "8083", FIRST)
     never_accepted(g, "alfwrapper-echo-accept.socket", "8083")
-    past_systemd(g, "alfwrapper-echo")  # a daemon-reload puts the new list in force
+    past_systemd(g, "alfwrapper-echo")  # systemd 252: the reload puts the new list in force
+    if g.suite == "trixie":
+        # systemd 257 keeps the old list on the listening socket until the socket unit
+        # restarts (docs/daemons.md says so).
+        assert g.client("tcp", DENY4, GUEST4B, "8083", "3") == "timeout"
+        g.run("systemctl restart alfwrapper-echo-accept.socket")
     assert g.client("tcp", DENY4, GUEST4B, "8083", FIRST) == "closed b''"
     g.wait("journalctl -b -o cat | grep -q 'denied and reset; /usr/bin/python3 not started'")
     assert DENY4 not in received(g, "alfwrapper-echo-accept@*")
@@ -361,9 +367,9 @@ def test_tftp_first_request_from_a_denied_host(clean: Guest) -> None:
           "systemctl start alfwrapper-tftp.socket")  # fmt: skip
     assert g.client("tftp", DENY4, GUEST4B, "10", "alf.txt") == "timeout"
     g.wait("journalctl -b -u alfwrapper-tftp.service -o cat | grep -q 'from denied sources'")
-    for source, address in ((ALLOW4, GUEST4), (ALLOW6, GUEST6)):
-        expect(g, "alfwrapper-tftp.service", "answered DATA served by tftp", "tftp", source,
-               address, FIRST, "alf.txt")  # fmt: skip
+    tftp_served(g, "alfwrapper-tftp.service", "served by tftp", ALLOW4, GUEST4, "alf.txt")
+    expect(g, "alfwrapper-tftp.service", "answered DATA served by tftp", "tftp", ALLOW6, GUEST6,
+           "20", "alf.txt")  # fmt: skip
     assert g.client("tftp", DENY6, GUEST6, "3", "alf.txt") == "timeout"
 
 

@@ -1,7 +1,8 @@
-"""The boot tier: alfwrapper's Debian package in a Debian 12 guest booted with the real
-systemd as PID 1 (guest.sh, nspawn: this host's kernel), every shipped and gallery unit
-started exactly as shipped (no drop-in touches their sandboxing), and real clients from
-outside the guest, allowed and denied, TCP and UDP, IPv4 and IPv6.
+"""The boot tier: alfwrapper's Debian package in a Debian 12 and a Debian 13 guest
+booted with the real systemd as PID 1 (guest.sh, nspawn: this host's kernel), every
+shipped and gallery unit started exactly as shipped (no drop-in touches their
+sandboxing), and real clients from outside the guest, allowed and denied, TCP and UDP,
+IPv4 and IPv6.
 
 The tests share one guest and run in order: each starts what it tests and stops it."""
 
@@ -26,8 +27,10 @@ from guest import (
     a_named_set_under_the_template,
     expect,
     never_accepted,
+    platform_line,
     served_and_dropped,
     stop,
+    tftp_served,
 )
 
 # The exposure systemd-analyze security gave each unit before this tier existed: none
@@ -67,6 +70,7 @@ def test_the_package_installs_offline_and_doctor_passes(guest: Guest) -> None:
     code, out = guest.status("alfwrapper doctor")
     assert code == 0, out
     assert "kernel headers" in out and "/usr/src/linux-headers-" in out, out
+    assert platform_line(guest) in out, out
 
 
 def test_units_are_no_more_exposed_than_before(guest: Guest) -> None:
@@ -289,11 +293,15 @@ def test_gallery_sshd_tftp_and_git(guest: Guest) -> None:
     )
     try:
         unit = "alfwrapper-tftp.service"
-        expect(guest, unit, "answered DATA hello from tftp", "tftp", ALLOW4, GUEST4, FIRST,
+        tftp_served(guest, unit, "hello from tftp", ALLOW4, GUEST4, "hello.txt")
+        expect(guest, unit, "answered DATA hello from tftp", "tftp", ALLOW6, GUEST6, "20",
                "hello.txt")  # fmt: skip
         expect(guest, unit, "timeout", "tftp", DENY4, GUEST4, "3", "hello.txt")
+        expect(guest, unit, "timeout", "tftp", DENY6, GUEST6, "3", "hello.txt")
     finally:
         stop(guest, "alfwrapper-tftp.socket", "alfwrapper-tftp.service")
+    if guest.suite == "trixie":
+        trixies_tftp_loses_its_first_request_alone(guest, "hello from tftp", "hello.txt")
     guest.run(
         "mkdir -p /srv/git && { [ -d /srv/git/repo.git ] || git init -q --bare "
         "/srv/git/repo.git; } && touch /srv/git/repo.git/git-daemon-export-ok && "
@@ -306,6 +314,18 @@ def test_gallery_sshd_tftp_and_git(guest: Guest) -> None:
         never_accepted(guest, "alfwrapper-git.socket", "/repo.git", "git")
     finally:
         stop(guest, "alfwrapper-git.socket")
+
+
+def trixies_tftp_loses_its_first_request_alone(guest: Guest, text: str, name: str) -> None:
+    """Debian 13's in.tftpd loses the first request it reads with no alfwrapper in front
+    too: a plain transient socket unit, the same command."""
+    guest.run("systemd-run --unit alf-plain-tftp --socket-property=ListenDatagram=69 "
+              "-p StandardInput=socket /usr/sbin/in.tftpd --secure --user tftp "
+              "/srv/tftp")  # fmt: skip
+    try:
+        tftp_served(guest, "alf-plain-tftp.service", text, ALLOW4, GUEST4, name)
+    finally:
+        stop(guest, "alf-plain-tftp.socket", "alf-plain-tftp.service")
 
 
 def test_gallery_nginx_binding_its_own_sockets(guest: Guest) -> None:

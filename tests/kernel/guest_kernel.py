@@ -1,5 +1,6 @@
 """The kernel tier: every program alfwrapper generates, checked by the verifier of
-each kernel the README names: Debian 12's own 6.1 (booted in qemu) and the host's.
+each kernel the README names: Debian 12's own 6.1 and Debian 13's own 6.12 (booted
+in qemu) and the host's.
 
 Compiling under an emulated CPU takes about a minute a program, and it is the
 verifier that is under test, so the programs are compiled on the host, where the
@@ -8,7 +9,8 @@ makes is written down with its maps' shapes).  Then replay_bpf.c, built static,
 loads those recordings again, once per mode (a set of capabilities): on the host
 directly, and in Debian's kernel as the only process of an initramfs (qemu with
 TCG: /dev/kvm here is nested PVM, which cannot boot Debian's kernel).  One boot
-takes about 7 s.
+takes about 7 s.  Debian 13's kernel is the one in the boot tier's trixie image
+(tests/boot/guest.sh kernel), built once.
 
 Everything built or fetched goes under build/kernel-tier (the kernel package is
 cached there by its version).
@@ -97,7 +99,24 @@ def build_tools() -> tuple[Path, Path]:
     return recorder, replayer
 
 
-def debian_kernel() -> Path:
+# The Debian releases whose own kernels' verifiers are under test, and what each
+# kernel's release starts with.
+RELEASES = {"debian12": "6.1.", "debian13": "6.12."}
+
+
+def debian_kernel(release: str) -> Path:
+    """vmlinuz of a Debian release's own kernel."""
+    if release == "debian12":
+        return bookworm_kernel()
+    out = subprocess.run(
+        [str(ROOT / "tests/boot/guest.sh"), "kernel"], env={**os.environ, "GUEST_SUITE": "trixie"},
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert out.returncode == 0, f"guest.sh kernel: {out.stderr[-3000:]}"
+    return Path(out.stdout.strip())
+
+
+def bookworm_kernel() -> Path:
     """vmlinuz of Debian 12's kernel, the release whose headers BCC compiles against
     here (linux-headers-amd64's), fetched from the archive once and cached."""
     depends = subprocess.run(
@@ -175,11 +194,13 @@ def replay_here(recordings: Path) -> tuple[str, list[Outcome]]:
     return parse(out.stdout)
 
 
-def replay_in_debian(recordings: Path, timeout: float = 600) -> tuple[str, list[Outcome]]:
-    """The recordings through Debian 12's own kernel: its vmlinuz and an initramfs whose
-    /init is the replayer, under qemu (TCG)."""
+def replay_in_debian(
+    recordings: Path, release: str, timeout: float = 600
+) -> tuple[str, list[Outcome]]:
+    """The recordings through a Debian release's own kernel (RELEASES): its vmlinuz and
+    an initramfs whose /init is the replayer, under qemu (TCG)."""
     _, replayer = build_tools()
-    kernel = debian_kernel()
+    kernel = debian_kernel(release)
     with tempfile.TemporaryDirectory(dir=BUILD) as tmp:
         root = Path(tmp) / "initramfs"
         stage(recordings, root)

@@ -1,6 +1,7 @@
 """The kernel tier: every program alfwrapper generates (cases.py), recorded from the
 real wrapper on this host, loads in the verifier of each kernel the README names:
-Debian 12's own 6.1 (its kernel booted in qemu, guest_kernel.py) and this host's; as
+Debian 12's own 6.1 and Debian 13's own 6.12 (each booted in qemu, guest_kernel.py)
+and this host's; as
 root, as the shipped units load it (CAP_BPF, no CAP_PERFMON) and as the loader does."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import guest_kernel
 import pytest
 from support import bpf_problem, require
 
-KERNELS = ("debian", "host")
+KERNELS = (*guest_kernel.RELEASES, "host")
 # Instructions a verifier may process for one program (its limit is 1,000,000). The
 # programs need at most about 21,000 (6.1, CAP_BPF alone, a million mixed rules with
 # knocking and a developer's filter); indexing a map value by pointer, or testing
@@ -45,10 +46,9 @@ def recordings() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def replayed(recordings: Path) -> dict[str, tuple[str, list[guest_kernel.Outcome]]]:
-    return {
-        "debian": guest_kernel.replay_in_debian(recordings),
-        "host": guest_kernel.replay_here(recordings),
-    }
+    found = {name: guest_kernel.replay_in_debian(recordings, name)
+             for name in guest_kernel.RELEASES}  # fmt: skip
+    return {**found, "host": guest_kernel.replay_here(recordings)}
 
 
 def report(failed: list[guest_kernel.Outcome]) -> str:
@@ -64,8 +64,8 @@ def test_every_program_loads_in_every_mode(
     kernel: str, recordings: Path, replayed: dict[str, tuple[str, list[guest_kernel.Outcome]]]
 ) -> None:
     release, outcomes = replayed[kernel]
-    if kernel == "debian":
-        assert release.startswith("6.1."), release
+    if kernel in guest_kernel.RELEASES:
+        assert release.startswith(guest_kernel.RELEASES[kernel]), release
     else:
         assert release == os.uname().release
     # Every case was recorded both ways, and each of its programs replayed in each mode
