@@ -199,6 +199,10 @@ build_locked() {
     local t0 tmp root size mirrors=()
     t0=$(now)
     tmp=$IMG.tmp
+    # A build killed while mmdebstrap had its chroot's /proc, /sys and /dev/pts mounted
+    # leaves them there: unmounted first, else rm would walk into them.
+    findmnt -rn -o TARGET | awk -v t="$tmp/" 'index($0, t) == 1' | sort -r |
+        while read -r m; do umount -l "$m"; done
     rm -rf "$tmp"
     mkdir -p "$tmp"
     ssh-keygen -q -t ed25519 -N '' -C alfguest -f "$tmp/id_ed25519"
