@@ -2754,6 +2754,42 @@ MUTATIONS += [  # issue 51: Debian 13 beside Debian 12
     ),
 ]
 
+MUTATIONS += [  # issue 52: every denial counted where operators look
+    Mutation(
+        "reset-note-without-fields",
+        "alfwrapper/lifecycle/resets.py",
+        "        if journal.stderr_is_journal() and journal.send(fields):",
+        "        if False:",
+        (
+            "tests/boot/test_lifecycle.py::"
+            "test_accept_yes_resets_denied_peers_and_refuses_knocking[bookworm]",
+        ),
+    ),
+    Mutation(
+        "status-counts-no-resets",
+        "alfwrapper/observe/status.py",
+        "        reader.add_match(ALF_VERDICT=VERDICT)",
+        '        reader.add_match(ALF_VERDICT="none")',
+        (
+            "tests/boot/test_lifecycle.py::"
+            "test_accept_yes_resets_denied_peers_and_refuses_knocking[trixie]",
+        ),
+    ),
+    Mutation(
+        "journal-newline-value-unsized",
+        "alfwrapper/host/journal.py",
+        '        if b"\\n" in raw:',
+        "        if False:",
+        ("tests/unit/test_journal.py::test_fields_are_lines_and_a_newline_makes_a_sized_value",),
+    ),
+    Mutation(
+        "drop-log-entry-without-verdict",
+        "alfwrapper/lifecycle/droplog.py",
+        '        ALF_VERDICT="drop",  # an Accept=yes peer reset before its command: "reset"\n',
+        "",
+        ("tests/boot/test_lifecycle.py::test_drops_go_to_the_journal_under_the_unit[bookworm]",),
+    ),
+]
 
 # The boot tier's guest image and the kernel tier's kernel, built once in this checkout
 # and shared by every scratch clone (their keys say when they must be built again).

@@ -348,10 +348,11 @@ def connected_peer_allowed(sock: socket.socket, judge: Judge) -> bool:
     return judge(peer, local, None) is True
 
 
-def judge_connection(record: SocketRecord, command: str) -> bool:
+def judge_connection(record: SocketRecord, command: str, service: str) -> bool:
     """Judge the peer of a connected Accept=yes socket by its rules, before COMMAND
     starts (rules_judge: no program, no BCC).  Returns False when it is
-    denied, or gone: the connection has been reset and COMMAND must not start."""
+    denied, or gone: the connection has been reset (resets.note says so, counted under
+    ``service``) and COMMAND must not start."""
     sock, rules = record.sock, record.rules
     named = rules.deny_sets or rules.allow_sets
     if rules.knock or rules.interfaces or rules.custom or named:
@@ -378,11 +379,14 @@ def judge_connection(record: SocketRecord, command: str) -> bool:
         peer = peer[len("::ffff:") :]  # IPv4 on a dual-stack socket: written as IPv4
     if connected_peer_allowed(sock, rules_judge(rules.subnets)):
         return True
+    try:
+        port = int(sock.getsockname()[1])
+    except OSError:
+        port = 0
     reset(sock)
-    print(
-        f"alfwrapper: note: connection from {peer} denied and reset; {command} not started",
-        file=sys.stderr,
-    )
+    from alfwrapper.lifecycle import resets  # noqa: PLC0415  (a denied peer's alone)
+
+    resets.note(service, peer, port, command)
     return False
 
 

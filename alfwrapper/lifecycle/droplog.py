@@ -166,6 +166,7 @@ def to_journal(event: Event) -> None:
         ALF_SERVICE=event.service,
         ALF_SOCKET=event.socket,
         ALF_SRC=event.source,
+        ALF_VERDICT="drop",  # an Accept=yes peer reset before its command: "reset"
         ALF_REASON=event.reason,
         ALF_PROTOCOL=event.protocol,
         ALF_PORT=str(event.dport),

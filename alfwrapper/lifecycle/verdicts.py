@@ -27,7 +27,8 @@ imported (door.py):
   was, found where it was (a `current` link switched to a release folder of hard
   links to the same files leads a full start to other rule files beside them).
   A peer the kept rules deny is reset (SO_LINGER 0) with the note the full start
-  prints, and the wrapper exits 0.  A peer they allow, on the one socket an
+  gives (resets.py: a journal entry with fields, counted by `status`), and the
+  wrapper exits 0.  A peer they allow, on the one socket an
   inetd-style start hands over on fd 0 with rules that are not empty, gets
   COMMAND as the full start would run it: confined, then exec'd (handover.py;
   a COMMAND gone since fails at exec, with EX_NOINPUT).  COMMAND and whether
@@ -45,12 +46,11 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 
 from alfwrapper import __version__
 from alfwrapper.host import cachedir
 
-FORMAT = 3
+FORMAT = 4
 MAX_RULES = 100_000
 MAX_ENTRY_BYTES = 8 << 20
 PREFIX = "verdict-"
@@ -182,6 +182,17 @@ def _peer(fd: int) -> tuple[str, int, int]:
     return text, 6, int.from_bytes(packed, "big")
 
 
+def _local_port(fd: int) -> int:
+    socket = _net()
+    sock = socket.socket(fileno=fd)
+    try:
+        return int(sock.getsockname()[1])
+    except OSError:
+        return 0
+    finally:
+        sock.detach()
+
+
 def passes(table: dict[str, dict[int, dict[int, frozenset[int]]]], family: int, value: int) -> bool:
     """SubnetRules.passes over a kept table: denied if a deny prefix covers the
     source; else passed if an allow prefix does, or if there are no allow prefixes."""
@@ -277,16 +288,12 @@ def _judge_early(argv: list[str]) -> Any:
         text, family, value = _peer(fd)
         if passes(body["table"], family, value):
             continue
+        port = _local_port(fd)
         for other in connected:
             _reset(other)
-        try:
-            print(
-                f"alfwrapper: note: connection from {text} denied and reset; "
-                f"{body['command']} not started",
-                file=sys.stderr,
-            )
-        except Exception:  # noqa: BLE001, S110  (reset: nothing more is done)
-            pass
+        from alfwrapper.lifecycle import resets  # noqa: PLC0415  (a denied peer's alone)
+
+        resets.note(str(body["service"]), text, port, str(body["command"]))
         return False
     run = body["exec"]
     if run is None or connected != [0] or ";" in shape or "--" not in argv:
@@ -337,11 +344,13 @@ def keep(
     command: list[str],
     consulted: list[tuple[str, Any, str]],
     run: dict[str, Any] | None,
+    service: str,
 ) -> None:
     """Keep the verdict's inputs for the next start (see the module's docstring), if
     decided_early asked for it.  ``run``: how an allowed peer's COMMAND starts
     ({"command": [...], "capabilities": bool}), or None where only the full start
-    may start it.  Never an error: the next start judges in full."""
+    may start it; ``service``: what a reset is counted under (resets.py).  Never an
+    error: the next start judges in full."""
     global PENDING
     if PENDING is None or len(allow) + len(deny) > MAX_RULES:
         return
@@ -360,6 +369,7 @@ def keep(
                 "material": material,
                 "consulted": [(path, ident, real) for path, ident, real in consulted],
                 "command": command[0],
+                "service": service,
                 "exec": run,
                 "table": table_of(allow, deny),
             }

@@ -59,7 +59,7 @@ def run(
             from alfwrapper.lifecycle import backlog  # noqa: PLC0415  (a connection's alone)
 
             on_fd_0 = record.stdin  # before the judge: a reset closes the socket
-            allowed = backlog.judge_connection(record, policy.command[0])
+            allowed = backlog.judge_connection(record, policy.command[0], service)
             if len(records) == 1 and verdicts.PENDING is not None:
                 subnets = record.rules.subnets  # judged by these alone: kept for the next
                 # An allowed peer's COMMAND may start from the kept verdict where all
@@ -67,7 +67,7 @@ def run(
                 run = {"command": list(policy.command), "capabilities": keep_capabilities}
                 verdicts.keep(
                     subnets.allow, subnets.deny, list(policy.command), CONSULTED,
-                    run if on_fd_0 and not record.rules.empty else None,
+                    run if on_fd_0 and not record.rules.empty else None, service,
                 )  # fmt: skip
             if not allowed:
                 return 0  # nothing more is looked at, not even whether COMMAND exists

@@ -113,20 +113,75 @@ def _address(family: int, value: int) -> str:
     return address_text(family, value)
 
 
+# Accept=yes peers denied and reset are counted from this boot's journal (resets.py
+# writes an entry for each): at most this many entries, for at most this long, so that
+# a journal a flood filled cannot hold a status (or the metrics timer) for long.
+RESET_ENTRIES = 1_000_000
+RESET_SECONDS = 10.0
+
+
+def connection_resets(service: str = "") -> dict[str, int]:
+    """Resets per service (the name resets.counted_service gives) this boot; {} where
+    no journal can be read (python3-systemd missing, or none kept)."""
+    try:
+        from systemd import journal  # noqa: PLC0415  (python3-systemd)
+    except ImportError:
+        return {}
+    from alfwrapper.lifecycle.resets import VERDICT  # noqa: PLC0415
+
+    counts: dict[str, int] = {}
+    try:
+        reader = journal.Reader()
+    except OSError:
+        return {}
+    try:
+        reader.this_boot()
+        reader.add_match(ALF_VERDICT=VERDICT)
+        if service:
+            reader.add_match(ALF_SERVICE=service)
+        deadline = time.monotonic() + RESET_SECONDS
+        for read, entry in enumerate(reader, 1):
+            name = str(entry.get("ALF_SERVICE", ""))
+            counts[name] = counts.get(name, 0) + 1
+            if read >= RESET_ENTRIES or time.monotonic() > deadline:
+                print(f"alfwrapper: note: counted the first {read} connection resets of "
+                      f"this boot's journal only (at most {RESET_ENTRIES} or "
+                      f"{RESET_SECONDS:g} s)", file=sys.stderr)  # fmt: skip
+                break
+    finally:
+        reader.close()
+    return counts
+
+
 def status(service: str) -> dict[str, object]:
-    collect()
-    tree = state.store()
-    names = [service] if service else tree.services()
+    resets = connection_resets(service)
+    tree: state.Store | None = None
+    try:
+        collect()
+        tree = state.store()
+        pinned = tree.services()
+    except AlfError:
+        if not resets:  # nothing pinned, nothing reset: say so
+            raise
+        pinned = []  # an Accept=yes service's wrappers pin nothing
+    names = [service] if service else sorted(set(pinned) | set(resets) - {""})
     services = []
     for name in names:
-        try:
-            found = tree.sockets_of(name)
-        except AlfError:
-            if service or name in tree.services():
-                raise
-            continue  # its last socket closed and a gc took the folder since the listing
+        found = None
+        if tree is not None:
+            try:
+                found = tree.sockets_of(name)
+            except AlfError:
+                if name not in resets and (service or name in tree.services()):
+                    raise
+                # else an Accept=yes service (its resets below), or its last socket
+                # closed and a gc took the folder since the listing
+        if found is None or tree is None:
+            if name in resets:
+                services.append({"name": name, "sockets": [], "resets": resets[name]})
+            continue
         sockets = [report for s in found if (report := read_socket(tree, s)) is not None]
-        services.append({"name": name, "sockets": sockets})
+        services.append({"name": name, "sockets": sockets, "resets": resets.get(name, 0)})
     return {"services": services}
 
 
@@ -172,6 +227,9 @@ def status_lines(report: dict[str, object]) -> list[str]:
                     lines.append(f"    SPA: refuses datagrams as stale for {ahead:.0f} s more: "
                                  f"it takes those sent from {at} UTC (the first window "
                                  "after its table was made)")  # fmt: skip
+        if svc.get("resets") or not svc["sockets"]:
+            lines.append(f"  connections denied and reset before the command started "
+                         f"(Accept=yes, this boot): {svc.get('resets', 0)}")  # fmt: skip
     if not report["services"]:
         lines.append("no service is pinned (nothing runs behind alfwrapper here)")
     return lines
@@ -207,6 +265,15 @@ def prometheus(report: dict[str, object]) -> str:
                 out.append(
                     f'alfwrapper_packets_total{{{base},verdict="drop",reason="{reason}"}} {n}'
                 )
+    out += [
+        "# HELP alfwrapper_connections_reset_total Accept=yes connections a wrapper denied "
+        "and reset before the command started, this boot (counted from the journal).",
+        "# TYPE alfwrapper_connections_reset_total counter",
+    ]
+    for svc in report["services"]:  # type: ignore[attr-defined]
+        if svc.get("resets") or not svc["sockets"]:
+            out.append(f'alfwrapper_connections_reset_total{{service="{_label(svc["name"])}"}} '
+                       f"{svc.get('resets', 0)}")  # fmt: skip
     out += [
         "# HELP alfwrapper_spa_datagrams_total Datagrams an SPA socket's filter judged, "
         "by verdict.",

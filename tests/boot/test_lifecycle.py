@@ -228,6 +228,21 @@ def test_accept_yes_resets_denied_peers_and_refuses_knocking(clean: Guest) -> No
     assert g.client("tcp", DENY4, GUEST4B, "8083", FIRST) == "closed b''"
     g.wait("journalctl -b -o cat | grep -q 'denied and reset; /usr/bin/python3 not started'")
     assert DENY4 not in received(g, "alfwrapper-echo-accept@*")
+    # Each reset is a journal entry with the drop log's fields, counted by status and
+    # its metrics under the socket's name (a kept verdict's too: the second peer's).
+    first = resets_counted(g)
+    assert first >= 1
+    assert g.client("tcp", DENY4, GUEST4B, "8083", "20") == "closed b''"
+    g.wait(f"alfwrapper status alfwrapper-echo-accept | grep -q 'this boot): {first + 1}$'")
+    entries = journal_entries(g, "ALF_VERDICT=reset", "ALF_SERVICE=alfwrapper-echo-accept")
+    assert len(entries) == first + 1, entries
+    for entry in entries:
+        assert entry["ALF_SRC"] == DENY4 and entry["ALF_PORT"] == "8083", entry
+        assert entry["ALF_REASON"] == "subnets" and entry["ALF_PROTOCOL"] == "tcp", entry
+        assert entry["_SYSTEMD_UNIT"].startswith("alfwrapper-echo-accept@"), entry
+    metrics = g.run("alfwrapper status --prometheus")
+    assert (f'alfwrapper_connections_reset_total{{service="alfwrapper-echo-accept"}} '
+            f"{first + 1}\n") in metrics, metrics  # fmt: skip
     stop(g, "alfwrapper-echo-accept.socket")
     dropin(
         g,
@@ -373,6 +388,14 @@ def test_tftp_first_request_from_a_denied_host(clean: Guest) -> None:
     assert g.client("tftp", DENY6, GUEST6, "3", "alf.txt") == "timeout"
 
 
+def resets_counted(g: Guest) -> int:
+    """What `alfwrapper status` counts of alfwrapper-echo-accept's resets this boot."""
+    out = g.run("alfwrapper status alfwrapper-echo-accept")
+    found = re.search(r"before the command started \(Accept=yes, this boot\): (\d+)$", out, re.M)
+    assert found, out
+    return int(found.group(1))
+
+
 def journal_entries(g: Guest, *match: str) -> list[dict[str, str]]:
     out = g.run(f"journalctl -b -o json --no-pager {' '.join(map(shlex.quote, match))}")
     return [json.loads(line) for line in out.splitlines() if line.strip()]
@@ -401,7 +424,7 @@ def test_drops_go_to_the_journal_under_the_unit(clean: Guest) -> None:
            f"journalctl -b -u {ECHO} ALF_SRC={DENY6} -o cat | grep -q .", seconds=30)  # fmt: skip
     link = g.run("ip -o route get 192.0.2.1 | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'").strip()
     for entry in drops():
-        assert entry["ALF_REASON"] == "subnets", entry
+        assert entry["ALF_REASON"] == "subnets" and entry["ALF_VERDICT"] == "drop", entry
         assert entry["ALF_SOCKET"] == "echo" and entry["ALF_PORT"] == "8080", entry
         assert entry["_SYSTEMD_UNIT"] == ECHO, entry
         assert entry["ALF_INTERFACE"] == link, entry
