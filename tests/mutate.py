@@ -2789,6 +2789,15 @@ MUTATIONS += [  # issue 52: every denial counted where operators look
         "",
         ("tests/boot/test_lifecycle.py::test_drops_go_to_the_journal_under_the_unit[bookworm]",),
     ),
+    Mutation(
+        "guide-opens-without-an-example",
+        "docs/rules.md",
+        "A policy of your own, checked and explained before any service uses it (as\n"
+        "root on the installed package):\n\n```sh\n",
+        "A policy of your own, checked and explained before any service uses it (as\n"
+        "root on the installed package):\n\n" + "\n" * 20 + "```sh\n",
+        ("tests/unit/test_docs.py::test_every_guide_opens_with_an_example",),
+    ),
 ]
 
 # The boot tier's guest image and the kernel tier's kernel, built once in this checkout

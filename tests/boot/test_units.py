@@ -502,29 +502,48 @@ def test_gallery_apache_redis_and_postgresql_binding_their_own(guest: Guest) -> 
 
 
 def test_the_readme_tour_as_written(guest: Guest) -> None:
-    """The README's five minutes, on the installed package, each command as written:
-    a line's comment says what it must do (`echo hello` back; a time-out, never refused;
-    the text explain must print); any other line must succeed."""
+    """The README's five minutes, on the installed package, each command as written."""
     readme = (HERE.parent.parent / "README.md").read_text()
     tour = readme.split("## Five minutes with it", 1)[1].split("Your own service", 1)[0]
     lines = [line for block in tour.split("```sh\n")[1:] for line in
              block.split("```", 1)[0].splitlines() if line.strip()]  # fmt: skip
     assert len(lines) >= 9, lines
     try:
-        for line in lines:
-            command, _, said = line.partition("  #")
-            said = said.strip()
-            code, out = guest.status(command, timeout=300)
-            if said.startswith("echo hello"):
-                assert code == 0 and out.strip() == "echo hello", (line, out)
-            elif "times out" in said:
-                assert code != 0 and "TIMEOUT" in out and "refused" not in out, (line, out)
-            elif said.startswith("..."):
-                assert code == 0 and said[3:].strip() in out, (line, out)
-            else:
-                assert code == 0, (line, out)
+        as_written(guest, lines)
     finally:
         stop(guest, "alfwrapper-echo.socket", "alfwrapper-echo.service")
+
+
+def test_the_guides_opening_examples_as_written(guest: Guest) -> None:
+    """The example a guide opens with, where it runs on the package alone (rules and
+    policies; operating a running service), each command as written."""
+    for guide in ("rules.md", "operating.md"):
+        text = (HERE.parent.parent / "docs" / guide).read_text()
+        block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+        lines = [line for line in block.splitlines() if line.strip()]
+        assert len(lines) >= 3, (guide, lines)
+        try:
+            as_written(guest, lines)
+        finally:
+            stop(guest, "alfwrapper-echo.socket", "alfwrapper-echo.service")
+
+
+def as_written(guest: Guest, lines: list[str]) -> None:
+    """Each line run as written; its comment says what it must do (`echo hello` back; a
+    time-out, never refused; with "...", text its output must hold); any other line
+    must succeed."""
+    for line in lines:
+        command, _, said = line.partition("  #")
+        said = said.strip()
+        code, out = guest.status(command, timeout=300)
+        if said.startswith("echo hello"):
+            assert code == 0 and out.strip() == "echo hello", (line, out)
+        elif "times out" in said:
+            assert code != 0 and "TIMEOUT" in out and "refused" not in out, (line, out)
+        elif said.startswith("..."):
+            assert code == 0 and said[3:].strip() in out, (line, out)
+        else:
+            assert code == 0, (line, out)
 
 
 def test_a_unit_that_cannot_start_stops_its_socket(guest: Guest) -> None:

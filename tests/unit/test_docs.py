@@ -141,3 +141,12 @@ def test_every_link_of_the_readme_and_the_guides_is_there() -> None:
             ):
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
     assert not broken, broken
+
+
+def test_every_guide_opens_with_an_example() -> None:
+    """A guide by task starts from something a reader can paste: a code block within
+    its first lines (those that run on the package alone are run as written in the
+    boot tier: test_units.test_the_guides_opening_examples_as_written)."""
+    for guide in ("daemons", "rules", "knocking", "sets", "without-root", "operating"):
+        head = (ROOT / "docs" / f"{guide}.md").read_text().splitlines()[:25]
+        assert any(line.startswith("```") for line in head), guide
