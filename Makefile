@@ -10,7 +10,7 @@ GENERATORDIR ?= $(PREFIX)/lib/systemd/system-generators
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DEB := dist/alfwrapper_$(VERSION)_all.deb
 
-.PHONY: help setup venv run test lint unit test-fast clean install uninstall deb bench mutate completion
+.PHONY: help setup dev venv run test lint unit test-fast clean install uninstall deb bench mutate completion
 
 setup:
 	@./scripts/setup-host.sh
@@ -23,9 +23,16 @@ help:
 	@echo "make test-fast  the unit and kernel tiers, on every core"
 	@echo "make unit       the unit tier"
 	@echo "make lint       ruff, mypy, the import layers, the man pages, the commit messages"
+	@echo "make dev        only what make lint and make unit need (a few packages, the venv)"
 	@echo "make bench      docs/benchmarks.md from a run on this machine"
 	@echo "make mutate     break each feature on purpose: its tests must notice"
 	@echo "make deb        dist/alfwrapper_*.deb;  make install / uninstall: into PREFIX"
+
+# What make lint and make unit need, and no more: a few Debian packages (mandoc, the
+# libraries alfwrapper imports) and the virtualenv (scripts/setup-host.sh --dev).
+dev:
+	@./scripts/setup-host.sh --dev
+	@if [ -d .git ]; then install -D -m 755 scripts/commit-msg .git/hooks/commit-msg; fi
 
 # The virtualenv alone: nothing else on this host changes (what make install needs).
 venv:
@@ -42,7 +49,7 @@ completion: venv
 		> build/completion/alfwrapper.tmp
 	mv build/completion/alfwrapper.tmp build/completion/alfwrapper
 
-lint: setup
+lint: dev
 	$(VENV)/bin/ruff check alfwrapper tests examples benchmarks
 	$(VENV)/bin/ruff format --check alfwrapper tests examples benchmarks
 	$(VENV)/bin/mypy
@@ -62,7 +69,7 @@ bench: setup
 mutate: setup
 	$(PY) tests/mutate.py
 
-unit: setup
+unit: dev
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # The fast tiers (tests/conftest.py TIERS): pure Python, and BPF on this kernel
