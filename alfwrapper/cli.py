@@ -849,7 +849,7 @@ def set_parser() -> Parser:
     return p
 
 
-def set_main(argv: Sequence[str]) -> int:
+def set_main(argv: Sequence[str]) -> int:  # noqa: C901
     from alfwrapper import sets  # noqa: PLC0415
     from alfwrapper.policy.prefixes import parse_cidrs  # noqa: PLC0415
 
@@ -1113,7 +1113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(missing.line(), file=sys.stderr)
         return missing.exit_code
-    except Exception as err:  # never a traceback unless asked for
+    except Exception as err:  # noqa: BLE001  (never a traceback unless asked for)
         if isinstance(err, BrokenPipeError) and stdout_closed():  # not the loader's pipe
             return quit_closed_pipe()
         code = internal(err)

@@ -31,7 +31,7 @@ def bash() -> str:
     pending = [parser] if old else []
     while pending:
         current = pending.pop()
-        for action in current._actions:  # noqa: SLF001  (shtab reads them the same way)
+        for action in current._actions:  # shtab reads them the same way
             if not action.choices:
                 continue
             words = list(action.choices)  # a subcommand map's keys, or the values
@@ -42,7 +42,7 @@ def bash() -> str:
                 f'compgen -W {shlex.quote(" ".join(words))} -- "$1"; }}'
             )
             action.complete = {"bash": name}  # type: ignore[attr-defined]
-            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            if isinstance(action, argparse._SubParsersAction):
                 pending += list(action.choices.values())
     preamble = "# Each argument's choices, whole (shtab 1.5.5 offers only the first)\n"
     return str(shtab.complete(parser, "bash", preamble={"bash": preamble + "\n".join(functions)}))

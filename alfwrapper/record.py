@@ -43,7 +43,7 @@ class Field:
 
     __slots__ = ("default", "factory", "compare", "repr")
 
-    def __init__(self, default: Any, factory: Any, compare: bool, repr: bool) -> None:  # noqa: A002
+    def __init__(self, default: Any, factory: Any, compare: bool, repr: bool) -> None:
         self.default, self.factory, self.compare, self.repr = default, factory, compare, repr
 
 
@@ -52,7 +52,7 @@ def field(
     default: Any = _MISSING,
     default_factory: Any = _MISSING,
     compare: bool = True,
-    repr: bool = True,  # noqa: A002
+    repr: bool = True,
 ) -> Any:
     return Field(default, default_factory, compare, repr)
 

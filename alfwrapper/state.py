@@ -175,7 +175,7 @@ def hidden(path: Path) -> bool:
         return False
 
 
-def trusted_dir(path: Path, create: bool) -> None:
+def trusted_dir(path: Path, create: bool) -> None:  # noqa: C901
     """A directory of ours: made if asked, then checked (no link, our owner, mode 0700).
 
     Starts that make the same folder at once (several units' first starts after a
@@ -501,7 +501,7 @@ def alive(pid: object) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:  # noqa: PTH123
+        with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read(1024)
     except OSError:
         return False
@@ -829,7 +829,7 @@ class Store:
                 removed += self._collect_service(service_dir, settled, live, namespaces, alone)
         return removed
 
-    def _collect_service(
+    def _collect_service(  # noqa: C901
         self,
         service_dir: Path,
         settled: set[Path],
@@ -994,7 +994,7 @@ def gc_everywhere() -> list[SocketState]:
     live, seen = live_everywhere()
     removed = []
     for tree in trees:
-        removed += tree._collect(settled, lambda: live, seen)  # noqa: SLF001
+        removed += tree._collect(settled, lambda: live, seen)
     return removed
 
 

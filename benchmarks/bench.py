@@ -259,7 +259,7 @@ def startup_seconds(
 
 def mixed_rules(count: int, rng: random.Random) -> str:
     """A rule file of ``count`` lines: half IPv4 /32s, half IPv6 /64s in 2001:db8::/32."""
-    import ipaddress
+    import ipaddress  # noqa: PLC0415
 
     v4 = (str(ipaddress.IPv4Address(rng.getrandbits(32))) for _ in range(count // 2))
     v6 = (
@@ -282,7 +282,7 @@ def machine() -> str:
     )
 
 
-def main() -> int:
+def main() -> int:  # noqa: C901
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, figures meaningless")
     parser.add_argument("--out", default=str(ROOT / "docs"), help="where to write")
@@ -496,9 +496,9 @@ def gallery(deb: str | None, smoke: bool) -> dict[str, Any]:
 def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> dict[str, Any]:
     """What pinned state costs and buys, at the largest rule set: the dispatcher's
     price per packet, a live deny and revoke, and a reload."""
-    from alfwrapper import state
-    from alfwrapper.cli import parse_policy
-    from alfwrapper.lifecycle import service
+    from alfwrapper import state  # noqa: PLC0415
+    from alfwrapper.cli import parse_policy  # noqa: PLC0415
+    from alfwrapper.lifecycle import service  # noqa: PLC0415
 
     out: dict[str, Any] = {"rules": len(prefixes)}
     rules = SocketRules(SubnetRules(allow=tuple(prefixes)))
@@ -559,7 +559,7 @@ def observing(repeat: int, rounds: int) -> dict[str, Any]:
     program with and without counting, and without and with --log-drops (each event
     logged, the ring buffer drained between calls; and each suppressed by the rate),
     interleaved, for a passed and a dropped packet."""
-    from alfwrapper.host.ringbuf import RingReader
+    from alfwrapper.host.ringbuf import RingReader  # noqa: PLC0415
 
     rules = SocketRules(SubnetRules(allow=(Prefix(4, 0xC0000200, 24),)))
     plan = program.plan_program(rules)
@@ -735,7 +735,7 @@ def figures_for(r: dict[str, Any]) -> dict[str, float]:
     return found
 
 
-def targets(r: dict[str, Any]) -> list[str]:
+def targets(r: dict[str, Any]) -> list[str]:  # noqa: C901
     """The issue's targets, met or not, from this run's figures."""
     rows = []
     largest = r["subnets"][-1]
@@ -1102,7 +1102,7 @@ def small_table(caption: str, left: str, right: str, rows: list[tuple[str, str]]
     ]
 
 
-def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:
+def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:  # noqa: C901
     images = plot(out, r)
     today = datetime.date.today().isoformat()
     lines = [

@@ -73,7 +73,7 @@ def own_sockets(spec: str) -> list[tuple[socket.socket, str]]:
     return sockets
 
 
-def main() -> int:
+def main() -> int:  # noqa: C901
     spec = os.environ.get("ECHO_BIND")
     sockets = own_sockets(spec) if spec else listen_fds()
     if not sockets:

@@ -166,9 +166,9 @@ def readable_copy() -> Iterator[Path]:
     where any user can read them: the checkout (and its virtualenv) may sit in a
     directory only root can enter, as a fresh `mktemp -d` clone does.  Run it with the
     system Python (which has BCC) and PYTHONPATH=copy."""
-    import tempfile
+    import tempfile  # noqa: PLC0415
 
-    import pyroute2
+    import pyroute2  # noqa: PLC0415
 
     # Not in /tmp: the loader's unit, which runs it, has PrivateTmp=.
     root = Path(tempfile.mkdtemp(prefix="alf-readable-", dir="/var/lib"))

@@ -876,7 +876,7 @@ MUTATIONS = [
         "alfwrapper/host/ringbuf.py",
         "                position += (length + 8 + 7) & ~7",
         "                position += length + 8",
-        ("tests/integration/test_filter_kernel.py::test_ring_buffer_read_by_mmap_across_the_wrap",),  # noqa: E501
+        ("tests/integration/test_filter_kernel.py::test_ring_buffer_read_by_mmap_across_the_wrap",),
     ),
     Mutation(
         "v4-leaf-rank",

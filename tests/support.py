@@ -48,10 +48,10 @@ def bpf_problem() -> str:
         if os.geteuid() != 0:
             _bpf_problem.append("needs root (namespaces, veth, loading BPF)")
         else:
-            from alfwrapper.bpf import compiler
-            from alfwrapper.errors import AlfError
-            from alfwrapper.policy.prefixes import parse_prefix
-            from alfwrapper.policy.rules import SocketRules, SubnetRules
+            from alfwrapper.bpf import compiler  # noqa: PLC0415
+            from alfwrapper.errors import AlfError  # noqa: PLC0415
+            from alfwrapper.policy.prefixes import parse_prefix  # noqa: PLC0415
+            from alfwrapper.policy.rules import SocketRules, SubnetRules  # noqa: PLC0415
 
             try:
                 compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("::/0"),))))

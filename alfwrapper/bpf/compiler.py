@@ -364,7 +364,7 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree, env: FillEnv
             kernel_headers.for_bcc(headers) as include,
         ):
             bpf = bcc.BPF(text=plan.text.encode(), cflags=[*plan.cflags, *include])
-    except Exception as err:  # BCC raises bare Exception
+    except Exception as err:  # noqa: BLE001  (BCC raises bare Exception)
         text = "".join(log).replace("/virtual/main.c", "alfwrapper-composed.c")
         if "Unable to find kernel headers" in text:
             raise AlfError(
@@ -586,7 +586,7 @@ def set_knock_listeners(tables: Tables, cookies: list[int]) -> None:
     for cookie in cookies:
         try:
             table[table.Key(cookie)] = table.Leaf(1)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (BCC raises bare Exception)
             raise AlfError(
                 "knocking",
                 f"too many listening sockets share one knock rule: {err}",

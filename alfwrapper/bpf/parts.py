@@ -757,7 +757,7 @@ def update_batch(table: Table, keys: bytes, values: bytes, count: int, name: str
     value_array = (table.Leaf * count).from_buffer_copy(values)
     try:
         table.items_update_batch(key_array, value_array)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001  (BCC raises bare Exception)
         raise AlfError(
             f"filling map {name}",
             str(err),
@@ -871,7 +871,7 @@ def apply_settings(tables: Tables, rules: SocketRules, ifindex_of: map_values.If
                 ) from None
         try:
             table[parsed[0]] = parsed[1]
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (BCC raises bare Exception)
             raise AlfError(
                 where,
                 f"the kernel refused the entry: {err}",
@@ -899,7 +899,7 @@ def declared_maps(text: str) -> list[tuple[str, int]]:
 def map_names(path: str) -> list[str]:
     """The maps a filter file declares, for error messages."""
     try:
-        text = open(path, encoding="utf-8").read()  # noqa: PTH123
+        text = open(path, encoding="utf-8").read()
     except OSError:
         return []
     return [name for name, _ in declared_maps(text)]

@@ -249,7 +249,7 @@ def _cover(prefixes: Iterable[Prefix], level_bits: list[int], width: int) -> lis
     return tables
 
 
-def _family_table(
+def _family_table(  # noqa: C901
     family: int, rules: SubnetRules, allow_root: int
 ) -> tuple[list[int], list[tuple[int, int, int, int]], tuple[int, ...]]:
     width = FAMILY_BITS[family]

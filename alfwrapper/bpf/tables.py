@@ -39,7 +39,7 @@ class MapSpec(Record):
 def possible_cpus() -> int:
     """How many CPUs a per-CPU map keeps a value for: the CPUs in the kernel's
     cpu_possible_mask, counted (its copy to user space packs them: "0,2" is two)."""
-    with open("/sys/devices/system/cpu/possible", encoding="ascii") as f:  # noqa: PTH123
+    with open("/sys/devices/system/cpu/possible", encoding="ascii") as f:
         text = f.read().strip()  # no guess without it: too few slots would overrun a buffer
     count = 0
     for span in text.split(","):
@@ -56,11 +56,11 @@ class Table:
         self.map_fd = fd
 
     @functools.cached_property
-    def Key(self) -> Any:  # noqa: N802  (named as BCC's tables name it)
+    def Key(self) -> Any:  # named as BCC's tables name it
         return map_values.ctype_of(self.spec.key_desc)
 
     @functools.cached_property
-    def Leaf(self) -> Any:  # noqa: N802
+    def Leaf(self) -> Any:
         return map_values.ctype_of(self.spec.leaf_desc)
 
     def __getitem__(self, key: Any) -> Any:

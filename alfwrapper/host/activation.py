@@ -336,7 +336,7 @@ def _max_fd() -> int:
 def unit_of_this_process() -> str:
     """The systemd service this process runs in (its cgroup's .service), without .service."""
     try:
-        with open("/proc/self/cgroup", encoding="utf-8") as f:  # noqa: PTH123
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
             text = f.read()
     except OSError:
         return ""

@@ -576,7 +576,7 @@ def unprivileged_bpf_disabled() -> int | None:
     """kernel.unprivileged_bpf_disabled (0: anyone may load; 1 or 2: CAP_BPF only);
     None when it cannot be read."""
     try:
-        with open("/proc/sys/kernel/unprivileged_bpf_disabled", "rb") as f:  # noqa: PTH123
+        with open("/proc/sys/kernel/unprivileged_bpf_disabled", "rb") as f:
             return int(f.read().strip() or b"0")
     except (OSError, ValueError):
         return None

@@ -24,7 +24,7 @@ def _cgroup_mounts() -> dict[str, str]:
     """Where the hierarchies that place a process in a unit are mounted: "" for cgroup
     v2, "name=systemd" for systemd's v1 hierarchy (a hybrid layout has both)."""
     found: dict[str, str] = {}
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:  # noqa: PTH123
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
         for line in f:
             fields, _, after = line.partition(" - ")
             kind, _, options = after.split()[:3]
@@ -37,7 +37,7 @@ def _cgroup_mounts() -> dict[str, str]:
 
 def _cgroups(pid: int) -> dict[str, str]:
     """A process's cgroup in each hierarchy, by its controllers ("" for v2)."""
-    with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:  # noqa: PTH123
+    with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
         return {c: path for _, c, path in (x.rstrip("\n").split(":", 2) for x in f)}
 
 
@@ -50,7 +50,7 @@ def join_cgroup(app_pid: int) -> None:
         for hierarchy, mount in _cgroup_mounts().items():
             path = theirs.get(hierarchy)
             if path and path != ours.get(hierarchy):
-                with open(f"{mount}{path}/cgroup.procs", "w") as procs:  # noqa: PTH123
+                with open(f"{mount}{path}/cgroup.procs", "w") as procs:
                     procs.write(str(os.getpid()))
     except (OSError, ValueError) as err:
         print(f"alfwrapper: note: staying out of the service's cgroup: {err}", file=sys.stderr)
@@ -138,6 +138,6 @@ def spawn(module: str, what: str, args: Sequence[str], keep_fds: Sequence[int],
                     pass  # the listing's own fd
         argv = [sys.executable, "-m", module, *args[:1], str(pidfd), str(ready_w), *args[1:]]
         os.execv(sys.executable, argv)
-    except BaseException as err:  # never return into the wrapper's code
+    except BaseException as err:  # noqa: BLE001  (never return into the wrapper's code)
         print(f"alfwrapper: starting the {what}: {err}", file=sys.stderr)
     os._exit(1)

@@ -33,9 +33,9 @@ def tell_manager(status: str) -> None:
 
 def seconds_running() -> float:
     """How long ago this process started (exec keeps the start: a re-exec counts)."""
-    with open("/proc/self/stat") as f:  # noqa: PTH123
+    with open("/proc/self/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    with open("/proc/uptime") as f:  # noqa: PTH123
+    with open("/proc/uptime") as f:
         uptime = float(f.read().split()[0])
     started = int(fields[_STAT_START - 2]) / os.sysconf("SC_CLK_TCK")
     return max(0.0, uptime - started)

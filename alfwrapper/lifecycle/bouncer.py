@@ -64,7 +64,7 @@ class Config(Record):
     widest: tuple[int, int] = (WIDEST_IPV4, WIDEST_IPV6)  # prefix lengths (crowdsec.py)
 
 
-def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
+def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:  # noqa: C901
     """The bouncer's TOML file, every key checked: one AlfError naming the file.  The
     key is read from ``key_file`` if given, else from its api-key-file."""
     text = read_input(path, "crowdsec config", CONFIG_LIMIT)
@@ -334,7 +334,7 @@ def write_metrics(path: str, counts: Counters) -> None:
         return
     temp = f"{path}.{os.getpid()}"
     try:
-        with open(temp, "w", encoding="utf-8") as f:  # noqa: PTH123
+        with open(temp, "w", encoding="utf-8") as f:
             json.dump(as_dict(counts), f)
         os.chmod(temp, 0o644)
         os.replace(temp, path)

@@ -209,7 +209,7 @@ def main(argv: Sequence[str]) -> int:
         os.close(ready_w)
         forward(rings, pidfd)
         return 0
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001  (a companion: one line, never a traceback)
         print(f"alfwrapper: drop log forwarder of {service}: {err}", file=sys.stderr)
         return 1
 

@@ -280,13 +280,13 @@ def may_bind(pid: int, address: bytes) -> bool:
     if len(address) < 4:
         return True
     port = int.from_bytes(address[2:4], "big")
-    with open("/proc/sys/net/ipv4/ip_unprivileged_port_start") as f:  # noqa: PTH123
+    with open("/proc/sys/net/ipv4/ip_unprivileged_port_start") as f:
         first = int(f.read())
     return port == 0 or port >= first or bool(_status(pid)["CapEff"] >> CAP_NET_BIND_SERVICE & 1)
 
 
 def _status(pid: int) -> dict[str, int]:
-    with open(f"/proc/{pid}/status") as f:  # noqa: PTH123
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             key, _, value = line.partition(":")
             if key == "CapEff":
@@ -298,7 +298,7 @@ def as_the_daemon(pid: int, fd: int, address: bytes) -> int:
     """A bind of another family (a Unix socket's path: its directory, permissions and
     owner are the daemon's) by a child that is the daemon for the file system: its
     root, working directory, umask, and user and group ids."""
-    with open(f"/proc/{pid}/status") as f:  # noqa: PTH123
+    with open(f"/proc/{pid}/status") as f:
         lines = dict(line.split(":", 1) for line in f if ":" in line)
     uids = [int(v) for v in lines["Uid"].split()[:3]]
     gids = [int(v) for v in lines["Gid"].split()[:3]]
@@ -348,7 +348,7 @@ def main(argv: Sequence[str], build: Callable[[list[str]], Policy]) -> int:
     name_process(f"alfwrapper-bind {service}")
     with os.fdopen(given, "rb") as f:
         f.seek(0)
-        policy, options = pickle.loads(f.read())  # noqa: S301  (the wrapper's, by memfd)
+        policy, options = pickle.loads(f.read())  # the wrapper's, by memfd
     app = pidfd_pid(pidfd)
     os.write(ready_w, b"ready")
     os.close(ready_w)
@@ -368,7 +368,7 @@ def main(argv: Sequence[str], build: Callable[[list[str]], Policy]) -> int:
 
 def pidfd_pid(pidfd: int) -> int:
     """The pid a pidfd names (its fdinfo's Pid line)."""
-    with open(f"/proc/self/fdinfo/{pidfd}") as f:  # noqa: PTH123
+    with open(f"/proc/self/fdinfo/{pidfd}") as f:
         for line in f:
             if line.startswith("Pid:"):
                 return int(line.split()[1])

@@ -86,7 +86,7 @@ def collect_stale_state() -> None:
               "`alfwrapper gc` removes it", file=sys.stderr)  # fmt: skip
 
 
-def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> None:
+def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> None:  # noqa: C901
     """Every kept socket's filter on, what was queued judged, created sockets bound (the
     order: wrapper.py's docstring), companions started, each socket's meta written."""
     state.check_meta_room(argv, os.getcwd())

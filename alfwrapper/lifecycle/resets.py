@@ -40,5 +40,5 @@ def note(service: str, peer: str, port: int, command: str) -> None:
         if journal.stderr_is_journal() and journal.send(fields):
             return
         print(text, file=sys.stderr)
-    except Exception:  # noqa: BLE001, S110  (reset already: nothing more is done)
+    except Exception:  # noqa: BLE001  (reset already: nothing more is done)
         pass

@@ -376,5 +376,5 @@ def keep(
         )
         if len(body) + 32 <= MAX_ENTRY_BYTES:
             cachedir.write_entry(folder, name, cachedir.sha256(body).digest() + body)
-    except Exception:  # noqa: BLE001, S110  (nothing kept: the next start judges in full)
+    except Exception:  # noqa: BLE001  (nothing kept: the next start judges in full)
         pass

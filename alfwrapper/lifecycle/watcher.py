@@ -88,7 +88,7 @@ def link_names(ipr: Any) -> dict[str, int]:
     return {link.get_attr("IFLA_IFNAME"): link["index"] for link in ipr.get_links()}
 
 
-def watch(targets: Sequence[Target], pidfd: int, ready_w: int, events: Any, dump: Any) -> None:
+def watch(targets: Sequence[Target], pidfd: int, ready_w: int, events: Any, dump: Any) -> None:  # noqa: C901
     wanted = frozenset().union(*(t.names for t in targets))
     current: dict[int, str] = {}
 
@@ -151,7 +151,7 @@ def main(argv: Sequence[str]) -> int:
         become_watcher_user()
         watch(targets, pidfd, ready_w, events, dump)
         return 0
-    except Exception as err:  # one line, never a traceback
+    except Exception as err:  # noqa: BLE001  (one line, never a traceback)
         print(
             f"alfwrapper: interface watcher of {service}: {err} (its sockets now drop every "
             "packet: restart the service)",

@@ -86,7 +86,7 @@ def send(conn: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) 
     conn.sendall(frame[sent:])
 
 
-def receive(
+def receive(  # noqa: C901
     conn: socket.socket, limit: int, seconds: float, max_fds: int
 ) -> tuple[dict[str, Any], list[int]]:
     """One message and the fds beside it, within ``limit`` bytes and ``seconds``."""
@@ -241,7 +241,7 @@ def _prefixes(d: dict[str, Any], key: str) -> Sequence[Prefix]:
         raise bad_request(f"'{key}': {err}") from None
 
 
-def decode_rules(d: Any) -> SocketRules:
+def decode_rules(d: Any) -> SocketRules:  # noqa: C901
     """The rules of a request, checked as strictly as the command line checks them."""
     from alfwrapper.policy.files import accepted  # noqa: PLC0415
 

@@ -123,7 +123,7 @@ def _ledger_path(who: Caller, limits: Limits) -> str:
 
 def _ledger(who: Caller, limits: Limits) -> dict[str, int]:
     try:
-        with open(_ledger_path(who, limits), encoding="utf-8") as f:  # noqa: PTH123
+        with open(_ledger_path(who, limits), encoding="utf-8") as f:
             fcntl.flock(f, fcntl.LOCK_SH)
             ledger = json.load(f)
     except (OSError, ValueError):

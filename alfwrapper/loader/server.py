@@ -120,7 +120,7 @@ PROG_TYPE_SOCKET_FILTER = bpf_calls.BPF_PROG_TYPE_SOCKET_FILTER
 _LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,9}$")  # program.label()
 
 
-def serve(listener: socket.socket, limits: Limits) -> None:
+def serve(listener: socket.socket, limits: Limits) -> None:  # noqa: C901
     """Accept and serve, one child per connection, until SIGTERM."""
     running: dict[int, int] = {}  # child pid -> the person it serves
     stop = False

@@ -76,7 +76,7 @@ def _where(rules: SocketRules, kind: str, prefix: Prefix) -> str:
     return ""
 
 
-def warnings_for(policy: Policy, target: Target, rules: SocketRules) -> list[str]:
+def warnings_for(policy: Policy, target: Target, rules: SocketRules) -> list[str]:  # noqa: C901
     """Rules that can never match on this socket."""
     out: list[str] = []
     title = target.title
@@ -247,7 +247,7 @@ def _load(
     return checked, compiler.refused_without_perfmon(loaded)
 
 
-def main(
+def main(  # noqa: C901
     policy: Policy, names: Sequence[str], strict: bool, as_json: bool, print_filter: bool
 ) -> int:
     found = targets(policy, names)

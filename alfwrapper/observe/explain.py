@@ -73,7 +73,7 @@ def parse_source(text: str) -> Prefix:
 def _line_in_file(path: str, prefix: Prefix) -> str:
     """Where in a rule file this CIDR is written: FILE line N."""
     try:
-        with open(path, encoding="utf-8") as f:  # noqa: PTH123
+        with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 text = line.split("#", 1)[0].strip()
                 if text:

@@ -355,7 +355,7 @@ def write_atomically(path: str, text: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     temp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}")
     try:
-        with open(temp, "w", encoding="utf-8") as f:  # noqa: PTH123
+        with open(temp, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(temp, 0o644)
         os.replace(temp, path)

@@ -167,7 +167,7 @@ def _json_int(text: str) -> int | str:
     return int(text) if len(text) <= 64 else text
 
 
-def read_answer(
+def read_answer(  # noqa: C901
     answer: Any, now: int, widest: tuple[int, int] = (WIDEST_IPV4, WIDEST_IPV6)
 ) -> Answer:
     """A stream answer, checked whole: anything malformed is one AlfError naming the

@@ -388,7 +388,7 @@ def _layered(entries: Sequence[Entry]) -> dict[tuple[str | None, str], list[Entr
     return found
 
 
-def build_policy(
+def build_policy(  # noqa: C901
     entries: Sequence[Entry],
     listens: Sequence[ListenSpec] = (),
     command: Sequence[str] = (),
@@ -655,7 +655,7 @@ class _Lines:
         return start
 
 
-def read_policy_file(path: Path, layer: int) -> tuple[list[Entry], list[ListenSpec]]:
+def read_policy_file(path: Path, layer: int) -> tuple[list[Entry], list[ListenSpec]]:  # noqa: C901
     """The entries and sockets of one policy file (or drop-in)."""
     raw = read_input(str(path), "policy", POLICY_LIMIT)
     try:
@@ -750,7 +750,7 @@ def _hint(key: str) -> str:
     return f'write {key} = "..."'
 
 
-def _values(key: str, value: Any, fail: Any) -> list[Any]:
+def _values(key: str, value: Any, fail: Any) -> list[Any]:  # noqa: C901
     """A TOML value as the entries' values: one per list element, () for an empty list."""
     spec = KEYS[key]
     if key == "set":

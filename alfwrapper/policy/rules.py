@@ -179,7 +179,7 @@ class SocketRules(Record):
             text = self.custom.source
             if not text:
                 try:
-                    with open(self.custom.path, "rb") as f:  # noqa: PTH123
+                    with open(self.custom.path, "rb") as f:
                         text = sha256(f.read(1 << 24)).hexdigest()
                 except OSError:
                     text = "unreadable"

@@ -167,7 +167,7 @@ def _connected(s: socket.socket) -> bool:
         return False
 
 
-def main(argv: list[str]) -> str:
+def main(argv: list[str]) -> str:  # noqa: C901
     kind, src, dst = argv[0], argv[1], argv[2]
     if kind == "tcp":
         send = (argv[5] if len(argv) > 5 else "hello") + "\n"

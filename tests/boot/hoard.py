@@ -23,7 +23,7 @@ from alfwrapper.policy.rules import SocketRules, SubnetRules
 
 
 def available() -> int:
-    with open("/proc/meminfo", encoding="ascii") as f:  # noqa: PTH123
+    with open("/proc/meminfo", encoding="ascii") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
 
 

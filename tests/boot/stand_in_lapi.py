@@ -19,7 +19,7 @@ PORT, KEY, ADDRESS = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 
 
 class Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         url = urlparse(self.path)
         if url.path != "/v1/decisions/stream" or self.headers.get("X-Api-Key") != KEY:
             self.send_response(403)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from alfwrapper import state  # noqa: E402
-from alfwrapper.bpf import compiler, program  # noqa: E402
-from alfwrapper.bpf.parts import FillEnv  # noqa: E402
-from alfwrapper.loader import server  # noqa: E402
-from alfwrapper.policy.rules import CustomFilter, SocketRules  # noqa: E402
+from alfwrapper import state
+from alfwrapper.bpf import compiler, program
+from alfwrapper.bpf.parts import FillEnv
+from alfwrapper.loader import server
+from alfwrapper.policy.rules import CustomFilter, SocketRules
 
 IN_ACCESS, IN_OPEN, IN_NONBLOCK = 0x1, 0x20, 0o4000
 TREE = state.USERS_ROOT / "4000000"  # a user's tree nobody has

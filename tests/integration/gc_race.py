@@ -23,7 +23,7 @@ for _ in range(rounds):
                 state.store().gc()
                 state.store().create(service, sock, "race_t0")
             os._exit(0)
-        except BaseException:
+        except BaseException:  # noqa: BLE001  (a forked child never returns into pytest)
             traceback.print_exc()
             os._exit(1)
     failed += os.waitpid(child, 0)[1] != 0

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     if argv[0] != "--raw":
         text = argv[0]
         if text.startswith("@"):  # a request too long for a command line
-            with open(text[1:], encoding="utf-8") as f:  # noqa: PTH123
+            with open(text[1:], encoding="utf-8") as f:
                 text = f.read()
         request = json.loads(text)
         if "--socket" in argv:

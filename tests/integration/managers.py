@@ -156,7 +156,7 @@ def start_loader(manager: UserManager, copy: Path, options: str = "") -> Path:
 class UnitLog(Service):
     """A unit's output file, read like a Service's."""
 
-    def __init__(self, path: Path) -> None:  # noqa: D107 (no process of our own)
+    def __init__(self, path: Path) -> None:  # no process of our own
         self.path = path
 
     def output(self) -> str:
@@ -188,7 +188,7 @@ def cgroup_mounts() -> list[str]:
 
 def ordinary_user(name: str) -> int:
     """An ordinary user (made once, kept: tests may run again); their uid."""
-    import pwd
+    import pwd  # noqa: PLC0415
 
     try:
         return pwd.getpwnam(name).pw_uid
@@ -207,7 +207,7 @@ class OwnManager(Manager):
     logind and user@.service delegate; here PID 1 is not systemd, so we do)."""
 
     def __init__(self, user: str, server: Host) -> None:
-        import pwd
+        import pwd  # noqa: PLC0415
 
         entry = pwd.getpwnam(user)
         self.user, self.uid, self.netns = user, entry.pw_uid, server.netns

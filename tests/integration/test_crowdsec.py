@@ -64,7 +64,7 @@ class Lapi:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        log = open(self.folder / "lapi.log", "ab")  # noqa: SIM115
+        log = open(self.folder / "lapi.log", "ab")
         self.proc = subprocess.Popen(["crowdsec", "-c", str(self.config), "-no-cs"],
                                      stdout=log, stderr=log)  # fmt: skip
         log.close()
@@ -428,7 +428,7 @@ def test_a_million_bans_then_one_more_reach_the_service(
     answers = [ban(count + 1, b.v6).join(('{"new":[', '],"deleted":null}')).encode()]
 
     class Stand(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             query = parse_qs(urlsplit(self.path).query)
             empty = b'{"new":null,"deleted":null}'
             body = startup if query.get("startup") == ["true"] else (

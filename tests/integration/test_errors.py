@@ -263,7 +263,7 @@ def test_device_or_directory_as_rule_file(tmp_path: Path, path: str, kind: str) 
 
 
 def test_rule_file_over_the_size_limit(tmp_path: Path) -> None:
-    from alfwrapper.policy.inputs import RULE_FILE_LIMIT
+    from alfwrapper.policy.inputs import RULE_FILE_LIMIT  # noqa: PLC0415
 
     big = tmp_path / "big.rules"
     with big.open("wb") as f:

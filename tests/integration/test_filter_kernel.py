@@ -169,8 +169,8 @@ def test_subnet_key_layout_is_handed_to_c_as_defined(bpf_root: None) -> None:
     """struct subnet_key is defined once in Python (subnet_table.KEY_FIELDS) and handed to
     C as generated code: the map BCC built from it has exactly that layout, and keys packed
     by Python read back field by field."""
-    from alfwrapper.bpf.parts import SUBNET_KEY
-    from alfwrapper.bpf.subnet_table import build_subnet_table, encode_nodes
+    from alfwrapper.bpf.parts import SUBNET_KEY  # noqa: PLC0415
+    from alfwrapper.bpf.subnet_table import build_subnet_table, encode_nodes  # noqa: PLC0415
 
     # Levels deeper than 8 bytes are in the hash map (shallower ones in buckets).
     rules = SubnetRules(
@@ -222,7 +222,7 @@ def test_ring_buffer_read_by_mmap_across_the_wrap(bpf_root: None) -> None:
     try:
         prog = bpf.load_func(b"write", bcc.BPF.SOCKET_FILTER)
         got: list[bytes] = []
-        rings = ringbuf._MappedRings([bpf[b"events"].map_fd], lambda _, raw: got.append(raw))  # noqa: SLF001
+        rings = ringbuf._MappedRings([bpf[b"events"].map_fd], lambda _, raw: got.append(raw))
         try:
             frame = udp_frame(4, 0xC0000202)
             for _ in range(7):  # 7 x 80 records of 48 bytes: round the 4096-byte ring 6 times

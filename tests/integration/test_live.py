@@ -175,7 +175,7 @@ def test_an_emptied_slot_drops_everything(network: Network, services: list[Servi
     a = network.allowed
     svc = start(network, services, "emptied", "--allow", "192.0.2.0/24")
     check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[])
-    from alfwrapper.host import bpf_calls
+    from alfwrapper.host import bpf_calls  # noqa: PLC0415
 
     for folder in pins_of("emptied"):
         slot = bpf_calls.obj_get(str(folder / "slot"))
@@ -237,7 +237,7 @@ def test_a_thousand_starts_leave_no_stale_pins(bpf_root: None) -> None:
     """What each start does to the pins, a thousand times, each in a process of its own
     as a start is: collect what closed sockets left (state.gc, as the wrapper does first
     thing), then pin a new socket's state, then end."""
-    from alfwrapper import state
+    from alfwrapper import state  # noqa: PLC0415
 
     state.live_cookies()  # its modules loaded once, for every child
     for _ in range(1000):
@@ -248,7 +248,7 @@ def test_a_thousand_starts_leave_no_stale_pins(bpf_root: None) -> None:
                     state.store().gc()
                     state.store().create("thousand", sock, "thousand_t0")
                 os._exit(0)
-            except BaseException:
+            except BaseException:  # noqa: BLE001  (a forked child never returns into pytest)
                 os._exit(1)
         assert os.waitpid(child, 0)[1] == 0
     assert len(pins_of("thousand")) == 1  # the last one's: nothing has collected it yet

@@ -434,9 +434,9 @@ def test_fd_calls_are_only_what_holding_the_fds_allows(
 def test_maps_older_than_the_request_are_refused(bpf_root: None) -> None:
     """The loader's last check on what it hands back, on real kernel objects: a map that
     existed before the request (opened, not made) is refused; one made after is not."""
-    check = server._check_objects  # noqa: SLF001
+    check = server._check_objects
     old = bpf_calls.map_create(2, "alf_old", 4, 4, 1)
-    probe = server._fresh_map_id()  # noqa: SLF001
+    probe = server._fresh_map_id()
     new = bpf_calls.map_create(2, "alf_new", 4, 4, 1)
     loaded = compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("::1"),))))
     try:
@@ -566,7 +566,7 @@ def test_a_million_rules_through_the_loader(
 
 def hostile_requests() -> Iterator[tuple[bytes, list[int]]]:
     """Malformed, oversized, wrong and truncated requests, and a few with fds."""
-    frame = protocol.LENGTH.pack  # noqa: SLF001
+    frame = protocol.LENGTH.pack
 
     def framed(obj: object) -> bytes:
         data = json.dumps(obj).encode()
@@ -864,7 +864,7 @@ def test_hostile_requests_leave_the_loader_serving(
 
 
 def test_loader_unit_is_sandboxed_and_verifies(tmp_path: Path) -> None:
-    from managers import ALFWRAPPER
+    from managers import ALFWRAPPER  # noqa: PLC0415
 
     for name in ("alfwrapper-loader.service", "alfwrapper-loader.socket"):
         text = (ROOT / "units" / name).read_text()  # as shipped, but for our path

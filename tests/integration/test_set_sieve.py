@@ -105,7 +105,7 @@ def test_a_kill_between_the_bits_and_the_entry_leaves_no_entry_unseen(
     probes = [parse_prefix("192.0.2.77/32"), parse_prefix("2001:db8::77/128")]
     if how[0] == "create":
         listed = os.path.join(str(tmp_path), "list")
-        with open(listed, "w", encoding="utf-8") as f:  # noqa: PTH123
+        with open(listed, "w", encoding="utf-8") as f:
             f.write("192.0.2.77\n2001:db8::77\n")
         argv = ["set", "create", name, listed]
     else:

@@ -30,7 +30,7 @@ from alfwrapper.policy import spa
 from alfwrapper.policy.rules import KnockRules, SocketRules
 
 sys.path.insert(0, str(ROOT / "examples"))
-import spa_knock  # noqa: E402
+import spa_knock
 
 SECRET = b"alfwrapper test secret 0123456789"
 PORT = 8080

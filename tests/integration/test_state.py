@@ -298,9 +298,9 @@ def test_gc_judges_only_the_sockets_it_listed_before_asking_which_live(bpf_root:
         os.close(dispatch)
         try:
             garbage(where)
-            assert tree._collect(set(), set, None) == []  # noqa: SLF001
+            assert tree._collect(set(), set, None) == []
             assert where.dir.exists(), "a gc took a socket made after it asked"
-            assert tree._collect({where.dir}, set, None) == [where]  # noqa: SLF001
+            assert tree._collect({where.dir}, set, None) == [where]
         finally:
             shutil.rmtree(where.service_dir, ignore_errors=True)
 
@@ -323,7 +323,7 @@ def test_a_start_claims_the_state_it_takes_before_it_compiles(bpf_root: None) ->
             taken = tree.take("claimed", sock, "claimed_t0")  # the next start
             assert taken.state == first.state and not taken.made
             assert state.read_meta(taken.state)["pid"] == os.getpid()
-            assert tree._collect({taken.state.dir}, set, None) == []  # noqa: SLF001
+            assert tree._collect({taken.state.dir}, set, None) == []
             assert (taken.state.dir / "dispatch").exists(), "a gc took a start's state"
         finally:
             shutil.rmtree(first.state.service_dir, ignore_errors=True)

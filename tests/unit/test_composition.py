@@ -182,8 +182,8 @@ def test_a_developers_filter_gets_the_transport_header(tmp_path: Path) -> None:
 def test_labels_name_service_and_socket_within_kernel_limits(
     service: str, protocol: str, port: int, label: str
 ) -> None:
-    from alfwrapper.bpf.program import label as make_label
-    from alfwrapper.bpf.program import object_name
+    from alfwrapper.bpf.program import label as make_label  # noqa: PLC0415
+    from alfwrapper.bpf.program import object_name  # noqa: PLC0415
 
     got = make_label(service, protocol, port)
     assert got == label

@@ -154,11 +154,11 @@ def test_a_fingerprint_is_found_again_however_the_files_were_read(
     """`explain SERVICE` builds the rules again and compares fingerprints: a start's
     (cheap: settled rule files by identity, else by contents) is found again by a later
     process either way while nothing changed, and by neither once a file did."""
-    import os
-    import time
+    import os  # noqa: PLC0415
+    import time  # noqa: PLC0415
 
-    from alfwrapper.cli import parse_policy
-    from alfwrapper.host import cachedir
+    from alfwrapper.cli import parse_policy  # noqa: PLC0415
+    from alfwrapper.host import cachedir  # noqa: PLC0415
 
     monkeypatch.setenv("ALFWRAPPER_CACHE", str(tmp_path / "cache"))
     rules = tmp_path / "deny.txt"

@@ -185,10 +185,10 @@ def test_ipv6_in_bulk_is_the_same_table(seed: int, count: int, denied: bool, v4:
     six = tuple(nested_ipv6(rng, count))
     four = (parse_prefix("192.0.2.0/24"),) if v4 else ()
     rules = SubnetRules(allow=four if denied else six, deny=six if denied else four)
-    for allow_root in (subnet_table._NONE, subnet_table._FULL):  # noqa: SLF001
-        bulk = subnet_table._table64(rules, allow_root)  # noqa: SLF001
+    for allow_root in (subnet_table._NONE, subnet_table._FULL):
+        bulk = subnet_table._table64(rules, allow_root)
         assert bulk is not None
-        roots, nodes, levels = subnet_table._family_table(6, rules, allow_root)  # noqa: SLF001
+        roots, nodes, levels = subnet_table._family_table(6, rules, allow_root)
         assert bulk[0] == roots and bulk[2] == levels
         got = {(nbytes, int(k), int(v)) for nbytes, (keys, values) in bulk[1].items()
                for k, v in zip(keys, values, strict=True)}  # fmt: skip
@@ -203,7 +203,7 @@ def test_ipv6_in_bulk_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> 
     both = rules_of(allow=["2001:db8::/32"], deny=["2001:db8::/48"])
     long = rules_of(allow=["2001:db8::/32", "2001:db8::1/128"])
     for rules in (both, long):
-        assert subnet_table._table64(rules, subnet_table._NONE) is None  # noqa: SLF001
+        assert subnet_table._table64(rules, subnet_table._NONE) is None
 
     def one_at_a_time(*args: object) -> None:
         raise AssertionError("laid out one prefix at a time")
@@ -221,17 +221,17 @@ def test_buckets_fit_at_two_keys_a_bucket(seed: int) -> None:
     the last ones instead fails for 2 of these 8 key sets, and a table whose three
     pairs all fail doubles).  Each bucket holds at most BUCKET_SLOTS keys, and a key
     is in its second bucket only behind a full first one, where a lookup looks."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415
 
     rng = np.random.default_rng(seed)
     keys = np.unique(np.uint64(0x20010DB8 << 32) | rng.integers(0, 1 << 32, 250_000, np.uint64))
     bits = (len(keys) // subnet_table.KEYS_PER_BUCKET).bit_length()
     pair = subnet_table.MULTIPLIERS[0]
-    placed = subnet_table._place(keys, bits, pair)  # noqa: SLF001
+    placed = subnet_table._place(keys, bits, pair)
     assert placed is not None
     bucket, slot = placed
-    first = subnet_table._bucket_of(keys, pair[0], bits).astype(np.int64)  # noqa: SLF001
-    second = subnet_table._bucket_of(keys, pair[1], bits).astype(np.int64)  # noqa: SLF001
+    first = subnet_table._bucket_of(keys, pair[0], bits).astype(np.int64)
+    second = subnet_table._bucket_of(keys, pair[1], bits).astype(np.int64)
     held = np.bincount(bucket, minlength=1 << bits)
     assert held.max() <= subnet_table.BUCKET_SLOTS and slot.max() < subnet_table.BUCKET_SLOTS
     assert len(np.unique(bucket << 3 | slot)) == len(keys)  # no slot taken twice
@@ -301,8 +301,8 @@ def test_a_few_rules_give_the_same_tables_without_numpy(
     before = subnet_table.V4_ROOT_BITS
     subnet_table.V4_ROOT_BITS = range(least_bits, 27)
     try:
-        small = subnet_table._small_table(rules)  # noqa: SLF001
-        bulk = subnet_table._bulk_table(rules)  # noqa: SLF001
+        small = subnet_table._small_table(rules)
+        bulk = subnet_table._bulk_table(rules)
     finally:
         subnet_table.V4_ROOT_BITS = before
     assert small is not None and isinstance(small.v4, subnet_table.SmallV4)

@@ -1,0 +1,54 @@
+"""What `make lint` lets through may only shrink: the functions over ruff's complexity
+limit (C901 at 12, pyproject.toml) are these, each named in its own noqa.  A new one
+fails here: split it instead.  One brought under the limit leaves this list (and its
+noqa, which RUF100 then reports as unused)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from support import ROOT
+
+OVER_THE_LIMIT = {
+    "alfwrapper/bpf/subnet_table.py::_family_table",
+    "alfwrapper/cli.py::set_main",
+    "alfwrapper/lifecycle/bouncer.py::read_config",
+    "alfwrapper/lifecycle/kept.py::filter_kept",
+    "alfwrapper/lifecycle/watcher.py::watch",
+    "alfwrapper/loader/protocol.py::decode_rules",
+    "alfwrapper/loader/protocol.py::receive",
+    "alfwrapper/loader/server.py::serve",
+    "alfwrapper/observe/check.py::main",
+    "alfwrapper/observe/check.py::warnings_for",
+    "alfwrapper/policy/crowdsec.py::read_answer",
+    "alfwrapper/policy/files.py::_values",
+    "alfwrapper/policy/files.py::build_policy",
+    "alfwrapper/policy/files.py::read_policy_file",
+    "alfwrapper/state.py::_collect_service",
+    "alfwrapper/state.py::trusted_dir",
+    "benchmarks/bench.py::main",
+    "benchmarks/bench.py::targets",
+    "benchmarks/bench.py::write_report",
+    "examples/echo_server.py::main",
+    "tests/boot/client.py::main",
+    "tests/integration/binder.py::main",
+    "tests/unit/test_kept_files.py::act",
+}
+
+
+def test_the_functions_over_the_complexity_limit_only_shrink() -> None:
+    listing = ["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "*.py"]
+    files = subprocess.run(listing, capture_output=True, text=True, check=True).stdout.split()
+    excused = set()
+    for name in files:
+        path = ROOT / name
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            if re.search(r"#\s*noqa:[A-Z0-9, ]*\bC901\b", line):
+                found = re.match(r"\s*(?:async\s+)?def\s+(\w+)", line)
+                assert found, f"{name}: a noqa: C901 that is not on a def line: {line}"
+                excused.add(f"{name}::{found.group(1)}")
+    assert excused <= OVER_THE_LIMIT, f"new functions over the limit: {excused - OVER_THE_LIMIT}"
+    assert excused == OVER_THE_LIMIT, f"under the limit now: {OVER_THE_LIMIT - excused}"
