@@ -5,8 +5,10 @@ noqa, which RUF100 then reports as unused)."""
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
+import tokenize
 
 from support import ROOT
 
@@ -45,8 +47,14 @@ def test_the_functions_over_the_complexity_limit_only_shrink() -> None:
         path = ROOT / name
         if not path.exists():
             continue
-        for line in path.read_text(errors="replace").splitlines():
-            if re.search(r"#\s*noqa:[A-Z0-9, ]*\bC901\b", line):
+        text = path.read_text(errors="replace")
+        lines = text.splitlines()
+        with io.StringIO(text) as source:  # comments only, not strings that hold one
+            comments = [t for t in tokenize.generate_tokens(source.readline)
+                        if t.type == tokenize.COMMENT]  # fmt: skip
+        for token in comments:
+            if re.search(r"#\s*noqa:[A-Z0-9, ]*\bC901\b", token.string):
+                line = lines[token.start[0] - 1]
                 found = re.match(r"\s*(?:async\s+)?def\s+(\w+)", line)
                 assert found, f"{name}: a noqa: C901 that is not on a def line: {line}"
                 excused.add(f"{name}::{found.group(1)}")
