@@ -227,7 +227,7 @@ def status_lines(report: dict[str, object]) -> list[str]:
                     lines.append(f"    SPA: refuses datagrams as stale for {ahead:.0f} s more: "
                                  f"it takes those sent from {at} UTC (the first window "
                                  "after its table was made)")  # fmt: skip
-        if svc.get("resets") or not svc["sockets"]:
+        if svc.get("resets"):
             lines.append(f"  connections denied and reset before the command started "
                          f"(Accept=yes, this boot): {svc.get('resets', 0)}")  # fmt: skip
     if not report["services"]:
@@ -271,7 +271,7 @@ def prometheus(report: dict[str, object]) -> str:
         "# TYPE alfwrapper_connections_reset_total counter",
     ]
     for svc in report["services"]:  # type: ignore[attr-defined]
-        if svc.get("resets") or not svc["sockets"]:
+        if svc.get("resets"):
             out.append(f'alfwrapper_connections_reset_total{{service="{_label(svc["name"])}"}} '
                        f"{svc.get('resets', 0)}")  # fmt: skip
     out += [
