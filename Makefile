@@ -20,7 +20,7 @@ setup:
 help:
 	@echo "make run        the echo service behind alfwrapper (installs what is missing)"
 	@echo "make test       lint and every test tier, as CI runs it"
-	@echo "make test-fast  the unit and kernel tiers, on every core"
+	@echo "make test-fast  the unit and host tiers (as root: BPF on this kernel), on every core"
 	@echo "make unit       the unit tier"
 	@echo "make lint       ruff, mypy, the import layers, the man pages, the commit messages"
 	@echo "make dev        only what make lint and make unit need (a few packages, the venv)"
@@ -72,12 +72,11 @@ mutate: setup
 unit: dev
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-# The fast tiers (tests/conftest.py TIERS): pure Python, and BPF on this kernel
-# without network namespaces or systemd (not the thorough tier's long fuzz and
-# stress runs), on every core (pytest-xdist; a test
-# file stays on one worker).  As root.
+# The fast tiers (tests/helpers/tiers.py): tests/unit (pure Python) and tests/host (as
+# root: BPF on this kernel, no network namespaces or systemd), on every core
+# (pytest-xdist; a test file stays on one worker).
 test-fast: setup
-	$(PY) -m pytest -m "unit or kernel" -n auto --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit tests/host -n auto --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "boot"))
+sys.path.insert(0, str(ROOT / "tests"))
 
-from guest import DENY4, GUEST4, Guest  # noqa: E402
+from helpers.guest import DENY4, GUEST4, Guest  # noqa: E402
 
 GUEST4B = "198.51.100.2"  # the guest's address on the denied host's network
 PLAIN_PORT = 2223

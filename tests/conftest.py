@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hosts import Network, Service, make_network
+from helpers.hosts import Network, Service, make_network
+from helpers.managers import UserManager
+from helpers.support import ROOT, WRAPPER, bpf_problem, host_hold, require
+from helpers.tiers import TIERS, tier_problem
 from hypothesis import settings
 from hypothesis.configuration import set_hypothesis_home_dir
-from managers import UserManager
-from support import ROOT, WRAPPER, bpf_problem, host_hold, require
 
 from alfwrapper import state
 from alfwrapper.bpf.parts import RUNTIME_KEY
@@ -218,22 +219,6 @@ def deb() -> Path:
         return debs[-1]
 
 
-# The tiers, as pytest markers: `make test-fast` runs unit and kernel, `make test`
-# everything.  A test's tier follows from where it lives and what it needs.
-TIERS = {
-    "unit": "pure Python, no kernel",
-    "kernel": "loads BPF on this kernel, no network namespaces",
-    "netns": "hosts in network namespaces",
-    "systemd": "a systemd --user manager with the shipped units",
-    "boot": "a booted guest: Debian 12 and 13 under nspawn, or their own kernels (6.1, "
-    "6.12) under qemu (their verifiers too: tests/kernel)",
-    "release": "the package, the install and the benchmark smoke run",
-    "thorough": "long fuzz and stress runs on this kernel, no network namespaces (the "
-    "loader's compile confinement, a thousand starts)",
-}
-RELEASE = {"test_package.py", "test_install.py", "test_bench.py"}
-
-
 def pytest_configure(config: pytest.Config) -> None:
     for name, what in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
@@ -241,24 +226,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        path = Path(str(item.fspath))
-        needs = set(getattr(item, "fixturenames", ()))
-        if item.get_closest_marker("thorough") is not None:
-            continue  # its marker is its tier
-        if path.parent.name == "unit":
-            tier = "unit"
-        elif path.parent.name in ("boot", "kernel"):
-            tier = "boot"
-        elif path.name in RELEASE or "deb" in needs:
-            tier = "release"
-        elif needs & {"manager", "users", "loader"}:
-            tier = "systemd"
-        elif "network" in needs:
-            tier = "netns"
-        else:
-            tier = "kernel"
-        item.add_marker(getattr(pytest.mark, tier))
+    problems = [
+        problem
+        for item in items
+        if (problem := tier_problem(
+            item.nodeid,
+            {mark.name for mark in item.iter_markers()},
+            set(getattr(item, "fixturenames", ())),
+        )) is not None
+    ]  # fmt: skip
+    if problems:
+        raise pytest.UsageError("\n".join(problems[:20]))
 
 
 # `make test` runs three pytest-xdist workers (on two cores: much of a test is waiting),
@@ -269,8 +247,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # its stand-in (test_crash.py) mount the same /run/alfwrapper-loader.  Every other test
 # file is a lane of its own (its services' names are unique among files, and the echo
 # server's default name differs between workers: support.ECHO_SERVER).
-LANES = {"boot": "guests", "kernel": "guests", "test_loader.py": "loader",
-         "test_crash.py": "loader", **{name: "guests" for name in RELEASE}}  # fmt: skip
+LANES = {"boot": "guests", "kernel": "guests", "release": "guests", "test_loader.py": "loader",
+         "test_crash.py": "loader"}  # fmt: skip
 
 
 def lane_of(nodeid: str) -> str:

@@ -36,17 +36,17 @@ class Mutation:
 
 
 ROOT_DAEMON = (
-    "tests/integration/test_daemon_privileges.py::"
+    "tests/netns/test_daemon_privileges.py::"
     "test_a_root_daemon_keeps_its_capabilities_but_cannot_reach_its_filter"
 )
 NO_CAPABILITIES = (
-    "tests/integration/test_daemon_privileges.py::test_no_capabilities_leaves_the_application_none"
+    "tests/netns/test_daemon_privileges.py::test_no_capabilities_leaves_the_application_none"
 )
 UNPRIVILEGED_DAEMON = (
-    "tests/integration/test_daemon_privileges.py::"
+    "tests/netns/test_daemon_privileges.py::"
     "test_an_unprivileged_daemon_keeps_its_ambient_capabilities_but_cannot_reach_its_filter"
 )
-EXPLAIN_SERVICE = "tests/integration/test_explain_service.py::"
+EXPLAIN_SERVICE = "tests/netns/test_explain_service.py::"
 MUTATIONS = [
     Mutation(
         "libc-handle-hides-syscalls-from-the-recorder",
@@ -60,14 +60,14 @@ MUTATIONS = [
         "alfwrapper/loader/server.py",
         "    _KEPT.append(loaded)  # its fds close with it: kept until the answer carries them\n",
         "",
-        ("tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",),
+        ("tests/systemd/test_loader.py::test_only_socket_filters_and_only_new_maps",),
     ),
     Mutation(
         "verifier-log-without-source-lines",
         "alfwrapper/bpf/compiler.py",
         'text = _bcc_log(bcc, bpf, plan, log) or err.filename or ""',
         'text = err.filename or ""',
-        ("tests/integration/test_errors.py::test_verifier_rejection_says_why",),
+        ("tests/host/test_errors.py::test_verifier_rejection_says_why",),
     ),
     Mutation(
         "kept-verdict-ignores-deny",
@@ -82,7 +82,7 @@ MUTATIONS = [
         '    if not still_found(body["consulted"]):',
         "    if False:",
         (
-            "tests/integration/test_inetd.py::"
+            "tests/netns/test_inetd.py::"
             "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
         ),
     ),
@@ -93,7 +93,7 @@ MUTATIONS = [
         "        _identity(path)",
         (
             "tests/unit/test_kept_files.py",
-            "tests/integration/test_inetd.py::test_a_kept_verdict_follows_a_release_switched_by_symlink",
+            "tests/netns/test_inetd.py::test_a_kept_verdict_follows_a_release_switched_by_symlink",
         ),
     ),
     Mutation(
@@ -140,7 +140,7 @@ MUTATIONS = [
         "if len(raw) < 32 or cachedir.sha256(raw[32:]).digest() != raw[:32]:",
         "if len(raw) < 32:",
         (
-            "tests/integration/test_inetd.py::"
+            "tests/netns/test_inetd.py::"
             "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
         ),
     ),
@@ -149,7 +149,7 @@ MUTATIONS = [
         "alfwrapper/lifecycle/verdicts.py",
         "    if _file(2) in streams or _file(2) is None:\n",
         "    if _file(2) is None:\n",
-        ("tests/integration/test_inetd.py::test_a_kept_denial_writes_nothing_to_the_peer",),
+        ("tests/netns/test_inetd.py::test_a_kept_denial_writes_nothing_to_the_peer",),
     ),
     Mutation(
         "kept-verdict-trusts-racy-times",
@@ -158,7 +158,7 @@ MUTATIONS = [
         "consulted):",
         "        if False:",
         (
-            "tests/integration/test_inetd.py::"
+            "tests/netns/test_inetd.py::"
             "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
         ),
     ),
@@ -168,7 +168,7 @@ MUTATIONS = [
         "    handover.confine_and_exec(command, keep_capabilities, (), (), None)\n",
         "    os.execvp(command[0], command)\n",
         (
-            "tests/integration/test_inetd.py::"
+            "tests/netns/test_inetd.py::"
             "test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does",
         ),
     ),
@@ -178,7 +178,7 @@ MUTATIONS = [
         '    keep_capabilities = not any(word.startswith("--no-c") for word in argv[:split])\n',
         "    keep_capabilities = True\n",
         (
-            "tests/integration/test_inetd.py::"
+            "tests/netns/test_inetd.py::"
             "test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does",
         ),
     ),
@@ -214,7 +214,7 @@ MUTATIONS = [
         "    return command, keep_capabilities\n",
         '    return run["command"], run["capabilities"]\n',
         (
-            "tests/integration/test_inetd.py::"
+            "tests/netns/test_inetd.py::"
             "test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does",
         ),
     ),
@@ -224,7 +224,7 @@ MUTATIONS = [
         "run if on_fd_0 and not record.rules.empty else None,",
         "run if on_fd_0 else None,",
         (
-            "tests/integration/test_inetd.py::"
+            "tests/netns/test_inetd.py::"
             "test_an_unruled_socket_is_started_by_the_full_start_every_time",
         ),
     ),
@@ -234,7 +234,7 @@ MUTATIONS = [
         "run if on_fd_0 and not record.rules.empty else None,",
         "run if record.stdin and not record.rules.empty else None,",
         (
-            "tests/integration/test_inetd.py::"
+            "tests/netns/test_inetd.py::"
             "test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does",
         ),
     ),
@@ -243,14 +243,14 @@ MUTATIONS = [
         "alfwrapper/bpf/parts.py",
         '    condition = "knock_pass(skb, &pkt)"\n    ports = True\n',
         '    condition = "knock_pass(skb, &pkt)"\n',
-        ("tests/integration/test_parts.py::test_knock_opens_for_the_knocker_only",),
+        ("tests/netns/test_parts.py::test_knock_opens_for_the_knocker_only",),
     ),
     Mutation(
         "drop-log-without-ports",
         "alfwrapper/bpf/program.py",
         "    if rules.log_rate or any(p.part.ports for p in plans):\n",
         "    if any(p.part.ports for p in plans):\n",
-        ("tests/integration/test_observe.py::test_drop_log_under_a_flood",),
+        ("tests/netns/test_observe.py::test_drop_log_under_a_flood",),
     ),
     Mutation(
         "ports-read-for-every-program",
@@ -265,7 +265,7 @@ MUTATIONS = [
         "        look(str(folder))  # a drop-in added or removed changes its folder\n",
         "",
         (
-            "tests/integration/test_inetd.py::"
+            "tests/netns/test_inetd.py::"
             "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
         ),
     ),
@@ -275,7 +275,7 @@ MUTATIONS = [
         "            _INSN.pack_into(code, index * 8, op, regs, off, fds[name])\n",
         "            _INSN.pack_into(code, index * 8, op, regs, off, 0)\n",
         (
-            "tests/integration/test_cache.py::"
+            "tests/host/test_cache.py::"
             "test_a_cached_program_loads_without_bcc_and_judges_as_compiled",
         ),
     ),
@@ -284,21 +284,21 @@ MUTATIONS = [
         "alfwrapper/bpf/cache.py",
         'if cachedir.sha256(text.encode()).hexdigest() != sealed["sha256"]:',
         "if False:",
-        ("tests/integration/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
+        ("tests/host/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
     ),
     Mutation(
         "cache-owner-not-checked",
         "alfwrapper/host/cachedir.py",
         "        and info.st_uid == os.geteuid()\n",
         "        and True\n",
-        ("tests/integration/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
+        ("tests/host/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
     ),
     Mutation(
         "cache-key-not-checked",
         "alfwrapper/bpf/cache.py",
         'if body["format"] != FORMAT or body["key"] != key_:',
         'if body["format"] != FORMAT:',
-        ("tests/integration/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
+        ("tests/host/test_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
     ),
     Mutation(
         "cache-entry-written-in-place",
@@ -307,21 +307,21 @@ MUTATIONS = [
         "            os.replace(self.temporary, os.path.join(self.folder, name))\n",
         "            os.replace(self.temporary, os.path.join(self.folder, name))\n"
         '            crash_point("cache-written")\n',
-        ("tests/integration/test_cache.py::test_a_crash_while_storing_leaves_no_entry",),
+        ("tests/host/test_cache.py::test_a_crash_while_storing_leaves_no_entry",),
     ),
     Mutation(
         "gc-keeps-old-cache-entries",
         "alfwrapper/lifecycle/service.py",
         "cache.prune(folder, unused_for=cache.GC_UNUSED_SECONDS)",
         "cache.prune(folder)",
-        ("tests/integration/test_cache.py::test_gc_removes_entries_not_used_for_a_month",),
+        ("tests/host/test_cache.py::test_gc_removes_entries_not_used_for_a_month",),
     ),
     Mutation(
         "cached-program-ignores-pinned-maps",
         "alfwrapper/bpf/compiler.py",
         "        adopt_pinned(loaded_tables, plan.pinned, plan.borrowed)\n",
         "",
-        ("tests/integration/test_parts.py::test_knock_opens_for_the_knocker_only",),
+        ("tests/netns/test_parts.py::test_knock_opens_for_the_knocker_only",),
     ),
     Mutation(
         "gc-judges-sockets-made-after-it-asked",
@@ -329,7 +329,7 @@ MUTATIONS = [
         "            if entry not in settled:  # made after the gc asked which sockets live\n",
         "            if False:  # made after the gc asked which sockets live\n",
         (
-            "tests/integration/test_state.py::"
+            "tests/netns/test_state.py::"
             "test_gc_judges_only_the_sockets_it_listed_before_asking_which_live",
         ),
     ),
@@ -338,10 +338,7 @@ MUTATIONS = [
         "alfwrapper/state.py",
         '    if meta.get("pid") != (pid or os.getpid()):\n',
         "    if False:\n",
-        (
-            "tests/integration/test_state.py::"
-            "test_a_start_claims_the_state_it_takes_before_it_compiles",
-        ),
+        ("tests/netns/test_state.py::test_a_start_claims_the_state_it_takes_before_it_compiles",),
     ),
     Mutation(
         "ipv6-lines-go-one-at-a-time",
@@ -363,8 +360,8 @@ MUTATIONS = [
         "        if len(deny.covering(family, address)):\n",
         "        if False:\n",
         (
-            "tests/integration/test_filter_kernel.py::test_kernel_agrees_with_rules",
-            "tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",
+            "tests/host/test_filter_kernel.py::test_kernel_agrees_with_rules",
+            "tests/netns/test_inetd.py::test_a_connection_is_judged_without_bcc",
         ),
     ),
     Mutation(
@@ -372,7 +369,7 @@ MUTATIONS = [
         "alfwrapper/lifecycle/launch.py",
         "    elif any(not r.connected for r in records):\n",
         "    elif True:\n",
-        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+        ("tests/netns/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
         "status-fails-on-state-a-gc-took",
@@ -380,7 +377,7 @@ MUTATIONS = [
         '        if tree.has_pin(pins, "meta"):\n            raise\n',
         "        raise\n",
         (
-            "tests/integration/test_state.py::"
+            "tests/netns/test_state.py::"
             "test_status_of_every_service_passes_over_state_a_gc_takes_meanwhile",
         ),
     ),
@@ -389,7 +386,7 @@ MUTATIONS = [
         "alfwrapper/state.py",
         "                if time.monotonic() >= deadline:\n",
         "                if False:\n",
-        ("tests/integration/test_state.py::test_a_start_waits_for_a_stopped_gc_only_so_long",),
+        ("tests/netns/test_state.py::test_a_start_waits_for_a_stopped_gc_only_so_long",),
     ),
     Mutation(
         "gc-takes-a-start-in-progress",
@@ -397,8 +394,8 @@ MUTATIONS = [
         "            if not meta and not alone:\n",
         "            if False:\n",
         (
-            "tests/integration/test_state.py::test_a_gc_leaves_the_state_a_start_is_making",
-            "tests/integration/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",
+            "tests/netns/test_state.py::test_a_gc_leaves_the_state_a_start_is_making",
+            "tests/netns/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",
         ),
     ),
     Mutation(
@@ -406,7 +403,7 @@ MUTATIONS = [
         "alfwrapper/state.py",
         "            and info.st_uid != uid\n",
         "            and False\n",
-        ("tests/integration/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",),
+        ("tests/netns/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",),
     ),
     Mutation(
         "layers-upward-import-allowed",
@@ -429,7 +426,7 @@ MUTATIONS = [
         "    if deny == _FULL:\n        return NODE_PASS if allow == _FULL else 0\n",
         (
             "tests/unit/test_subnet_table.py",
-            "tests/integration/test_wrapper.py::test_created_sockets",
+            "tests/netns/test_wrapper.py::test_created_sockets",
         ),
     ),
     Mutation(
@@ -444,14 +441,14 @@ MUTATIONS = [
         "filters/common.h",
         "if (words[1] == 0 && (u32)words[2] == __builtin_bswap32(0xffff))",
         "if (0)",
-        ("tests/adversarial/test_same_verdict.py::test_test_run_and_socket_agree",),
+        ("tests/netns/test_same_verdict.py::test_test_run_and_socket_agree",),
     ),
     Mutation(
         "so-lock-filter",
         "alfwrapper/host/attach.py",
         "def attach_filter(sock: socket.socket, prog_fd: int, lock: bool = True)",
         "def attach_filter(sock: socket.socket, prog_fd: int, lock: bool = False)",
-        ("tests/integration/test_wrapper.py::test_application_cannot_remove_filter",),
+        ("tests/netns/test_wrapper.py::test_application_cannot_remove_filter",),
     ),
     Mutation(
         "capability-drop",
@@ -459,7 +456,7 @@ MUTATIONS = [
         "        process.capset(keep, keep, 0)\n",
         "        pass\n",
         (
-            "tests/integration/test_privileges.py::"
+            "tests/netns/test_privileges.py::"
             "test_no_capabilities_empties_every_set_even_the_inheritable_one",
         ),
     ),
@@ -475,14 +472,14 @@ MUTATIONS = [
         "alfwrapper/host/privileges.py",
         "    try:\n        process.prctl(process.PR_SET_NO_NEW_PRIVS, 1)\n        for cap in",
         "    try:\n        for cap in",
-        ("tests/integration/test_privileges.py::test_unprivileged_user_with_cap_bpf",),
+        ("tests/netns/test_privileges.py::test_unprivileged_user_with_cap_bpf",),
     ),
     Mutation(
         "caps-reaching-filter-kept",
         "alfwrapper/host/capabilities.py",
         "REACHES_FILTER_MASK = sum(1 << cap for cap in REACHES_FILTER)",
         "REACHES_FILTER_MASK = 0",
-        ("tests/integration/test_daemon_privileges.py",),
+        ("tests/netns/test_daemon_privileges.py",),
     ),
     Mutation(
         "seccomp-bpf-not-denied",
@@ -498,7 +495,7 @@ MUTATIONS = [
         '            "denying bpf(2)',
         "    except (OSError, RuntimeError, ValueError) as err:\n        return\n"
         '        raise AlfError(\n            "denying bpf(2)',
-        ("tests/integration/test_daemon_privileges.py::test_no_seccomp_no_start",),
+        ("tests/netns/test_daemon_privileges.py::test_no_seccomp_no_start",),
     ),
     Mutation(
         "bpffs-not-hidden",
@@ -526,7 +523,7 @@ MUTATIONS = [
         "alfwrapper/host/privileges.py",
         "writable_outside(mounts), scope_signals=True)",
         "writable_outside(mounts), scope_signals=False)",
-        ("tests/adversarial/test_watcher.py",),
+        ("tests/netns/test_watcher.py",),
     ),
     Mutation(
         "landlock-note-missing",
@@ -534,7 +531,7 @@ MUTATIONS = [
         "    if unprotected:\n",
         "    if False:\n",
         (
-            "tests/integration/test_daemon_privileges.py::"
+            "tests/netns/test_daemon_privileges.py::"
             "test_without_landlock_the_wrapper_says_what_is_left",
         ),
     ),
@@ -555,14 +552,14 @@ MUTATIONS = [
         "        for fd, away in kept.items():  # the message is not for the peer either\n"
         "            os.dup2(away, fd)\n",
         "        pass\n",
-        ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
+        ("tests/netns/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
         "inetd-usage-error-to-peer",
         "alfwrapper/cli.py",
         "    diverted = activation.divert_inetd_streams()  # before any output",
         "    diverted = {}  #",
-        ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
+        ("tests/netns/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
         "unit-capabilities-dropped",
@@ -578,21 +575,21 @@ MUTATIONS = [
         "alfwrapper/host/activation.py",
         "    return socket.socket(fileno=0)\n",
         "    return None\n",
-        ("tests/integration/test_inetd.py::test_what_fd_0_may_be",),
+        ("tests/netns/test_inetd.py::test_what_fd_0_may_be",),
     ),
     Mutation(
         "inetd-unix-socket-taken",
         "alfwrapper/host/activation.py",
         "    return bool(daemon.is_socket(fd)) and not daemon.is_socket_unix(fd)",
         "    return bool(daemon.is_socket(fd))",
-        ("tests/integration/test_inetd.py::test_what_fd_0_may_be",),
+        ("tests/netns/test_inetd.py::test_what_fd_0_may_be",),
     ),
     Mutation(
         "inetd-same-socket-twice",
         "alfwrapper/host/activation.py",
         "    if any(_same_file(0, sock.fileno()) for sock in taken):",
         "    if False:",
-        ("tests/integration/test_inetd.py::test_a_socket_passed_both_ways_is_one_socket",),
+        ("tests/netns/test_inetd.py::test_a_socket_passed_both_ways_is_one_socket",),
     ),
     Mutation(
         "inetd-peer-not-judged",
@@ -600,8 +597,8 @@ MUTATIONS = [
         "        if record.connected:\n",
         "        if record.connected and not record.stdin:\n",
         (
-            "tests/integration/test_inetd.py::test_a_peer_gone_before_the_filter_starts_nothing",
-            "tests/integration/test_gallery.py::test_sshd_from_systemd_socket_activate_inetd",
+            "tests/netns/test_inetd.py::test_a_peer_gone_before_the_filter_starts_nothing",
+            "tests/netns/test_gallery.py::test_sshd_from_systemd_socket_activate_inetd",
         ),
     ),
     Mutation(
@@ -609,21 +606,21 @@ MUTATIONS = [
         "alfwrapper/lifecycle/wrapper.py",
         "from alfwrapper.lifecycle import verdicts\n",
         "from alfwrapper import state  # noqa: F401\nfrom alfwrapper.lifecycle import verdicts\n",
-        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+        ("tests/netns/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
         "inetd-stderr-to-peer",
         "alfwrapper/host/activation.py",
         "        streams = [fd for fd in (1, 2) if _same_file(0, fd)]",
         "        streams = []",
-        ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
+        ("tests/netns/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
         "inetd-stderr-not-restored",
         "alfwrapper/host/activation.py",
         "        os.dup2(original, fd)\n",
         "        pass\n",
-        ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
+        ("tests/netns/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
         "doctor-for-sshd-inetd",
@@ -637,63 +634,63 @@ MUTATIONS = [
         "alfwrapper/observe/daemons.py",
         "    lost = needs & removed\n",
         "    lost = 0\n",
-        ("tests/unit/test_daemons.py",),
+        ("tests/host/test_doctor_as_root.py::test_capabilities_that_would_be_removed",),
     ),
     Mutation(
         "listen-pid",
         "alfwrapper/host/activation.py",
         "    if pid_text != str(pid):",
         "    if False:",
-        ("tests/unit/test_activation.py", "tests/integration/test_errors.py"),
+        ("tests/unit/test_activation.py", "tests/host/test_errors.py"),
     ),
     Mutation(
         "queue-judgement-unlisted",
         "alfwrapper/lifecycle/backlog.py",
         "    if len(listed) == queued and not bad:",
         "    if not bad:",
-        ("tests/adversarial/test_queued.py",),
+        ("tests/netns/test_queued.py",),
     ),
     Mutation(
         "queue-judgement-datagrams",
         "alfwrapper/lifecycle/backlog.py",
         "    bad = [i for i, ok in enumerate(verdicts) if ok is not True]",
         "    bad = []",
-        ("tests/adversarial/test_queued.py",),
+        ("tests/netns/test_queued.py",),
     ),
     Mutation(
         "watcher-own-user",
         "alfwrapper/lifecycle/watcher.py",
         "        become_watcher_user()\n",
         "        pass\n",
-        ("tests/adversarial/test_watcher.py",),
+        ("tests/netns/test_watcher.py",),
     ),
     Mutation(
         "watcher-fail-closed",
         "alfwrapper/bpf/program.py",
         "        f\"    return alf_count({_reason('interfaces')});\\n}}\\n\"",
         '        f"    return ALF_PASS;\\n}}\\n"',
-        ("tests/adversarial/test_watcher.py",),
+        ("tests/netns/test_watcher.py",),
     ),
     Mutation(
         "watcher-follows-deletion",
         "alfwrapper/lifecycle/watcher.py",
         "                    state.pop(index, None)\n",
         "                    pass\n",
-        ("tests/integration/test_parts.py::test_interface_rule_follows_the_name",),
+        ("tests/netns/test_parts.py::test_interface_rule_follows_the_name",),
     ),
     Mutation(
         "knock-timeout",
         "filters/knocking.c",
         "    if (step && now - last_ns > cfg->step_timeout_ns)\n        step = 0;\n",
         "",
-        ("tests/integration/test_parts.py::test_knock_step_timeout",),
+        ("tests/netns/test_parts.py::test_knock_step_timeout",),
     ),
     Mutation(
         "knock-clock",
         "filters/knocking.c",
         "    s64 now_row = window - cfg->first_window;",
         "    s64 now_row = 1;",
-        ("tests/integration/test_filter_kernel.py",),
+        ("tests/host/test_filter_kernel.py",),
     ),
     Mutation(
         "knock-reads-at-offset-0",
@@ -701,14 +698,14 @@ MUTATIONS = [
         "bpf_skb_load_bytes_relative(skb, pkt->l4_offset & 0xffff, head, 14,\n"
         "                                        BPF_HDR_START_NET)",
         "bpf_skb_load_bytes(skb, 0, head, 14)",
-        ("tests/adversarial/test_same_verdict.py::test_knocking_agrees_on_crafted_knocks",),
+        ("tests/netns/test_same_verdict.py::test_knocking_agrees_on_crafted_knocks",),
     ),
     Mutation(
         "knock-handshake",
         "filters/knocking.c",
         "        if (knock_listeners.lookup(&cookie))\n            return knock_is_open(key);\n",
         "",
-        ("tests/adversarial/test_queued.py",),
+        ("tests/netns/test_queued.py",),
     ),
     Mutation(
         "knock-listeners-filled",
@@ -716,7 +713,7 @@ MUTATIONS = [
         "        if cookies and rules.knock:\n"
         "            compiler.set_knock_listeners(loaded.tables, cookies)\n",
         "",
-        ("tests/adversarial/test_queued.py",),
+        ("tests/netns/test_queued.py",),
     ),
     Mutation(
         "set-ipv4-byte-order",
@@ -730,7 +727,7 @@ MUTATIONS = [
         "filters/developer.h",
         "#define bpf_skb_load_bytes(skb, off, to, len)",
         "#define alf_unused_load_bytes(skb, off, to, len)",
-        ("tests/adversarial/test_same_verdict.py::test_test_run_and_socket_agree",),
+        ("tests/netns/test_same_verdict.py::test_test_run_and_socket_agree",),
     ),
     Mutation(
         "buckets-move-the-last-keys",
@@ -751,14 +748,14 @@ MUTATIONS = [
         "alfwrapper/policy/prefix_list.py",
         "few: int = SMALL_RULES) -> PrefixList:",
         "few: int = 0) -> PrefixList:",
-        ("tests/integration/test_errors.py::test_a_few_rules_start_without_numpy",),
+        ("tests/host/test_errors.py::test_a_few_rules_start_without_numpy",),
     ),
     Mutation(
         "short-rule-file-one-line-short",
         "alfwrapper/policy/prefix_list.py",
         '    if short and data.count(b"\\n") + (not data.endswith(b"\\n")) <= few:',
         '    if short and data.count(b"\\n") + (not data.endswith(b"\\n")) < few:',
-        ("tests/integration/test_errors.py::test_a_few_rules_start_without_numpy",),
+        ("tests/host/test_errors.py::test_a_few_rules_start_without_numpy",),
     ),
     Mutation(
         "short-rule-file-unbounded",
@@ -774,7 +771,7 @@ MUTATIONS = [
         "    small = None\n",
         (
             "tests/unit/test_subnet_table.py::test_a_few_rules_start_without_numpy",
-            "tests/integration/test_errors.py::test_a_few_rules_start_without_numpy",
+            "tests/host/test_errors.py::test_a_few_rules_start_without_numpy",
         ),
     ),
     Mutation(
@@ -782,7 +779,7 @@ MUTATIONS = [
         "alfwrapper/cli.py",
         "        super().__init__(prog, width=width)\n",
         "        super().__init__(prog)\n",
-        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+        ("tests/netns/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
         "allowed-peer-imports-state",
@@ -794,7 +791,7 @@ MUTATIONS = [
         "        pass\n"
         "    from alfwrapper.lifecycle import kept  # noqa: PLC0415\n\n"
         "    if any(not r.connected for r in records):\n",
-        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+        ("tests/netns/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
         "bind-after-attach",
@@ -803,7 +800,7 @@ MUTATIONS = [
         "        for record in records:\n            if record.spec is not None:\n"
         "                bind_socket(record.sock, record.spec)\n"
         "        loaded = programs.filter_sockets(records, service, pinned)\n",
-        ("tests/adversarial/test_startup.py",),
+        ("tests/netns/test_startup.py",),
         also=(
             ("                bind_socket(record.sock, record.spec)\n", "                pass\n"),
         ),
@@ -820,70 +817,70 @@ MUTATIONS = [
         "alfwrapper/host/activation.py",
         "    count = len(sockets)\n",
         "    count = len(sockets)\n    sockets = list(reversed(sockets))\n",
-        ("tests/integration/test_wrapper.py::test_created_sockets",),
+        ("tests/netns/test_wrapper.py::test_created_sockets",),
     ),
     Mutation(
         "non-ip-drop",
         "filters/common.h",
         "    } else {\n        return 0;\n    }\n    pkt->has_ports = 0;",
         "    } else {\n        return 4;\n    }\n    pkt->has_ports = 0;",
-        ("tests/integration/test_filter_kernel.py",),
+        ("tests/host/test_filter_kernel.py",),
     ),
     Mutation(
         "regular-files-only",
         "alfwrapper/policy/inputs.py",
         "        if not stat.S_ISREG(info.st_mode):",
         "        if False:",
-        ("tests/integration/test_errors.py",),
+        ("tests/host/test_errors.py",),
     ),
     Mutation(
         "input-size-limit",
         "alfwrapper/policy/inputs.py",
         "        if info.st_size > limit:\n            raise too_big\n",
         "        limit = 1 << 62\n",
-        ("tests/integration/test_errors.py",),
+        ("tests/host/test_errors.py",),
     ),
     Mutation(
         "knock-minimum-open",
         "alfwrapper/policy/files.py",
         "        least=1.0,",
         "        least=0.0,",
-        ("tests/integration/test_errors.py",),
+        ("tests/host/test_errors.py",),
     ),
     Mutation(
         "fd-calls-not-through-loader",
         "alfwrapper/loader/client.py",
         "    bpf_calls.use_fd_proxy(broker.fd_call)\n",
         "    pass\n",
-        ("tests/integration/test_loader.py::test_ordinary_users_service_behind_their_own_policy",),
+        ("tests/systemd/test_loader.py::test_ordinary_users_service_behind_their_own_policy",),
     ),
     Mutation(
         "fd-call-writes-any-map",
         "alfwrapper/loader/server.py",
         "            if kind not in allowed:",
         "            if False:",
-        ("tests/integration/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
+        ("tests/systemd/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
     ),
     Mutation(
         "fd-call-unbounded-bytes",
         "alfwrapper/loader/server.py",
         "isinstance(value, bytes) and len(value) <= FD_VALUE_LIMIT:",
         "isinstance(value, bytes):",
-        ("tests/integration/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
+        ("tests/systemd/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
     ),
     Mutation(
         "ring-mmap-unaligned",
         "alfwrapper/host/ringbuf.py",
         "                position += (length + 8 + 7) & ~7",
         "                position += length + 8",
-        ("tests/integration/test_filter_kernel.py::test_ring_buffer_read_by_mmap_across_the_wrap",),
+        ("tests/host/test_filter_kernel.py::test_ring_buffer_read_by_mmap_across_the_wrap",),
     ),
     Mutation(
         "v4-leaf-rank",
         "filters/subnets.c",
         "__builtin_popcountll(line->descend & (block - 1))",
         "__builtin_popcountll(line->descend & (block >> 1))",
-        ("tests/integration/test_filter_kernel.py::test_kernel_agrees_at_every_ipv4_table_size",),
+        ("tests/host/test_filter_kernel.py::test_kernel_agrees_at_every_ipv4_table_size",),
     ),
     Mutation(
         "v4-not-least-memory",
@@ -897,7 +894,7 @@ MUTATIONS = [
         "filters/subnets.c",
         "            == 2)  ",
         "            == 3)  ",
-        ("tests/integration/test_filter_kernel.py::test_kernel_agrees_on_ipv6_bucket_levels",),
+        ("tests/host/test_filter_kernel.py::test_kernel_agrees_on_ipv6_bucket_levels",),
     ),
     Mutation(
         "bulk-leading-zeros",
@@ -932,7 +929,7 @@ MUTATIONS = [
         "alfwrapper/bpf/program.py",
         "    check_map_names(text, path_text)\n",
         "",
-        ("tests/integration/test_errors.py::test_reserved_map_names_are_refused",),
+        ("tests/host/test_errors.py::test_reserved_map_names_are_refused",),
     ),
     Mutation(
         "completion-first-choice-only",
@@ -953,16 +950,14 @@ MUTATIONS = [
         "alfwrapper/cli.py",
         "a NAT that rewrites source ports ",
         "",
-        ("tests/integration/test_parts.py::test_knock_through_a_port_randomising_nat",),
+        ("tests/netns/test_parts.py::test_knock_through_a_port_randomising_nat",),
     ),
     Mutation(
         "watcher-unnamed",
         "alfwrapper/lifecycle/watcher.py",
         '        name_process(f"alfwrapper-watch {service}")\n',
         "",
-        (
-            "tests/integration/test_parts.py::test_watcher_is_small_named_and_exits_with_the_application",
-        ),
+        ("tests/netns/test_parts.py::test_watcher_is_small_named_and_exits_with_the_application",),
     ),
     Mutation(
         "socket-unit-unnamed",
@@ -975,7 +970,7 @@ MUTATIONS = [
     ),
 ]
 
-INTERCEPT = "tests/integration/test_intercept.py::"
+INTERCEPT = "tests/netns/test_intercept.py::"
 MUTATIONS += [
     Mutation(
         "intercept-udp-bind-unfiltered",
@@ -1062,7 +1057,7 @@ MUTATIONS += [
         "alfwrapper/host/progress.py",
         '    if not os.environ.get("NOTIFY_SOCKET"):\n',
         "    if True:\n",
-        ("tests/integration/test_wrapper.py::test_a_start_says_what_is_in_force",),
+        ("tests/netns/test_wrapper.py::test_a_start_says_what_is_in_force",),
     ),
     Mutation(
         "readme-link-to-a-missing-heading",
@@ -1076,7 +1071,7 @@ MUTATIONS += [
         "alfwrapper/lifecycle/backlog.py",
         '    if peer.startswith("::ffff:") and "." in peer:\n',
         "    if False:\n",
-        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+        ("tests/netns/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
         "kept-verdict-note-writes-ipv4-mapped",
@@ -1084,7 +1079,7 @@ MUTATIONS += [
         '        return socket.inet_ntop(socket.AF_INET, v4), 4, int.from_bytes(v4, "big")\n',
         '        return text, 4, int.from_bytes(v4, "big")\n',
         (
-            "tests/integration/test_inetd.py::"
+            "tests/netns/test_inetd.py::"
             "test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file",
         ),
     ),
@@ -1093,7 +1088,7 @@ MUTATIONS += [
         "alfwrapper/observe/status.py",
         """{{{base},verdict="pass"}} {s["counters"]["passed"]}'\n""",
         """{{{base},verdict="pass",reason=""}} {s["counters"]["passed"]}'\n""",
-        ("tests/integration/test_observe.py::test_status_text_json_and_prometheus",),
+        ("tests/netns/test_observe.py::test_status_text_json_and_prometheus",),
     ),
     Mutation(
         "bare-alfwrapper-is-a-usage-error",
@@ -1107,7 +1102,7 @@ MUTATIONS += [
         "alfwrapper/observe/status.py",
         "                if ahead > 0:\n",
         "                if False:\n",
-        ("tests/integration/test_spa.py::test_spa_opens_from_behind_a_port_randomising_nat",),
+        ("tests/netns/test_spa.py::test_spa_opens_from_behind_a_port_randomising_nat",),
     ),
     Mutation(
         "drop-log-says-interface-0",
@@ -1121,7 +1116,7 @@ MUTATIONS += [
         "alfwrapper/lifecycle/service.py",
         "            guards=rules[id(m)].guards(),\n",
         "",
-        ("tests/integration/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
+        ("tests/netns/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
     ),
     Mutation(
         "commit-check-takes-any-subject",
@@ -1174,8 +1169,8 @@ MUTATIONS += [
     ),
 ]
 
-SPA_KERNEL = "tests/integration/test_spa_datagrams.py::"
-SPA_TEST = "tests/integration/test_spa.py::"
+SPA_KERNEL = "tests/host/test_spa_datagrams.py::"
+SPA_TEST = "tests/netns/test_spa.py::"
 MUTATIONS += [
     Mutation(
         "spa-mac-unchecked",
@@ -1357,14 +1352,14 @@ MUTATIONS += [
         "alfwrapper/state.py",
         "kept_knock.update(map(str, named) if isinstance(named, list) else [str(named)])",
         "kept_knock.add(str(named))",
-        ("tests/integration/test_parts.py::test_a_knocked_source_stays_admitted_across_a_restart",),
+        ("tests/netns/test_parts.py::test_a_knocked_source_stays_admitted_across_a_restart",),
     ),
     Mutation(
         "spa-through-the-loader-unsaid",
         "alfwrapper/lifecycle/kept.py",
         "        if spa is not None:\n            raise AlfError(\n",
         "        if False:\n            raise AlfError(\n",
-        ("tests/integration/test_errors.py::test_spa_without_cap_bpf_is_refused",),
+        ("tests/host/test_errors.py::test_spa_without_cap_bpf_is_refused",),
     ),
     Mutation(
         "knock-state-collected-before-its-start-names-it",
@@ -1372,7 +1367,7 @@ MUTATIONS += [
         "    if pinned:  # after the meta names this start's knock state: a gc keeps what "
         "is named\n        collect_stale_state()\n",
         "",
-        ("tests/integration/test_parts.py::test_a_knocked_source_stays_admitted_across_a_restart",),
+        ("tests/netns/test_parts.py::test_a_knocked_source_stays_admitted_across_a_restart",),
         also=(
             (
                 "    pinned = not unpinned\n",
@@ -1382,13 +1377,13 @@ MUTATIONS += [
     ),
 ]
 
-SETS_TEST = "tests/integration/test_sets.py::"
+SETS_TEST = "tests/netns/test_sets.py::"
 LOADER_SETS_TEST = (
-    "tests/integration/test_loader.py::test_a_users_service_reads_root_sets_and_cannot_change_them"
+    "tests/systemd/test_loader.py::test_a_users_service_reads_root_sets_and_cannot_change_them"
 )
-SIEVE_TEST = "tests/integration/test_set_sieve.py::"
+SIEVE_TEST = "tests/host/test_set_sieve.py::"
 STREAM_TEST = "tests/unit/test_crowdsec_stream.py::"
-CROWDSEC_TEST = "tests/integration/test_crowdsec.py::"
+CROWDSEC_TEST = "tests/netns/test_crowdsec.py::"
 MUTATIONS += [
     Mutation(
         "sieve-bit-not-the-kernels",
@@ -1539,7 +1534,7 @@ MUTATIONS += [
         '        maps = err.errno == errno.E2BIG and "number of maps" in text\n',
         "        maps = err.errno == errno.E2BIG\n",
         (
-            "tests/integration/test_errors.py::"
+            "tests/host/test_errors.py::"
             "test_a_filter_the_verifier_gives_up_on_is_said_to_be_rejected",
         ),
     ),
@@ -1555,10 +1550,7 @@ MUTATIONS += [
         "alfwrapper/bpf/compiler.py",
         "        witness = _exit_witness(tmp.fileno(), saved[1], what) if what else None\n",
         "        witness = None\n",
-        (
-            "tests/integration/test_errors.py::"
-            "test_a_filter_llvm_ends_the_process_for_is_said_in_one_line",
-        ),
+        ("tests/host/test_errors.py::test_a_filter_llvm_ends_the_process_for_is_said_in_one_line",),
     ),
     Mutation(
         "set-lookup-skips-hosts",
@@ -1586,7 +1578,7 @@ MUTATIONS += [
         "alfwrapper/sets.py",
         "for key in [k for k in bpf_calls.map_keys(fds[role], size) if k not in wanted]:",
         "for key in []:",
-        ("tests/integration/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
+        ("tests/netns/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
     ),
     Mutation(
         "bouncer-delta-forgets-a-replaced-decision",
@@ -1610,7 +1602,7 @@ MUTATIONS += [
         "alfwrapper/policy/crowdsec.py",
         "present = [i for i in (*answer.ended, *newest) if i in decisions]",
         "present = [i for i in newest if i in decisions]",
-        ("tests/integration/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
+        ("tests/netns/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
     ),
     Mutation(
         "bouncer-book-drops-a-replaced-decision-at-the-old-time",
@@ -1732,7 +1724,7 @@ MUTATIONS += [
         "alfwrapper/lifecycle/bouncer.py",
         '{"X-Api-Key": config.key, ',
         "{",
-        ("tests/integration/test_crowdsec.py::test_once_says_what_it_found",),
+        ("tests/netns/test_crowdsec.py::test_once_says_what_it_found",),
     ),
     Mutation(
         "bouncer-metrics-keep-the-books-count-after-a-failure",
@@ -1966,28 +1958,28 @@ MUTATIONS += [
         "alfwrapper/bpf/parts.py",
         "        return pins is not None\n",
         "        return False\n",
-        ("tests/integration/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
+        ("tests/netns/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
     ),
     Mutation(
         "empty-slot-drops",
         "alfwrapper/host/bpf_calls.py",
         "            _insn(0xB7, dst=0, imm=0),  # r0 = 0: drop",
         "            _insn(0xB7, dst=0, imm=-1),  # r0 = 0: drop",
-        ("tests/integration/test_live.py::test_an_emptied_slot_drops_everything",),
+        ("tests/netns/test_live.py::test_an_emptied_slot_drops_everything",),
     ),
     Mutation(
         "state-owned-by-another-user",
         "alfwrapper/state.py",
         "    uid, gid = owner(path)\n    deadline = time.monotonic() + 1.0\n",
         "    uid, gid = 0, 0\n    deadline = time.monotonic() + 1.0\n",
-        ("tests/integration/test_live.py::test_pins_are_out_of_reach_of_the_application",),
+        ("tests/netns/test_live.py::test_pins_are_out_of_reach_of_the_application",),
     ),
     Mutation(
         "gc-collects",
         "alfwrapper/state.py",
         "            if known and not owner_alive and where.cookie not in live():",
         "            if False:",
-        ("tests/integration/test_live.py::test_a_thousand_starts_leave_no_stale_pins",),
+        ("tests/thorough/test_starts.py::test_a_thousand_starts_leave_no_stale_pins",),
     ),
     Mutation(
         "reload-swaps",
@@ -2008,44 +2000,42 @@ MUTATIONS += [
         "alfwrapper/bpf/program.py",
         '                f"        return alf_drop(skb, &pkt, {_reason(plan.part.reason)});"',
         "                f\"        return alf_drop(skb, &pkt, {_reason('malformed')});\"",
-        ("tests/integration/test_observe.py::test_counters_are_exact_per_reason",),
+        ("tests/netns/test_observe.py::test_counters_are_exact_per_reason",),
     ),
     Mutation(
         "drop-log-unlimited",
         "filters/common.h",
         "    if (credit < ALF_LOG_COST) {",
         "    if (0) {",
-        ("tests/integration/test_observe.py::test_drop_log_under_a_flood",),
+        ("tests/netns/test_observe.py::test_drop_log_under_a_flood",),
     ),
     Mutation(
         "drop-log-suppressed-uncounted",
         "filters/common.h",
         "        bucket->suppressed += 1;\n        return;\n    }\n    bucket->credit_ns",
         "        return;\n    }\n    bucket->credit_ns",
-        ("tests/integration/test_observe.py::test_drop_log_under_a_flood",),
+        ("tests/netns/test_observe.py::test_drop_log_under_a_flood",),
     ),
     Mutation(
         "maps-unnamed",
         "alfwrapper/bpf/compiler.py",
         "    if plan.label:\n",
         "    if False:\n",
-        (
-            "tests/integration/test_observe.py::test_programs_and_maps_are_named_for_service_and_socket",
-        ),
+        ("tests/netns/test_observe.py::test_programs_and_maps_are_named_for_service_and_socket",),
     ),
     Mutation(
         "prometheus-drops-zero",
         "alfwrapper/observe/status.py",
         'verdict="drop",reason="{reason}"}} {n}\'',
         'verdict="drop",reason="{reason}"}} 0\'',
-        ("tests/integration/test_observe.py::test_status_text_json_and_prometheus",),
+        ("tests/netns/test_observe.py::test_status_text_json_and_prometheus",),
     ),
     Mutation(
         "reload-in-callers-netns",
         "alfwrapper/lifecycle/service.py",
         "    if not netns or netns == state.netns_cookie():",
         "    if True:",
-        ("tests/integration/test_observe.py::test_counters_are_exact_per_reason",),
+        ("tests/netns/test_observe.py::test_counters_are_exact_per_reason",),
     ),
     Mutation(
         "forwarder-outside-cgroup",
@@ -2060,7 +2050,7 @@ MUTATIONS += [
         '    op = message.get("op")\n',
         '    op = message.get("op")\n    if "uid" in message:\n'
         '        who = Caller(who.pid, int(message["uid"]), who.gid, who.pins)\n',
-        ("tests/integration/test_loader.py::test_one_user_cannot_touch_anothers_service",),
+        ("tests/systemd/test_loader.py::test_one_user_cannot_touch_anothers_service",),
     ),
     Mutation(
         "loader-unconfined-compile",
@@ -2068,8 +2058,8 @@ MUTATIONS += [
         "    confine(tree, rules.custom is not None)\n",
         "    pass\n",
         (
-            "tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",
-            "tests/integration/test_loader.py::test_maps_older_than_the_request_are_refused",
+            "tests/systemd/test_loader.py::test_only_socket_filters_and_only_new_maps",
+            "tests/systemd/test_loader.py::test_maps_older_than_the_request_are_refused",
         ),
     ),
     Mutation(
@@ -2078,8 +2068,8 @@ MUTATIONS += [
         "        if ident <= probe and ident not in own:",
         "        if False:",
         (
-            "tests/integration/test_loader.py::test_only_socket_filters_and_only_new_maps",
-            "tests/integration/test_loader.py::test_maps_older_than_the_request_are_refused",
+            "tests/systemd/test_loader.py::test_only_socket_filters_and_only_new_maps",
+            "tests/systemd/test_loader.py::test_maps_older_than_the_request_are_refused",
         ),
     ),
     Mutation(
@@ -2087,21 +2077,21 @@ MUTATIONS += [
         "alfwrapper/bpf/program.py",
         '            if directive != "include" or not name or name.group(1) not in allowed:',
         "            if False:",
-        ("tests/integration/test_loader.py::test_includes_leak_nothing",),
+        ("tests/systemd/test_loader.py::test_includes_leak_nothing",),
     ),
     Mutation(
         "loader-no-program-quota",
         "alfwrapper/loader/quota.py",
         "    if len(usage) + programs > limits.programs:",
         "    if False:",
-        ("tests/integration/test_loader.py::test_quota_is_enforced_and_said",),
+        ("tests/systemd/test_loader.py::test_quota_is_enforced_and_said",),
     ),
     Mutation(
         "loader-one-queue",
         "alfwrapper/loader/server.py",
         "WORKERS = 8  # connections served at once",
         "WORKERS = 2  # connections served at once",
-        ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
+        ("tests/systemd/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
     ),
     Mutation(
         "loader-fair-per-uid-not-person",
@@ -2109,8 +2099,8 @@ MUTATIONS += [
         "            who = peer(conn, limits.pins, SUBUIDS.person)\n",
         "            who = peer(conn, limits.pins)\n",
         (
-            "tests/integration/test_loader.py::test_a_persons_subordinate_uids_are_one_person",
-            "tests/integration/test_loader.py::test_a_persons_subordinate_uids_share_one_quota",
+            "tests/systemd/test_loader.py::test_a_persons_subordinate_uids_are_one_person",
+            "tests/systemd/test_loader.py::test_a_persons_subordinate_uids_share_one_quota",
         ),
     ),
     Mutation(
@@ -2118,7 +2108,7 @@ MUTATIONS += [
         "alfwrapper/loader/server.py",
         "            who = with_kin(who, SUBUIDS.person)",
         "            pass",
-        ("tests/integration/test_loader.py::test_a_persons_subordinate_uids_share_one_quota",),
+        ("tests/systemd/test_loader.py::test_a_persons_subordinate_uids_share_one_quota",),
     ),
     Mutation(
         "loader-blames-the-caller-for-everyones-memory",
@@ -2149,7 +2139,7 @@ MUTATIONS += [
         "alfwrapper/host/kernel_headers.py",
         "    match = _MAKEFILE_INCLUDE.search(makefile)\n",
         "    match = None\n",
-        ("tests/integration/test_package.py",),
+        ("tests/release/test_package.py",),
     ),
     Mutation(
         "headers-variable-inherited",
@@ -2163,7 +2153,7 @@ MUTATIONS += [
         "alfwrapper/host/activation.py",
         "        streams = [fd for fd in (1, 2) if _same_file(0, fd)]",
         "        streams = [fd for fd in (2,) if _same_file(0, fd)]",
-        ("tests/integration/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
+        ("tests/netns/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
         "helper-buffer-not-cleared",
@@ -2184,7 +2174,7 @@ MUTATIONS += [
         "alfwrapper/bpf/compiler.py",
         "    cap_bpf = 1 << CAP_BPF\n",
         '    return ""\n',
-        ("tests/integration/test_policy.py::test_check_loads_programs_as_the_units_do",),
+        ("tests/netns/test_policy.py::test_check_loads_programs_as_the_units_do",),
     ),
     Mutation(
         "no-start-limit",
@@ -2198,21 +2188,21 @@ MUTATIONS += [
         "alfwrapper/state.py",
         "    if not filtered:  # a start died between pinning and attaching\n",
         "    if False:  # a start died between pinning and attaching\n",
-        ("tests/adversarial/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
+        ("tests/netns/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
     ),
     Mutation(
         "queue-judged-once-pinned",
         "alfwrapper/state.py",
         '        return Taken(found, judged=claim(found, pid).get("judged") is True, made=False)',
         "        return Taken(found, judged=True, made=False)",
-        ("tests/adversarial/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
+        ("tests/netns/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
     ),
     Mutation(
         "sockdiag-reads-one-batch",
         "alfwrapper/host/sockdiag.py",
         "                at += (length + 3) & ~3  # NLMSG_ALIGN\n",
         "                at += (length + 3) & ~3  # NLMSG_ALIGN\n            return cookies\n",
-        ("tests/integration/test_sockdiag.py::test_the_dump_lists_what_pyroute2_lists",),
+        ("tests/host/test_sockdiag.py::test_the_dump_lists_what_pyroute2_lists",),
     ),
     Mutation(
         "numpy-starts-a-thread-per-core",
@@ -2259,7 +2249,7 @@ MUTATIONS += [
         "        if self._items is not None and self._columns is None:  # a few, as they were"
         " given",
         "        if False:  # a few, as they were given",
-        ("tests/integration/test_inetd.py::test_a_connection_is_judged_without_bcc",),
+        ("tests/netns/test_inetd.py::test_a_connection_is_judged_without_bcc",),
     ),
     Mutation(
         "gc-between-mkdir-and-chown-fails-the-start",
@@ -2269,7 +2259,7 @@ MUTATIONS += [
         "                    continue\n",
         "",
         (
-            "tests/integration/test_state.py::"
+            "tests/netns/test_state.py::"
             "test_a_folder_a_gc_removes_between_mkdir_and_chown_is_made_again",
         ),
     ),
@@ -2303,17 +2293,14 @@ MUTATIONS += [
         "alfwrapper/state.py",
         '        return Taken(found, judged=claim(found, pid).get("judged") is True, made=False)',
         "        return Taken(found, judged=True, made=False)",
-        ("tests/adversarial/test_crash.py::test_seeded_random_kills_leave_the_socket_filtered",),
+        ("tests/netns/test_crash.py::test_seeded_random_kills_leave_the_socket_filtered",),
     ),
     Mutation(
         "backlog-lists-every-family",
         "alfwrapper/lifecycle/backlog.py",
         "    family = sock.family\n",
         "    family = socket.AF_INET6\n",
-        (
-            "tests/adversarial/test_queued.py::"
-            "test_two_listeners_on_one_port_judge_their_own_queues",
-        ),
+        ("tests/netns/test_queued.py::test_two_listeners_on_one_port_judge_their_own_queues",),
     ),
     Mutation(
         # Counting first alone is caught by the guard below (more listed than queued:
@@ -2327,7 +2314,7 @@ MUTATIONS += [
         "    import time; time.sleep(1.0)\n"
         "    listed = waiting_connections(sock)  # first: see waiting_connections and the module\n",
         (
-            "tests/adversarial/test_queued.py::"
+            "tests/netns/test_queued.py::"
             "test_allowed_clients_arriving_during_the_start_hide_no_reset_connection",
         ),
         also=(
@@ -2342,34 +2329,28 @@ MUTATIONS += [
         "alfwrapper/lifecycle/backlog.py",
         "bool(rules.interfaces or rules.custom))",
         "bool(rules.interfaces))",
-        (
-            "tests/adversarial/test_queued.py::test_a_developer_filter_is_not_judged_on_made_up_headers",
-        ),
+        ("tests/netns/test_queued.py::test_a_developer_filter_is_not_judged_on_made_up_headers",),
     ),
     Mutation(
         "reload-takes-no-options",
         "alfwrapper/lifecycle/service.py",
         "    if not (\n        isinstance(first, list)",
         "    if False and not (\n        isinstance(first, list)",
-        (
-            "tests/integration/test_state.py::test_reload_refuses_damaged_state_and_the_old_rules_stay",
-        ),
+        ("tests/netns/test_state.py::test_reload_refuses_damaged_state_and_the_old_rules_stay",),
     ),
     Mutation(
         "slot-not-checked",
         "alfwrapper/state.py",
         '                    if name == "slot" and bpf_calls.map_info_id(fd) not in calls:',
         "                    if False and bpf_calls.map_info_id(fd) not in calls:",
-        (
-            "tests/integration/test_state.py::test_a_restart_refuses_a_slot_that_is_not_the_dispatchers",
-        ),
+        ("tests/netns/test_state.py::test_a_restart_refuses_a_slot_that_is_not_the_dispatchers",),
     ),
     Mutation(
         "watcher-lease-ignored",
         "filters/interfaces.c",
         "    if (!until || bpf_ktime_get_coarse_ns() > *until)\n        return 0;\n",
         "",
-        ("tests/adversarial/test_watcher.py::test_a_stopped_watcher_closes_the_socket",),
+        ("tests/netns/test_watcher.py::test_a_stopped_watcher_closes_the_socket",),
     ),
     Mutation(
         "options-checked-after-attaching",
@@ -2377,7 +2358,7 @@ MUTATIONS += [
         "    state.check_meta_room(argv, os.getcwd())\n",
         "",
         (
-            "tests/integration/test_state.py::"
+            "tests/netns/test_state.py::"
             "test_options_too_long_to_keep_are_refused_before_anything_is_attached",
         ),
     ),
@@ -2387,7 +2368,7 @@ MUTATIONS += [
         '        end = data.find(b"\\n", cut, cut + LINE_LIMIT + 1)\n'
         "        if end < 0 and cut + LINE_LIMIT + 1 < len(data):\n",
         '        end = data.find(b"\\n", cut)\n        if False:\n',
-        ("tests/integration/test_errors.py::test_a_huge_line_in_a_rule_file_costs_little_memory",),
+        ("tests/host/test_errors.py::test_a_huge_line_in_a_rule_file_costs_little_memory",),
     ),
     Mutation(
         "live-rule-before-its-flag",
@@ -2398,7 +2379,7 @@ MUTATIONS += [
         "        bpf_calls.map_update(fd, key, bytes([verdict]))\n"
         '        crash_point("rule-flagged")\n'
         "        bpf_calls.map_update(flag, _U32.pack(0), _U32.pack(1))\n",
-        ("tests/adversarial/test_crash.py::test_a_live_deny_killed_midway_is_in_force_or_absent",),
+        ("tests/netns/test_crash.py::test_a_live_deny_killed_midway_is_in_force_or_absent",),
     ),
     Mutation(
         "half-removed-state-taken",
@@ -2406,7 +2387,7 @@ MUTATIONS += [
         '        try:\n            (state.dir / "dispatch").unlink()\n'
         "        except OSError:\n            pass\n",
         "",
-        ("tests/adversarial/test_crash.py::test_gc_killed_midway_leaves_nothing_a_start_takes",),
+        ("tests/netns/test_crash.py::test_gc_killed_midway_leaves_nothing_a_start_takes",),
     ),
     Mutation(
         "units-unsandboxed",
@@ -2426,23 +2407,21 @@ MUTATIONS += [
         "Makefile",
         "printf '#!/usr/bin/python3 -I",
         "printf '#!/usr/bin/python3",
-        ("tests/integration/test_install.py",),
+        ("tests/release/test_install.py",),
     ),
     Mutation(
         "missing-library-traceback",
         "alfwrapper/cli.py",
         "        missing = missing_library(err)\n",
         "        missing = None\n",
-        (
-            "tests/integration/test_errors.py::test_a_missing_library_is_one_line_and_names_its_package",
-        ),
+        ("tests/host/test_errors.py::test_a_missing_library_is_one_line_and_names_its_package",),
     ),
     Mutation(
         "gc-keeps-stray-knock-pin",
         "alfwrapper/state.py",
         "                knock.unlink(missing_ok=True)",
         "                pass",
-        ("tests/integration/test_live.py::test_state_of_closed_sockets_is_collected",),
+        ("tests/netns/test_live.py::test_state_of_closed_sockets_is_collected",),
     ),
     Mutation(
         "prefix-takes-netmask",
@@ -2456,7 +2435,7 @@ MUTATIONS += [
         "alfwrapper/loader/server.py",
         "        landlock.landlock_restrict([str(tree.base), scratch], readable)",
         "        landlock.landlock_restrict([str(tree.base), scratch], None)",
-        ("tests/integration/test_confine.py",),
+        ("tests/thorough/test_confine.py",),
     ),
     Mutation(
         "loader-quota-not-by-kernel",
@@ -2470,14 +2449,14 @@ MUTATIONS += [
         "alfwrapper/loader/server.py",
         "    size = sum(bpf_calls.fd_memlock(fd) for fd in maps.values())",
         "    size = 0",
-        ("tests/integration/test_loader.py::test_quota_is_enforced_and_said",),
+        ("tests/systemd/test_loader.py::test_quota_is_enforced_and_said",),
     ),
     Mutation(
         "loader-rules-as-text",
         "alfwrapper/loader/protocol.py",
         '        key: {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}',
         "        key: [str(p) for p in prefixes]",
-        ("tests/integration/test_loader.py::test_a_million_rules_through_the_loader",),
+        ("tests/systemd/test_loader.py::test_a_million_rules_through_the_loader",),
     ),
     Mutation(
         "packed-rules-take-host-bits",
@@ -2491,35 +2470,35 @@ MUTATIONS += [
         "alfwrapper/loader/server.py",
         "        if mine >= PENDING_PER_USER or len(pending) >= PENDING:",
         "        if len(pending) >= PENDING:",
-        ("tests/integration/test_loader.py::test_one_users_flood_never_keeps_another_waiting",),
+        ("tests/systemd/test_loader.py::test_one_users_flood_never_keeps_another_waiting",),
     ),
     Mutation(
         "loader-deep-json-internal-error",
         "alfwrapper/loader/protocol.py",
         '        except RecursionError:  # "[[[[..." : Python\'s decoder recurses per level',
         '        except ZeroDivisionError:  # "[[[[..." : Python\'s decoder recurses per level',
-        ("tests/integration/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
+        ("tests/systemd/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
     ),
     Mutation(
         "gc-removes-starting-knock-state",
         "alfwrapper/state.py",
         ' or knock.name in kept_knock or "*" in kept_knock:',
         " or knock.name in kept_knock:",
-        ("tests/integration/test_state.py::test_gc_keeps_the_knock_state_of_a_start_in_progress",),
+        ("tests/netns/test_state.py::test_gc_keeps_the_knock_state_of_a_start_in_progress",),
     ),
     Mutation(
         "loader-take-names-its-worker",
         "alfwrapper/loader/server.py",
         "        taken = tree.take(service, sock, label, who.pid)\n",
         "        taken = tree.take(service, sock, label)\n",
-        ("tests/integration/test_loader.py::test_a_take_is_one_request_that_names_the_caller",),
+        ("tests/systemd/test_loader.py::test_a_take_is_one_request_that_names_the_caller",),
     ),
     Mutation(
         "loader-installs-any-fd",
         "alfwrapper/loader/server.py",
         '    if len(fds) != 1 or _bpf_kind(fds[0]) != "prog":\n',
         "    if len(fds) != 1:\n",
-        ("tests/integration/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
+        ("tests/systemd/test_loader.py::test_fd_calls_are_only_what_holding_the_fds_allows",),
     ),
     Mutation(
         "install-forgets-runtime-rules",
@@ -2530,7 +2509,7 @@ MUTATIONS += [
         "            bpf_calls.map_delete(fd, key)\n"
         "        os.close(fd)\n"
         '        slot = self.open_pin(where, "slot")\n        try:\n',
-        ("tests/integration/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
+        ("tests/netns/test_live.py::test_live_deny_allow_revoke_at_a_million_rules",),
     ),
     Mutation(
         "restart-inherits-runtime-rules-after-install",
@@ -2538,7 +2517,7 @@ MUTATIONS += [
         "            state.inherit_runtime(record.pins, record.name)  # before a packet meets it\n",
         "",
         (
-            "tests/adversarial/test_startup.py::"
+            "tests/netns/test_startup.py::"
             "test_a_banned_host_gets_nothing_into_a_restart_before_it_is_described",
         ),
     ),
@@ -2547,7 +2526,7 @@ MUTATIONS += [
         "alfwrapper/state.py",
         "            if name is not None and name not in staying and holds_runtime_rules(",
         "            if False and (",
-        ("tests/integration/test_live.py::test_runtime_rules_outlive_a_restart_with_new_sockets",),
+        ("tests/netns/test_live.py::test_runtime_rules_outlive_a_restart_with_new_sockets",),
     ),
     Mutation(
         "unnamed-gone-sockets-runtime-rules-kept",
@@ -2555,7 +2534,7 @@ MUTATIONS += [
         "            if name is not None and name not in staying and holds_runtime_rules(",
         "            if name not in staying and holds_runtime_rules(",
         (
-            "tests/adversarial/test_crash.py::"
+            "tests/netns/test_crash.py::"
             "test_a_restart_killed_while_it_inherits_runtime_rules_loses_none",
         ),
     ),
@@ -2592,28 +2571,28 @@ MUTATIONS += [
         "alfwrapper/bpf/parts.py",
         "slots = list(compress(range(len(table.roots)), table.roots))",
         "slots = list(compress(range(1, len(table.roots), 2), table.roots[1::2]))",
-        ("tests/integration/test_filter_kernel.py::test_kernel_agrees_with_rules",),
+        ("tests/host/test_filter_kernel.py::test_kernel_agrees_with_rules",),
     ),
     Mutation(
         "table-key-ignores-the-rules",
         "alfwrapper/bpf/table_cache.py",
         '    material = "\\0".join([str(FORMAT), __version__, _CODE, *map(str, recipes)])',
         '    material = "\\0".join([str(FORMAT), __version__, _CODE])',
-        ("tests/integration/test_table_cache.py::test_a_changed_rule_file_is_read_again",),
+        ("tests/host/test_table_cache.py::test_a_changed_rule_file_is_read_again",),
     ),
     Mutation(
         "table-crc-not-checked",
         "alfwrapper/bpf/table_cache.py",
         "    if zlib.crc32(view[: len(raw) - 4]) != crc:",
         "    if False:",
-        ("tests/integration/test_table_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
+        ("tests/host/test_table_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
     ),
     Mutation(
         "table-entry-key-not-checked",
         "alfwrapper/bpf/table_cache.py",
         'if header["format"] != FORMAT or header["key"] != name:',
         'if header["format"] != FORMAT:',
-        ("tests/integration/test_table_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
+        ("tests/host/test_table_cache.py::test_an_entry_not_sound_and_ours_is_never_used",),
     ),
     Mutation(
         "rule-note-ignores-the-identity",
@@ -2697,7 +2676,7 @@ MUTATIONS += [
         "alfwrapper/lifecycle/companions.py",
         "    if not logging:\n        return 0\n",
         "",
-        ("tests/integration/test_cache.py::test_a_warm_start_imports_only_what_it_uses",),
+        ("tests/host/test_cache.py::test_a_warm_start_imports_only_what_it_uses",),
         also=(
             (
                 "if not droplog.journald_present():",
@@ -2721,7 +2700,7 @@ MUTATIONS += [  # issue 49's small ones
         "alfwrapper/observe/check.py",
         "    return state.store() if client.use_if_needed() else None\n",
         "    return None\n",
-        ("tests/integration/test_loader.py::test_check_as_an_ordinary_user",),
+        ("tests/systemd/test_loader.py::test_check_as_an_ordinary_user",),
     ),
 ]
 MUTATIONS += [  # issue 51: Debian 13 beside Debian 12

@@ -7,14 +7,14 @@ process kills itself there with SIGKILL, as the OOM killer, a `systemctl kill` o
 power cut would: no clean-up runs.  ``NAME@DIR`` crashes only if it can make the
 directory DIR (so once), so that a restarted process gets past: systemd keeps a
 unit's environment across its restarts, and a sandboxed unit may write nowhere but
-the BPF file system.  The tests (tests/adversarial/test_crash.py,
+the BPF file system.  The tests (tests/netns/test_crash.py,
 tests/boot/test_kills.py) kill at each point in turn and check, with real traffic,
 that the next start leaves the socket filtered.
 
 ``ALFWRAPPER_PAUSE_AT=NAME`` (or ``NAME@DIR``) stops the process there instead
 (SIGSTOP, as a stalled machine would hold it), so that a test can send what an
 attacker would in that moment and then let it go on (SIGCONT):
-tests/adversarial/test_startup.py.
+tests/netns/test_startup.py.
 
 ``ALFWRAPPER_FAIL_AT=NAME`` raises there an OSError (ENOMEM, as the kernel gives when
 a map cannot be had), so that a test follows the failure's own clean-up path.

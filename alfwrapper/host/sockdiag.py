@@ -7,7 +7,7 @@ after a start, state.Store.gc) -- for a service on sockets it creates, that is
 every start after the first.  One dump request per family and protocol,
 inet_diag_req_v2 as linux/inet_diag.h lays it out; the cookie is the one
 SO_COOKIE gives (sock_diag_save_cookie: two native 32-bit halves, low first).
-tests/integration/test_sockdiag.py holds it to pyroute2's answer.
+tests/host/test_sockdiag.py holds it to pyroute2's answer.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from guest import SUITES, Guest
-from support import require
+from helpers.guest import SUITES, Guest
+from helpers.support import require
 
 
 def booted(deb: Path, name: str, route: str, suite: str) -> Iterator[Guest]:

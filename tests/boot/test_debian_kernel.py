@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
-from guest import (
+import pytest
+from helpers.guest import (
     KERNELS,
     Guest,
     a_failing_start_stops_its_socket,
@@ -25,11 +25,13 @@ from guest import (
     served_and_dropped,
     stop,
 )
-from support import loader_arguments
+from helpers.support import PROGRAMS, loader_arguments
 
 from alfwrapper.loader.quota import DEFAULT_MAP_MEMORY
 
-HOARD = Path(__file__).resolve().parent / "hoard.py"
+pytestmark = pytest.mark.boot
+
+HOARD = PROGRAMS / "hoard.py"
 
 FIRST = "400"  # seconds for a first client: the service compiles under emulation
 ECHO = "alfwrapper-echo.service"

@@ -14,12 +14,24 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from guest import ALLOW4, DENY4, DENY6, FIRST, GUEST4, GUEST6, Guest, served_and_dropped, stop
+from helpers.guest import (
+    ALLOW4,
+    DENY4,
+    DENY6,
+    FIRST,
+    GUEST4,
+    GUEST6,
+    Guest,
+    served_and_dropped,
+    stop,
+)
+
+pytestmark = pytest.mark.boot
 
 ECHO = "alfwrapper-echo.service"
 POINTS = ("pinned", "attached", "loaded", "installed", "judged", "described")
 SEED = 20261123
-RANDOM_KILLS = 5  # 50 more under a supervisor: tests/adversarial/test_crash.py
+RANDOM_KILLS = 5  # 50 more under a supervisor: tests/netns/test_crash.py
 GUEST4B = "198.51.100.2"
 
 

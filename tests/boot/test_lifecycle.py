@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from guest import (
+from helpers.guest import (
     ALLOW4,
     ALLOW6,
     DENY4,
@@ -34,6 +34,8 @@ from guest import (
     stop,
     tftp_served,
 )
+
+pytestmark = pytest.mark.boot
 
 ECHO = "alfwrapper-echo.service"
 POLICY_D = "/etc/alfwrapper/policy/alfwrapper-echo.toml.d"

@@ -9,7 +9,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from guest import Guest
+import pytest
+from helpers.guest import Guest
+
+pytestmark = pytest.mark.boot
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 # What each release's python3 and python3-numpy are (their major.minor).

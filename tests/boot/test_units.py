@@ -13,7 +13,8 @@ import shlex
 import time
 from pathlib import Path
 
-from guest import (
+import pytest
+from helpers.guest import (
     ALLOW4,
     ALLOW6,
     DENY4,
@@ -32,6 +33,9 @@ from guest import (
     stop,
     tftp_served,
 )
+from helpers.support import PROGRAMS
+
+pytestmark = pytest.mark.boot
 
 # The exposure systemd-analyze security gave each unit before this tier existed: none
 # may get worse.  One deliberate exception: the loader went from 1.6 to 1.8 for
@@ -197,7 +201,7 @@ def test_the_crowdsec_bouncer_as_shipped(guest: Guest) -> None:
     """alfwrapper-crowdsec.service as shipped (its own user, CAP_BPF alone, the key as a
     credential, the sets' tree bound in) fills a set a service denies from, against a
     stand-in LAPI in the guest (stand_in_lapi.py; the real one: test_crowdsec.py)."""
-    guest.put(HERE / "stand_in_lapi.py", "/root/stand_in_lapi.py")
+    guest.put(PROGRAMS / "stand_in_lapi.py", "/root/stand_in_lapi.py")
     key = "0123456789abcdef0123456789abcdef"
     guest.run(
         "mkdir -p /etc/alfwrapper && umask 077 && "

@@ -11,10 +11,11 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import cases
-import guest_kernel
 import pytest
-from support import bpf_problem, require
+from helpers import cases, guest_kernel
+from helpers.support import bpf_problem, require
+
+pytestmark = pytest.mark.kernel
 
 KERNELS = (*guest_kernel.RELEASES, "host")
 # Instructions a verifier may process for one program (its limit is 1,000,000). The

@@ -7,10 +7,12 @@ import subprocess
 import sys
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 from alfwrapper.errors import EX_CONFIG, AlfError
 from alfwrapper.host.activation import child_environment, parse_listen_env
+
+pytestmark = pytest.mark.unit
 
 
 def test_nothing_inherited() -> None:

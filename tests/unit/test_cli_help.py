@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 from alfwrapper import cli
+
+pytestmark = pytest.mark.unit
 
 NAMES = ["", *cli.SUBCOMMANDS]  # "": the wrapper itself
 

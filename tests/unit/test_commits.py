@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 
-from support import ROOT
+import pytest
+from helpers.support import ROOT
+
+pytestmark = pytest.mark.unit
 
 spec = importlib.util.spec_from_file_location("commits", ROOT / "tests/commits.py")
 assert spec is not None and spec.loader is not None

@@ -13,6 +13,8 @@ from alfwrapper.policy.files import split_scope
 from alfwrapper.policy.knocking import FIRST_PORT, plan_knock, secret_ports
 from alfwrapper.policy.rules import KnockRules, SocketRules, parse_ports
 
+pytestmark = pytest.mark.unit
+
 
 def rules_for(argv: list[str], name: str) -> SocketRules:
     config = parse_policy(argv)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from support import ROOT
+import pytest
+from helpers.support import ROOT
 
 from alfwrapper.host.capabilities import REACHES_FILTER
 from alfwrapper.host.privileges import writable_outside
+
+pytestmark = pytest.mark.unit
 
 
 def test_writable_outside_leaves_out_the_way_to_each_excluded_folder(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from alfwrapper.policy import crowdsec
 from alfwrapper.policy.crowdsec import Book, Changes, duration_ns, read_answer
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 
+pytestmark = pytest.mark.unit
+
 S = 10**9
 
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import struct
 from pathlib import Path
 
 import pytest
-from support import ROOT, require
 
 from alfwrapper.errors import EX_NOINPUT, AlfError
 from alfwrapper.observe import daemons
+
+pytestmark = pytest.mark.unit
 
 
 def texts(argv: list[str], inetd: bool = False, no_caps: bool = False) -> list[str]:
@@ -60,18 +58,6 @@ def test_an_unknown_command_is_read_for_sd_listen_fds(tmp_path: Path) -> None:
     assert texts([other])[0].startswith(f"ok: {other} does not name sd_listen_fds")
 
 
-def test_capabilities_that_would_be_removed() -> None:
-    sshd = "/usr/sbin/sshd"
-    require(os.path.exists(sshd), "openssh-server is not installed (make setup installs it)")
-    assert texts([sshd, "-i"], inetd=True)[1] == (
-        f"ok: {sshd} keeps what it needs: CAP_SETGID, CAP_SETUID, CAP_SYS_CHROOT"
-    )
-    assert texts([sshd, "-i"], inetd=True, no_caps=True)[1] == (
-        f"problem: {sshd} needs CAP_SETGID, CAP_SETUID, CAP_SYS_CHROOT (privilege "
-        "separation), which --no-capabilities removes"
-    )
-
-
 def test_file_capabilities_and_set_user_id(tmp_path: Path) -> None:
     # VFS_CAP_REVISION_2: magic_etc, then (permitted, inheritable) for each word.
     raw = struct.pack("<5I", 0x02000000, 1 << 10, 0, 1 << (39 - 32), 0)
@@ -85,18 +71,6 @@ def test_a_command_that_is_not_there() -> None:
     with pytest.raises(AlfError) as err:
         daemons.examine(["/nonexistent/daemon"], False, False)
     assert err.value.exit_code == EX_NOINPUT
-
-
-def test_the_guides_example_is_what_it_prints() -> None:
-    require(
-        shutil.which("/usr/sbin/sshd") is not None,
-        "openssh-server is not installed (make setup installs it)",
-    )
-    readme = (ROOT / "docs/daemons.md").read_text()
-    block = re.search(r"\$ alfwrapper doctor --inetd --for (/usr/sbin/sshd -i)\n(.*?)```",
-                      readme, re.S)  # fmt: skip
-    assert block is not None
-    assert texts(block.group(1).split(), inetd=True) == block.group(2).strip().splitlines()
 
 
 def test_a_daemon_that_binds_its_own_is_intercepted(tmp_path: Path) -> None:
@@ -116,7 +90,7 @@ def test_a_daemon_that_binds_its_own_is_intercepted(tmp_path: Path) -> None:
 
 def test_nginx_and_haproxy_take_given_sockets_their_own_way() -> None:
     """Given sockets, nginx takes them from NGINX and HAProxy by fd@N (tested in
-    tests/integration/test_intercept.py): doctor --for says so beside interception."""
+    tests/netns/test_intercept.py): doctor --for says so beside interception."""
     for argv, how in ((["/usr/sbin/nginx"], "NGINX variable"), (["haproxy"], "fd@3")):
         daemon = daemons.known(argv)
         assert daemon is not None and how in daemon.native

@@ -7,11 +7,13 @@ import shutil
 import subprocess
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 from alfwrapper import errors
 from alfwrapper.cli import check_parser, explain_parser, wrapper_parser
 from alfwrapper.policy.files import KEYS
+
+pytestmark = pytest.mark.unit
 
 
 def long_options() -> set[str]:

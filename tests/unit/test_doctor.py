@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
-from support import NO_CAPS, WRAPPER, require
+import pytest
 
 from alfwrapper.observe.doctor import effective_capabilities, kernel_version, platform_check
+
+pytestmark = pytest.mark.unit
 
 
 def test_kernel_version() -> None:
@@ -45,37 +43,3 @@ def test_effective_capabilities() -> None:
     caps = effective_capabilities(status)
     assert caps >> 39 & 1 and caps >> 21 & 1
     assert effective_capabilities("CapEff:\t0000000000000000\n") == 0
-
-
-def test_doctor_passes_as_root() -> None:
-    require(os.geteuid() == 0, "needs root (the last check loads a filter)")
-    out = subprocess.run([*WRAPPER, "doctor"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stdout
-    assert all(line.startswith("ok: ") for line in out.stdout.splitlines()), out.stdout
-    assert "compiles, loads" in out.stdout
-
-
-def test_doctor_says_which_path_and_what_is_missing(tmp_path: Path) -> None:
-    require(os.geteuid() == 0, "needs root to drop its capabilities")
-    # A loader's socket where none listens: another lane's loader test may be serving
-    # at the usual path meanwhile.
-    env = {**os.environ, "ALFWRAPPER_LOADER": str(tmp_path / "loader.sock")}
-    out = subprocess.run(
-        [
-            *NO_CAPS,
-            *WRAPPER,
-            "doctor",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert out.returncode == 69
-    problems = [line for line in out.stdout.splitlines() if line.startswith("problem: ")]
-    # Without CAP_BPF, filters come from the loader; none runs here, and doctor says
-    # which unit to start.
-    assert len(problems) == 1, out.stdout
-    assert "CAP_BPF" in problems[0] and "unprivileged_bpf_disabled" in problems[0]
-    assert "loader" in problems[0] and "alfwrapper-loader.socket" in problems[0]
-    assert "Traceback" not in out.stderr

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from alfwrapper.bpf import parts
 from alfwrapper.lifecycle import droplog
+
+pytestmark = pytest.mark.unit
 
 
 def event(ifindex: int) -> bytes:

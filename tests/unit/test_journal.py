@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 from alfwrapper.host import journal
 from alfwrapper.lifecycle.resets import counted_service
+
+pytestmark = pytest.mark.unit
 
 
 def test_fields_are_lines_and_a_newline_makes_a_sized_value() -> None:

@@ -17,13 +17,15 @@ import time
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 from alfwrapper.cli import parse_policy
 from alfwrapper.errors import AlfError
 from alfwrapper.host import cachedir
 from alfwrapper.lifecycle import verdicts
 from alfwrapper.policy import inputs
+
+pytestmark = pytest.mark.unit
 
 SANDBOXES = 2000
 RULES = ["192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32", "192.0.2.9"]

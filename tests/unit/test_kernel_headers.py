@@ -10,6 +10,8 @@ import pytest
 
 from alfwrapper.host import kernel_headers
 
+pytestmark = pytest.mark.unit
+
 
 def debian_headers(root: Path, version: str, flavour: str = "amd64") -> Path:
     """A Debian split tree: linux-headers-VERSION-FLAVOUR (generated files, a Makefile

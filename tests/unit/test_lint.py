@@ -10,7 +10,10 @@ import re
 import subprocess
 import tokenize
 
-from support import ROOT
+import pytest
+from helpers.support import ROOT
+
+pytestmark = pytest.mark.unit
 
 OVER_THE_LIMIT = {
     "alfwrapper/bpf/subnet_table.py::_family_table",
@@ -33,8 +36,8 @@ OVER_THE_LIMIT = {
     "benchmarks/bench.py::targets",
     "benchmarks/bench.py::write_report",
     "examples/echo_server.py::main",
-    "tests/boot/client.py::main",
-    "tests/integration/binder.py::main",
+    "tests/programs/guest_client.py::main",
+    "tests/programs/binder.py::main",
     "tests/unit/test_kept_files.py::act",
 }
 
@@ -60,3 +63,20 @@ def test_the_functions_over_the_complexity_limit_only_shrink() -> None:
                 excused.add(f"{name}::{found.group(1)}")
     assert excused <= OVER_THE_LIMIT, f"new functions over the limit: {excused - OVER_THE_LIMIT}"
     assert excused == OVER_THE_LIMIT, f"under the limit now: {OVER_THE_LIMIT - excused}"
+
+
+def test_the_unit_tier_asks_for_nothing_but_python() -> None:
+    """No test under tests/unit needs root, BPF or a program `make dev` does not install:
+    none calls `require` (what skips, or under CI=true fails, for want of them) or the
+    BPF system call.  (tests/conftest.py refuses the other tiers' fixtures there.)"""
+    import ast  # noqa: PLC0415  (this test alone)
+
+    asked = []
+    for path in sorted((ROOT / "tests/unit").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+            if named in {"require", "bpf_calls"} or getattr(node, "module", "") in {
+                "alfwrapper.host.bpf_calls"
+            }:
+                asked.append(f"{path.name}:{node.lineno}: {named or node.module}")  # type: ignore[attr-defined]
+    assert not asked, asked

@@ -8,11 +8,14 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alfwrapper.loader import person, server
 from alfwrapper.loader.person import SubuidFile, person_of
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = {"alice": 1001, "bob": 1002, "carol": 1003}.get

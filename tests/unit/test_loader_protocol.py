@@ -15,6 +15,8 @@ from alfwrapper.errors import AlfError
 from alfwrapper.loader import protocol
 from alfwrapper.policy.rules import CustomFilter, MapSetting, SocketRules
 
+pytestmark = pytest.mark.unit
+
 
 def test_rules_survive_the_trip(tmp_path: Any) -> None:
     """What a client sends is what the loader reads: send encodes a SocketRules, and

@@ -8,6 +8,8 @@ import pytest
 
 from alfwrapper.bpf.map_values import encode, type_name
 
+pytestmark = pytest.mark.unit
+
 
 def no_links(name: str) -> int | None:
     return {"lo": 1, "wg0": 7}.get(name)

@@ -8,6 +8,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,5 +35,9 @@ def test_every_mutation_text_occurs_once_in_its_file() -> None:
             if text.count(old) != 1:
                 stale.append(f"{m.name}: {text.count(old)} times in {m.path}: {old[:60]!r}")
         for test in m.tests:
-            assert (ROOT / test.split("::")[0]).exists(), f"{m.name}: no {test}"
+            path, _, name = test.partition("::")
+            assert (ROOT / path).exists(), f"{m.name}: no {test}"
+            function = name.split("[")[0]
+            if function and f"def {function}(" not in (ROOT / path).read_text():
+                stale.append(f"{m.name}: no {function} in {path}")
     assert not stale, "\n".join(stale)

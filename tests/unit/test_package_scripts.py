@@ -8,7 +8,10 @@ import re
 import subprocess
 from pathlib import Path
 
-from support import ROOT
+import pytest
+from helpers.support import ROOT
+
+pytestmark = pytest.mark.unit
 
 
 def test_postinst_makes_the_system_users_from_the_sysusers_file(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ from alfwrapper.policy.files import KEYS, find_policy, read_policy
 from alfwrapper.policy.prefixes import parse_prefix
 from alfwrapper.record import replace
 
+pytestmark = pytest.mark.unit
+
 SECRET = "correct horse battery staple, but longer\n"
 
 

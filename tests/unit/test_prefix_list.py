@@ -15,6 +15,8 @@ from alfwrapper.policy import prefix_list
 from alfwrapper.policy.prefix_list import PrefixList, parse_rule_bytes, parse_rule_lines
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 
+pytestmark = pytest.mark.unit
+
 
 def one_at_a_time(data: bytes) -> list[Prefix] | str:
     """The reference: every line through parse_prefix; an error as its one line."""

@@ -9,6 +9,8 @@ import pytest
 
 from alfwrapper.host import progress
 
+pytestmark = pytest.mark.unit
+
 
 def test_status_is_one_line_whatever_a_name_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

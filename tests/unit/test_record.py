@@ -12,6 +12,8 @@ import pytest
 
 from alfwrapper.record import FrozenError, Record, as_dict, as_tuple, field, replace
 
+pytestmark = pytest.mark.unit
+
 
 @dataclasses.dataclass(frozen=True)
 class DRules:

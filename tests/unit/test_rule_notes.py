@@ -16,6 +16,8 @@ from alfwrapper.host import cachedir
 from alfwrapper.policy.prefix_list import PrefixList, read_rule_file
 from alfwrapper.policy.prefixes import parse_prefix
 
+pytestmark = pytest.mark.unit
+
 LINES = [f"198.51.100.{i}" for i in range(100)] + [f"2001:db8:{i:x}::/48" for i in range(1, 60)]
 
 

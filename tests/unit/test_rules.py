@@ -13,6 +13,8 @@ from alfwrapper.policy.prefix_list import parse_rule_lines, read_rule_file
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import ListenSpec, parse_listen
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("text", "expected"),

@@ -1,6 +1,6 @@
 """What a new socket takes from its service's earlier sockets (state.inherit_runtime):
 the rules of those of its name only, a deny over an allow of the same prefix, nothing
-it holds already.  The pinned maps are dicts here; tests/integration/test_live.py and
+it holds already.  The pinned maps are dicts here; tests/netns/test_live.py and
 tests/adversarial/ hold the real ones to real traffic."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import pytest
 from alfwrapper import state
 from alfwrapper.bpf.parts import RUNTIME_ALLOW, RUNTIME_DENY
 from alfwrapper.policy.prefixes import parse_prefix
+
+pytestmark = pytest.mark.unit
 
 Rules = dict[int, dict[bytes, int]]
 

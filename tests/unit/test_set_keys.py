@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from alfwrapper import sets
 from alfwrapper.policy.prefixes import Prefix
 
+pytestmark = pytest.mark.unit
+
 PREFIXES = st.one_of(
     st.builds(lambda v, n: Prefix(4, v >> (32 - n) << (32 - n), n),
               st.integers(0, 2**32 - 1), st.sampled_from([32, 32, 24, 0])),

@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 from alfwrapper.lifecycle import socket_units
 from alfwrapper.policy.files import build_policy, read_policy
 from alfwrapper.policy.prefixes import FAMILY_BITS
+
+pytestmark = pytest.mark.unit
 
 SOCKET = "[Unit]\nDescription=x\n\n[Socket]\nListenStream=22\n{accept}\n{key}\n"
 

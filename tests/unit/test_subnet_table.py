@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers.oracle import passes, probe_addresses, random_rules
+from helpers.support import ROOT
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-from oracle import passes, probe_addresses, random_rules
-from support import ROOT
 
 from alfwrapper.bpf import subnet_table
 from alfwrapper.bpf.subnet_table import (
@@ -25,6 +25,8 @@ from alfwrapper.bpf.subnet_table import (
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import SubnetRules
 from alfwrapper.record import replace
+
+pytestmark = pytest.mark.unit
 
 
 def rules_of(allow: list[str] = (), deny: list[str] = ()) -> SubnetRules:  # type: ignore[assignment]

@@ -12,6 +12,8 @@ import pytest
 from alfwrapper.bpf import table_cache
 from alfwrapper.host import cachedir
 
+pytestmark = pytest.mark.unit
+
 NAME = "table-" + "ab" * 32
 
 

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import ROOT
+import pytest
+from helpers.support import ROOT
+
+pytestmark = pytest.mark.unit
 
 UNITS = ROOT / "units"
 ALFWRAPPER = str(Path(sys.executable).parent / "alfwrapper")

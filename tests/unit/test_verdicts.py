@@ -1,5 +1,5 @@
 """A kept verdict's table (lifecycle/verdicts.py) judges a source as the subnet rules
-do (tests/oracle.py, and SubnetRules.passes, which tests/kernel holds to the
+do (tests/helpers/oracle.py, and SubnetRules.passes, which tests/kernel holds to the
 compiled program)."""
 
 from __future__ import annotations
@@ -7,10 +7,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from oracle import passes, probe_addresses, random_rules
+from helpers.oracle import passes, probe_addresses, random_rules
 
 from alfwrapper.lifecycle import verdicts
 from alfwrapper.policy.prefixes import Prefix
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize("seed", range(40))
