@@ -2787,6 +2787,22 @@ MUTATIONS += [  # issue 53: lint that bites
         ("tests/unit/test_lint.py::test_the_functions_over_the_complexity_limit_only_shrink",),
     ),
 ]
+MUTATIONS += [  # issue 53: a test's folder is its tier
+    Mutation(
+        "tier-marker-not-checked",
+        "tests/helpers/tiers.py",
+        "    if tiers != [folder]:\n",
+        "    if False:\n",
+        ("tests/unit/test_tiers.py",),
+    ),
+    Mutation(
+        "unit-tier-takes-root-fixtures",
+        "tests/helpers/tiers.py",
+        '    if folder == "unit" and fixtures & NOT_UNIT:\n',
+        "    if False:\n",
+        ("tests/unit/test_tiers.py",),
+    ),
+]
 
 # The boot tier's guest image and the kernel tier's kernel, built once in this checkout
 # and shared by every scratch clone (their keys say when they must be built again).
