@@ -52,6 +52,7 @@ from alfwrapper.policy.crowdsec import Book  # noqa: E402
 from alfwrapper.policy.prefixes import Prefix  # noqa: E402
 from alfwrapper.policy.rules import SocketRules, SubnetRules  # noqa: E402
 from alfwrapper.record import replace  # noqa: E402
+from alfwrapper.sets import content  # noqa: E402
 
 ENV = FillEnv(open_set=sets.open_role)
 
@@ -243,20 +244,20 @@ def bouncer_apply(count: int) -> dict[str, Any]:
 def growth(count: int) -> dict[str, Any]:
     """A bouncer's first answer of ``count`` Ip bans (the set made at its default size,
     as `crowdsec --prepare` makes it), which grows the set as it goes (each growth,
-    sets._grow, timed here), then an answer of one ban more: the time from each
+    content._grow, timed here), then an answer of one ban more: the time from each
     answer's arrival until the set holds its entries, and the growths'."""
     name = "bench-grow"
     sets.destroy(name)
     sets.create(name)
     grows: list[float] = []
-    real = sets._grow
+    real = content._grow
 
     def timed(*args: Any) -> None:
         start = time.perf_counter()
         real(*args)
         grows.append(time.perf_counter() - start)
 
-    sets._grow = timed  # type: ignore[assignment]
+    content._grow = timed  # type: ignore[assignment]
     try:
         config = bouncer.Config(set=name, interval=1)
         book, counts = Book.empty(), bouncer.Counters()
@@ -275,7 +276,7 @@ def growth(count: int) -> dict[str, Any]:
         finally:
             os.close(fd)
     finally:
-        sets._grow = real  # type: ignore[assignment]
+        content._grow = real  # type: ignore[assignment]
         sets.destroy(name)
     assert held == count + 1, held
     return {"bans": count, "apply_seconds": applied, "one_more_seconds": counts.apply_seconds,
@@ -318,7 +319,7 @@ def one_add(rounds: int) -> dict[str, float]:
     fd = sets.open_role(name, "hosts")
     try:
         for prefix in addresses(rounds, random.Random(2), 0.5):
-            key = sets._key(prefix)[1]
+            key = content._key(prefix)[1]
             start = time.perf_counter()
             bpf_calls.map_update(fd, key, b"\0" * 8)
             raw.append(time.perf_counter() - start)

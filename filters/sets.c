@@ -1,7 +1,7 @@
 /* sets.c: named sets, the host's lists of prefixes that any number of services
  * name (allow-set, deny-set) and `alfwrapper set` changes while they run.
  *
- * A set is three maps, pinned once for the host (alfwrapper/sets.py) and shared by
+ * A set is three maps, pinned once for the host (alfwrapper/sets/) and shared by
  * every program that names it:
  *
  *   hosts   HASH of struct alf_set_host -> u64: whole addresses (/32, /128)
@@ -14,7 +14,7 @@
  * A source whose block lacks its bits is in no host entry: it costs one cache line
  * and no hash lookup, and where the ranges hold none of its family, no trie walk.
  * The program's own alf_set_shifts holds each sieve's shift (from its size, which
- * never changes, and which sets.py makes a header word and a power of two; 0, a
+ * never changes, and which sets/bloom.py makes a header word and a power of two; 0, a
  * slot not filled, fails closed).
  * The sieve's lines of every set the program names are read before any of them is
  * tested, so the sets' misses overlap instead of following each other.  User space
@@ -35,7 +35,7 @@
  * inlines, with no helper call and no map to find first), and its hosts through the
  * set's own hosts_at, an array of maps of one slot bound the same way
  * (alf_set_hosts_of): a full hosts map is replaced there by a larger copy, for every
- * program at once, while they run (sets.py: _grow).  Deny sets at indexes 0 to
+ * program at once, while they run (sets/content.py: _grow).  Deny sets at indexes 0 to
  * ALF_DENY_SETS - 1, allow sets after them.  A slot left empty
  * fails closed: a deny set that cannot be read drops, an allow set that cannot be
  * read allows nothing (a placeholder holds no word past its header).

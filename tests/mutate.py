@@ -1387,21 +1387,21 @@ CROWDSEC_TEST = "tests/netns/test_crowdsec.py::"
 MUTATIONS += [
     Mutation(
         "sieve-bit-not-the-kernels",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/bloom.py",
         "1 << (h >> SIEVE_BIT2 & 0x7FFF) % 62",
         "1 << (h >> SIEVE_BIT2 & 0x7FFF) % 61",
         (SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",),
     ),
     Mutation(
         "sieve-ipv6-folded-wrong",
-        "alfwrapper/sets.py",
-        "(p.value >> 64) ^ (p.value & _M64) * SIEVE_MIX",
+        "alfwrapper/sets/bloom.py",
+        "(p.value >> 64) ^ (p.value & M64) * SIEVE_MIX",
         "(p.value >> 64) ^ (p.value >> 64) * SIEVE_MIX",
         (SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",),
     ),
     Mutation(
         "sieve-short-way-wrong",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/bloom.py",
         "    h = key * np.uint64(SIEVE_MULTIPLIER)\n",
         "    h = key * np.uint64(SIEVE_MULTIPLIER + 2)\n",
         ("tests/unit/test_set_keys.py::test_many_keys_are_each_ones",),
@@ -1415,15 +1415,15 @@ MUTATIONS += [
     ),
     Mutation(
         "sieve-rebuilt-without-ranges",
-        "alfwrapper/sets.py",
-        "sieved(_shift(sieve), held + ranges), fds",
-        "sieved(_shift(sieve), held), fds",
+        "alfwrapper/sets/content.py",
+        "sieved(shift_of(sieve), held + ranges), fds",
+        "sieved(shift_of(sieve), held), fds",
         (SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",),
     ),
     Mutation(
         "sieve-bits-after-the-entry",
-        "alfwrapper/sets.py",
-        """    _sieve_add(sieve, sieved(_shift(sieve), prefixes))  # before the entries (module doc)
+        "alfwrapper/sets/content.py",
+        """    sieve_add(sieve, sieved(shift_of(sieve), prefixes))  # before the entries (sets' doc)
     crash_point("set-bits-set")
     for prefix in prefixes:
         role, key = _key(prefix)
@@ -1433,7 +1433,7 @@ MUTATIONS += [
         role, key = _key(prefix)
         _update(name, fds, role, key, _value(prefix, expiry))
     crash_point("set-bits-set")
-    _sieve_add(sieve, sieved(_shift(sieve), prefixes))
+    sieve_add(sieve, sieved(shift_of(sieve), prefixes))
 """,
         (SIEVE_TEST + "test_a_kill_between_the_bits_and_the_entry_leaves_no_entry_unseen",),
     ),
@@ -1446,49 +1446,49 @@ MUTATIONS += [
     ),
     Mutation(
         "set-create-keeps-a-stale-sieve",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/creation.py",
         "            _refit(name, at)\n",
         "",
         (SIEVE_TEST + "test_a_sieve_made_for_other_entries_is_refused_then_rebuilt",),
     ),
     Mutation(
         "set-grown-never-switched",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/content.py",
         '        bpf_map_put_fd(fds["hosts_at"], 0, new)  # in force for every program from here\n',
         "",
         (SETS_TEST + "test_a_set_grows_while_a_service_uses_it",),
     ),
     Mutation(
         "set-growth-never-mended",
-        "alfwrapper/sets.py",
-        "                _repair(name, fds, at)\n",
+        "alfwrapper/sets/content.py",
+        "                repair(name, fds, at)\n",
         "",
         (SETS_TEST + "test_a_kill_while_a_set_grows_loses_no_entry",),
     ),
     Mutation(
         "set-bound-slot-unchecked",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/tree.py",
         '    if role == "hosts_at" and read_only and not _holds_the_pin(name, fd):',
         "    if False:",
         (SIEVE_TEST + "test_a_sieve_made_for_other_entries_is_refused_then_rebuilt",),
     ),
     Mutation(
         "set-slot-re-pointed-before-its-sieve-is-unmarked",
-        "alfwrapper/sets.py",
-        '        _set_header(fds["sieve"], 0, 0)\n',
+        "alfwrapper/sets/tree.py",
+        '        set_header(fds["sieve"], 0, 0)\n',
         "",
         (SIEVE_TEST + "test_a_kill_while_a_sieve_is_rebuilt_leaves_it_refused",),
     ),
     Mutation(
         "sieve-word-1-first",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/bloom.py",
         "    for last in (1, 0):\n",
         "    for last in (0,):\n",
         (SIEVE_TEST + "test_a_family_new_to_the_trie_is_marked_in_word_1_last",),
     ),
     Mutation(
         "sieve-header-first",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/bloom.py",
         "    for last in (1, 0):\n",
         "    for last in (1,):\n",
         (SIEVE_TEST + "test_a_kill_while_a_sieve_is_rebuilt_leaves_it_refused",),
@@ -1540,8 +1540,8 @@ MUTATIONS += [
     ),
     Mutation(
         "check-stand-in-sieve-without-header",
-        "alfwrapper/sets.py",
-        '        _set_header(made["sieve"], bpf_calls.map_info_id(made["hosts_at"]), 0)\n',
+        "alfwrapper/sets/tree.py",
+        '        set_header(made["sieve"], bpf_calls.map_info_id(made["hosts_at"]), 0)\n',
         "",
         (SETS_TEST + "test_allow_sets",),
     ),
@@ -1575,7 +1575,7 @@ MUTATIONS += [
     ),
     Mutation(
         "bouncer-keeps-what-the-lapi-does-not",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/content.py",
         "for key in [k for k in bpf_calls.map_keys(fds[role], size) if k not in wanted]:",
         "for key in []:",
         ("tests/netns/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
@@ -1592,7 +1592,7 @@ MUTATIONS += [
     ),
     Mutation(
         "set-keys-short-way-wrong",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/content.py",
         '[("addr", ">u4", addr)]',
         '[("addr", "<u4", addr)]',
         ("tests/unit/test_set_keys.py::test_many_keys_are_each_ones",),
@@ -1629,9 +1629,9 @@ MUTATIONS += [
     ),
     Mutation(
         "set-hosts-ipv6-halves-swapped",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/content.py",
         'key["hi"] = high = (values >> 64).astype(np.uint64)',
-        'key["hi"] = high = (values & _M64).astype(np.uint64)',
+        'key["hi"] = high = (values & M64).astype(np.uint64)',
         (
             "tests/unit/test_set_keys.py::test_many_keys_are_each_ones",
             SIEVE_TEST + "test_the_kernel_finds_every_entry_through_the_sieve",
@@ -1639,7 +1639,7 @@ MUTATIONS += [
     ),
     Mutation(
         "set-hosts-ipv4-past-32-bits-cut",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/content.py",
         "if (signed >> 32).any():",
         "if False:",
         (
@@ -1667,7 +1667,7 @@ MUTATIONS += [
     ),
     Mutation(
         "sieve-many-words-grown-wrong",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/bloom.py",
         "grown = old | np.fromiter(",
         "grown = old ^ np.fromiter(",
         (
@@ -1735,7 +1735,7 @@ MUTATIONS += [
     ),
     Mutation(
         "set-full-stops-every-other-entry",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/content.py",
         "                    first = grown\n",
         "                    raise\n",
         (CROWDSEC_TEST + "test_metrics_say_what_the_set_holds_after_an_answer_stopped_half_way",),
@@ -1749,9 +1749,9 @@ MUTATIONS += [
     ),
     Mutation(
         "set-stops-at-its-default-room",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/content.py",
         "    if wanted > MOST_SIZE:\n",
-        "    if wanted > DEFAULT_SIZE:\n",
+        "    if wanted > 65536:  # DEFAULT_SIZE\n",
         (CROWDSEC_TEST + "test_a_million_bans_then_one_more_reach_the_service",),
     ),
     Mutation(
@@ -1912,11 +1912,11 @@ MUTATIONS += [
     ),
     Mutation(
         "set-pins-named-by-path",
-        "alfwrapper/sets.py",
-        "            _pin(made[role], at, role)\n",
+        "alfwrapper/sets/creation.py",
+        "            pin(made[role], at, role)\n",
         """            (temp / role).unlink(missing_ok=True)
             bpf_calls.obj_pin(made[role], str(temp / role))
-            _give_pin(at, role)
+            give_pin(at, role)
 """,
         (SETS_TEST + "test_the_trees_owner_cannot_turn_roots_make_elsewhere",),
     ),
@@ -1929,14 +1929,14 @@ MUTATIONS += [
     ),
     Mutation(
         "set-changes-unlocked",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/content.py",
         "def _opened(name: str, changing: bool = True)",
         "def _opened(name: str, changing: bool = False)",
         (SETS_TEST + "test_a_change_to_a_set_waits_for_its_lock",),
     ),
     Mutation(
         "set-made-in-place",
-        "alfwrapper/sets.py",
+        "alfwrapper/sets/creation.py",
         "    where, temp = folder(name), making(name)\n",
         "    where, temp = folder(name), folder(name)\n",
         (SETS_TEST + "test_a_crash_while_a_set_is_made_leaves_no_half_set",),

@@ -263,10 +263,10 @@ SET_HOST_C, SET_HOST = c_struct("alf_set_host", SET_HOST_FIELDS)
 SET_RANGE_C, SET_RANGE = c_struct("alf_set_range", RUNTIME_KEY_FIELDS)
 SET_EXPIRY = struct.Struct("=Q")
 SET_ALLOW, SET_DENY = 1, 2
-# A set's pins, in its folder (alfwrapper/sets.py).  hosts_at is an array of maps of
-# one slot holding the hosts map in force: a program reads the hosts through it, so a
-# set whose hosts map is full grows (sets._grow: a larger copy, then one update of
-# this slot) while every program that names it runs.
+# A set's pins, in its folder (alfwrapper/sets/tree.py).  hosts_at is an array of
+# maps of one slot holding the hosts map in force: a program reads the hosts through
+# it, so a set whose hosts map is full grows (sets/content.py: _grow, a larger copy,
+# then one update of this slot) while every program that names it runs.
 SET_ROLES = ("hosts", "ranges", "sieve", "hosts_at")
 # The maps a program is bound to (Sets.bind): not the hosts map itself.
 SET_BOUND_ROLES = ("hosts_at", "ranges", "sieve")
@@ -280,7 +280,9 @@ SET_FLAGS = 1 | 1 << 7
 # hash's top bits choose a word (the shift: the program's alf_set_shifts, from the
 # sieve's size), and the 14 bits at SIEVE_BIT1 and the 15 at SIEVE_BIT2, each modulo
 # 62, two of its bits.  Bits 62 and 63 of every word say whether the trie may hold
-# ranges of IPv4 and of IPv6 (SIEVE_RANGE_BITS).  Word 0 is user space's (sets.py).
+# ranges of IPv4 and of IPv6 (SIEVE_RANGE_BITS).  Word 0 is user space's (sieve_header).
+# What writes the sieve is alfwrapper/sets/bloom.py; its layout stays here, since the
+# program's settings and Sets.bind are made from it.
 # A program reads each sieve it names as a map of its own (bound at load: Sets.bind),
 # not through an array of maps, so that the verifier inlines the lookup.
 # Flags: BPF_F_RDONLY_PROG and BPF_F_MMAPABLE (user space reads it mapped, never
@@ -341,8 +343,8 @@ def _sieve_maps_c(count: int) -> str:
 
 def sieve_shift(entries: int) -> int:
     """The shift to a word's index of a sieve of ``entries`` (a header word, then a
-    power of two of them: sets.sieve_words); 0 for any other size (sets.open_role
-    refuses such a sieve, and sets.c fails closed on 0)."""
+    power of two of them: sets/bloom.py's sieve_words); 0 for any other size
+    (sets.open_role refuses such a sieve, and sets.c fails closed on 0)."""
     words = entries - 1
     if words < 2 or words & (words - 1):
         return 0
@@ -788,7 +790,7 @@ def write_mapped_at(map_fd: int, offset: int, data: bytes | memoryview, name: st
 def sieve_header(sieve_fd: int) -> tuple[int, int]:
     """A sieve's word 0, which no program reads: the id of the set's hosts_at it was
     built for (the set it belongs to: a hosts map grown keeps its sieve), and how many
-    entries were removed since (sets.py)."""
+    entries were removed since (sets/content.py)."""
     from alfwrapper.host import bpf_calls  # noqa: PLC0415
 
     raw = bpf_calls.map_lookup(sieve_fd, bytes(4), 8) or bytes(8)

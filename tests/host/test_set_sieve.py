@@ -1,7 +1,7 @@
-"""A set's sieve (sets.c, sets.py): the kernel finds every entry through it, whatever
-was added, removed, resynced, flushed or rebuilt, and a kill between an address's
-bits and its entry never leaves an entry the kernel does not see.  Run by the kernel
-(BPF_PROG_TEST_RUN) on the real program, with the set's real maps."""
+"""A set's sieve (sets.c, alfwrapper/sets/bloom.py): the kernel finds every entry
+through it, whatever was added, removed, resynced, flushed or rebuilt, and a kill
+between an address's bits and its entry never leaves an entry the kernel does not see.
+Run by the kernel (BPF_PROG_TEST_RUN) on the real program, with the set's real maps."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from alfwrapper.host.bpf_calls import prog_test_run
 from alfwrapper.host.frames import udp_frame
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import MOST_SETS, SocketRules
+from alfwrapper.sets import bloom, content, creation, tree
 
 pytestmark = pytest.mark.host
 
@@ -52,7 +53,7 @@ def addresses(rng: random.Random, count: int) -> list[Prefix]:
 def dropped(name: str, probes: list[Prefix]) -> list[Prefix]:
     """Which of ``probes`` a program denying the set drops (a program loaded now)."""
     loaded = compiler.load_program(
-        program.plan_program(SocketRules(deny_sets=(name,))), FillEnv(open_set=sets.read_only)
+        program.plan_program(SocketRules(deny_sets=(name,))), FillEnv(open_set=creation.read_only)
     )
     return [p for p in probes if prog_test_run(loaded.fd, udp_frame(p.family, p.value)).retval == 0]
 
@@ -131,7 +132,7 @@ def test_a_set_made_before_sieves_is_given_one_by_the_next_create(name: str) -> 
     held = [parse_prefix("198.51.100.7/32"), parse_prefix("2001:db8::7/128"),
             parse_prefix("203.0.113.0/24")]  # fmt: skip
     sets.create(name, held)
-    os.unlink(sets.folder(name) / "sieve")
+    os.unlink(tree.folder(name) / "sieve")
     out = subprocess.run([*WRAPPER, "check", "--deny-set", name], capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert out.returncode == 78, out.stderr
@@ -160,19 +161,19 @@ def test_more_than_the_most_sets_are_refused_before_anything_is_made(
     out = subprocess.run([*WRAPPER, "check", "--policy", str(policy)], capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert out.returncode == 78 and f"more than {MOST_SETS}" in out.stderr, out.stderr
-    assert not any(sets.folder(n).exists() for n in many)
+    assert not any(tree.folder(n).exists() for n in many)
 
 
 def _made_again_by_an_older_alfwrapper(name: str, entry: Prefix) -> None:
     """What an older `set destroy` then `set create` did: a new hosts map beside the
     sieve and hosts_at (which it knew nothing of, and left), holding an entry an older
     bouncer put there (no bits)."""
-    where = sets.folder(name)
+    where = tree.folder(name)
     os.unlink(where / "hosts")
-    kind, key, value, flags = sets._SHAPES["hosts"]
+    kind, key, value, flags = tree._SHAPES["hosts"]
     hosts = bpf_calls.map_create(kind, "old", key, value, 64, flags)
     try:
-        bpf_calls.map_update(hosts, sets._key(entry)[1], bytes(8))
+        bpf_calls.map_update(hosts, content._key(entry)[1], bytes(8))
         bpf_calls.obj_pin(hosts, str(where / "hosts"))
     finally:
         os.close(hosts)
@@ -185,7 +186,7 @@ def test_a_sieve_made_for_other_entries_is_refused_then_rebuilt(name: str) -> No
     miss them; `set create`, or the next change, mends it from what the set holds.  A
     sieve of another size is no set's."""
     sets.create(name, [parse_prefix("192.0.2.1/32")])
-    where = sets.folder(name)
+    where = tree.folder(name)
     old = parse_prefix("198.51.100.9/32")
     _made_again_by_an_older_alfwrapper(name, old)
     check = [*WRAPPER, "check", "--deny-set", name]
@@ -203,7 +204,7 @@ def test_a_sieve_made_for_other_entries_is_refused_then_rebuilt(name: str) -> No
     assert dropped(name, probes) == probes[:2]  # `old` went with its hosts map
     # A sieve of a size no set has (not a header word and a power of two): refused.
     os.unlink(where / "sieve")
-    kind, key, value, flags = sets._SHAPES["sieve"]
+    kind, key, value, flags = tree._SHAPES["sieve"]
     odd = bpf_calls.map_create(kind, "odd", key, value, 100, flags)
     try:
         bpf_calls.obj_pin(odd, str(where / "sieve"))
@@ -216,16 +217,16 @@ def test_a_sieve_made_for_other_entries_is_refused_then_rebuilt(name: str) -> No
 def test_a_family_new_to_the_trie_is_marked_in_word_1_last(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """sets._sieve_add reads word 1's range bit as every word's: a kill between two
+    """bloom.sieve_add reads word 1's range bit as every word's: a kill between two
     batches that mark the others must leave word 1 unmarked, so it is written last."""
     written: list[list[int]] = []
 
     def batch(fd: int, keys: bytes, values: bytes, count: int) -> None:
         written.append(list(array("I", keys)))
 
-    monkeypatch.setattr(sets, "BATCH", 100)
+    monkeypatch.setattr(bloom, "BATCH", 100)
     monkeypatch.setattr(bpf_calls, "map_update_batch", batch)
-    sets._write_words(-1, list(range(0, 300)), list(range(300)))
+    bloom._write_words(-1, list(range(0, 300)), list(range(300)))
     assert [i for part in written for i in part][-2:] == [1, 0]  # then the header
     assert sorted(i for part in written for i in part) == list(range(300))
 
@@ -247,7 +248,7 @@ def test_a_kill_while_a_sieve_is_rebuilt_leaves_it_refused(
             raise OSError(errno.EINTR, "killed")
         real(fd, keys, values, count)
 
-    monkeypatch.setattr(sets, "BATCH", 100)
+    monkeypatch.setattr(bloom, "BATCH", 100)
     monkeypatch.setattr(bpf_calls, "map_update_batch", killed_after_one)
     with pytest.raises((AlfError, OSError)):
         sets.add(name, [parse_prefix("192.0.2.2/32")])
@@ -279,7 +280,7 @@ def test_each_set_is_read_through_its_own_sieve(name: str) -> None:
         deny = SocketRules(deny_sets=tuple(names[:6]))
         allow = SocketRules(allow_sets=tuple(names[6:]))
         both = SocketRules(deny_sets=tuple(names[:3]), allow_sets=tuple(names[6:9]))
-        env = FillEnv(open_set=sets.read_only)
+        env = FillEnv(open_set=creation.read_only)
         mixed = compiler.load_program(program.plan_program(both), env)
         for each, outcome in zip(names[:3] + names[6:9], [0] * 3 + [1] * 3, strict=True):
             got = [prog_test_run(mixed.fd, udp_frame(p.family, p.value)).retval > 0
@@ -355,7 +356,7 @@ def test_a_sieve_an_older_alfwrapper_made_still_serves(name: str) -> None:
     SIEVE_OLDER_FLAGS): such a set is still named and read, its entries found."""
     members = addresses(random.Random(31), 40)
     sets.create(name, members, SIZE)
-    path = sets.folder(name) / "sieve"
+    path = tree.folder(name) / "sieve"
     new = sets.open_role(name, "sieve")
     try:
         kind, key, value, entries, _ = bpf_calls.map_shape(new)

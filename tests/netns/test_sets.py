@@ -19,6 +19,7 @@ from helpers.support import ECHO_SERVER, WRAPPER, WRITES_INTO_A_SET
 from alfwrapper import sets
 from alfwrapper.bpf.parts import SET_ROLES
 from alfwrapper.host import bpf_calls
+from alfwrapper.sets import tree
 
 pytestmark = pytest.mark.netns
 
@@ -171,7 +172,7 @@ def test_a_crash_while_a_set_is_made_leaves_no_half_set(
     listed.write_text("192.0.2.2\n2001:db8:a::/48\n")
     out = cli("set", "create", set_name, str(listed), env={"ALFWRAPPER_CRASH_AT": point})
     assert out.returncode == -9, out
-    assert not (SETS / set_name).exists() and sets.making(set_name).exists()
+    assert not (SETS / set_name).exists() and tree.making(set_name).exists()
     assert set_name not in ok("set", "list").split()
     added = cli("set", "add", set_name, "192.0.2.9")
     assert added.returncode == 78 and "does not exist" in added.stderr, added.stderr
@@ -181,10 +182,10 @@ def test_a_crash_while_a_set_is_made_leaves_no_half_set(
         # This gc, or another test's running meanwhile (`make test` runs three
         # workers, and every gc visits every set): either way it is gone.
         said = ok("gc")
-        assert f"{set_name}~making" in said or not sets.making(set_name).exists(), said
-        assert not sets.making(set_name).exists()
+        assert f"{set_name}~making" in said or not tree.making(set_name).exists(), said
+        assert not tree.making(set_name).exists()
     assert "created from" in ok("set", "create", set_name, str(listed))
-    assert not sets.making(set_name).exists() and set_name in ok("set", "list").split()
+    assert not tree.making(set_name).exists() and set_name in ok("set", "list").split()
     svc = start(network, services, f"{set_name}-c", 8080, "--deny-set", set_name)
     check_policy(svc, served=all_probes(network.denied, 8080),
                  dropped=all_probes(network.allowed, 8080))  # fmt: skip
@@ -199,7 +200,7 @@ def test_a_failed_create_leaves_no_set(set_name: str, tmp_path: Path) -> None:
               env={"ALFWRAPPER_FAIL_AT": "set-hosts_at-pinned"})  # fmt: skip
     assert out.returncode == 71 and "failed on purpose" in out.stderr, out.stderr
     assert set_name not in ok("set", "list").split()
-    assert not (SETS / set_name).exists() and not sets.making(set_name).exists()
+    assert not (SETS / set_name).exists() and not tree.making(set_name).exists()
     assert "created from" in ok("set", "create", set_name, str(listed), "--size", "3")
     assert ok("set", "list", set_name).split() == ["192.0.2.1/32", "192.0.2.2/32", "192.0.2.3/32"]
 
@@ -226,7 +227,7 @@ def test_a_set_is_made_once_takes_lapsed_room_and_then_grows(set_name: str) -> N
     listed = ok("set", "list", set_name).split()
     assert listed == ["192.0.2.2/32", "192.0.2.3/32", "192.0.2.4/32", "2001:db8::2/128",
                       "2001:db8::3/128"], listed  # fmt: skip
-    assert not (SETS / set_name / sets.GROWN).exists()
+    assert not (SETS / set_name / tree.GROWN).exists()
 
 
 def test_a_set_grows_while_a_service_uses_it(
@@ -271,12 +272,12 @@ def test_a_kill_while_a_set_grows_loses_no_entry(
     svc = start(network, services, f"{set_name}-kill", 8080, "--deny-set", set_name)
     out = cli("set", "add", set_name, "2001:db8:f::1", env={"ALFWRAPPER_CRASH_AT": point})
     assert out.returncode == -9, out
-    assert (SETS / set_name / sets.GROWN).exists()
+    assert (SETS / set_name / tree.GROWN).exists()
     check_policy(svc, served=all_probes(a, 8080, 8081), dropped=all_probes(b, 8080, 8081))
     # A change that needs no room (a removal) mends the set first: what it removes is
     # gone from the map the programs read, and the grown pin is gone.
     ok("set", "del", set_name, b.v6)
-    assert not (SETS / set_name / sets.GROWN).exists()
+    assert not (SETS / set_name / tree.GROWN).exists()
     check_policy(svc, served=[*all_probes(a, 8080, 8081), Probe(b, "tcp", 6, 8080)],
                  dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "udp", 4, 8081)])  # fmt: skip
     ok("set", "add", set_name, a.v4)
@@ -434,7 +435,7 @@ def test_the_trees_owner_cannot_turn_roots_make_elsewhere(
     set_name: str, tmp_path: Path, point: str
 ) -> None:
     """The sets' tree belongs to the bouncer's user, which may rename and link in it:
-    stopped right after root made the folder it makes the set in (sets.making), or
+    stopped right after root made the folder it makes the set in (tree.making), or
     pinned into it (ALFWRAPPER_PAUSE_AT), the folder is moved away and a link to a
     folder of root's put in its name.  Root's make never follows it: the folder the link names keeps
     its owner, its mode and its file."""
@@ -453,8 +454,8 @@ def test_the_trees_owner_cannot_turn_roots_make_elsewhere(
         while not _stopped(made.pid):
             assert made.poll() is None and time.monotonic() < deadline, made.communicate()
             time.sleep(0.01)
-        os.rename(sets.making(set_name), moved)
-        os.symlink(victim, sets.making(set_name))
+        os.rename(tree.making(set_name), moved)
+        os.symlink(victim, tree.making(set_name))
         os.kill(made.pid, signal.SIGCONT)
         out, err = made.communicate(timeout=60)
         info = victim.stat()
@@ -472,7 +473,7 @@ def test_the_trees_owner_cannot_turn_roots_make_elsewhere(
         if made.poll() is None:
             made.kill()
         (SETS / set_name).unlink(missing_ok=True)
-        sets.making(set_name).unlink(missing_ok=True)
+        tree.making(set_name).unlink(missing_ok=True)
         for pin in moved.iterdir() if moved.exists() else ():
             pin.unlink()
         if moved.exists():

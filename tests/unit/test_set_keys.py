@@ -1,6 +1,6 @@
 """A set's keys, values and sieve bits as the bouncer builds them many at a time
-(sets._keyed, with its short way for whole IPv4 addresses) are those of one entry at
-a time (sets._key, sets._value, sets.sieved), which sets.c reads."""
+(content._keyed, with its short way for whole IPv4 addresses) are those of one entry
+at a time (content._key, content._value, bloom.sieved), which sets.c reads."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alfwrapper import sets
 from alfwrapper.policy.prefixes import Prefix
+from alfwrapper.sets import bloom, content
 
 pytestmark = pytest.mark.unit
 
@@ -27,15 +27,15 @@ PREFIXES = st.one_of(
     st.sampled_from([40, 46, 58]),
 )
 def test_many_keys_are_each_ones(entries: dict[Prefix, int], shift: int) -> None:
-    keyed, bits = sets._keyed(entries, shift)
+    keyed, bits = content._keyed(entries, shift)
     one_by_one: dict[str, tuple[list[bytes], list[bytes]]] = {"hosts": ([], []), "ranges": ([], [])}
     for prefix, until in entries.items():
-        role, key = sets._key(prefix)
+        role, key = content._key(prefix)
         one_by_one[role][0].append(key)
-        one_by_one[role][1].append(sets._value(prefix, until))
+        one_by_one[role][1].append(content._value(prefix, until))
     for role, (keys, values) in one_by_one.items():  # in any order, each key with its value
         assert sorted(zip(*keyed[role], strict=True)) == sorted(zip(keys, values, strict=True))
-    assert bits == sets.sieved(shift, list(entries))
+    assert bits == bloom.sieved(shift, list(entries))
     assert all(1 <= index <= 1 + (2**64 - 1 >> shift) for index in bits.spots)
 
 
@@ -48,11 +48,11 @@ def test_the_sieve_sends_few_others_on_to_the_hash() -> None:
 
     rng = random.Random(27)
     size = 1 << 16
-    shift = sieve_shift(1 + sets.sieve_words(size))
+    shift = sieve_shift(1 + bloom.sieve_words(size))
     for family, width in ((4, 32), (6, 128)):
-        held = sets.sieved(shift, [Prefix(family, rng.getrandbits(width), width)
+        held = bloom.sieved(shift, [Prefix(family, rng.getrandbits(width), width)
                                    for _ in range(size)]).spots  # fmt: skip
-        probes = [sets.sieved(shift, [Prefix(family, rng.getrandbits(width), width)]).spots
+        probes = [bloom.sieved(shift, [Prefix(family, rng.getrandbits(width), width)]).spots
                   for _ in range(20000)]  # fmt: skip
         found = sum(held.get(i, 0) & bits == bits for probe in probes for i, bits in probe.items())
         assert found / len(probes) < 0.008, (family, found / len(probes))
@@ -64,11 +64,11 @@ def test_the_sieve_sends_few_others_on_to_the_hash() -> None:
     st.dictionaries(st.integers(1, 7), st.integers(0, 2**64 - 1)),
 )
 def test_many_words_grow_as_each_one_does(words: list[int], found: dict[int, int]) -> None:
-    """_sieve_add's numpy way for many words (_grown_many) is its one-by-one way."""
+    """sieve_add's numpy way for many words (_grown_many) is its one-by-one way."""
     from array import array  # noqa: PLC0415
 
     word = memoryview(array("Q", words)).cast("B").cast("Q")
-    assert sets._grown_many(word, found) == sets._grown(word, found)
+    assert bloom._grown_many(word, found) == bloom._grown(word, found)
 
 
 @pytest.mark.parametrize(
@@ -86,6 +86,6 @@ def test_an_address_out_of_its_family_is_refused_as_one_at_a_time_refuses_it(
 ) -> None:
     """The columns cut nothing short: what _key cannot write, _keyed refuses too."""
     with pytest.raises(OverflowError):
-        sets._key(prefix)
+        content._key(prefix)
     with pytest.raises(OverflowError):
-        sets._keyed({prefix: 0}, 40)
+        content._keyed({prefix: 0}, 40)
