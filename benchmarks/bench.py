@@ -506,10 +506,10 @@ def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> 
     with tempfile.TemporaryDirectory() as tmp, socket.socket(socket.AF_INET6) as sock:
         name = f"bench-{os.getpid()}"
         label = program.label(name, "udp", 0)
-        where, dispatch = state.store().create(name, sock, label)
+        where, dispatch = state.store_in_use().create(name, sock, label)
         try:
-            loaded = state.store().load_filter(rules, where, label, [])
-            state.store().install(where, loaded.fd)
+            loaded = state.store_in_use().load_filter(rules, where, label, [])
+            state.store_in_use().install(where, loaded.fd)
             # The same program, directly and behind the dispatcher, interleaved.
             direct, behind = [], []
             for _ in range(rounds):
@@ -542,7 +542,7 @@ def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> 
             assert prog_test_run(dispatch, frame).retval != 0
         finally:
             os.close(dispatch)
-            state.store().remove(where)
+            state.store_in_use().remove(where)
             shutil.rmtree(state.ROOT / name, ignore_errors=True)
     return out
 

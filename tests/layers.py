@@ -20,7 +20,7 @@ LAYERS = (
     "host",  # what Python lacks: bpf(2), libc, namespaces, capabilities, Landlock
     "policy",  # the pure model
     "bpf",  # the filter: parts, plan, tables, compiler
-    "state",  # the pinned tree and the Store seam
+    "state",  # the pinned tree and the Store seam (a package: its modules never import __init__)
     "sets",  # named sets: the host's shared lists, pinned beside the services
     "loader",  # the loader's protocol, client, quota and server
     "lifecycle",  # start-up, the running service, the processes beside it

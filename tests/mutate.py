@@ -325,9 +325,9 @@ MUTATIONS = [
     ),
     Mutation(
         "gc-judges-sockets-made-after-it-asked",
-        "alfwrapper/state.py",
-        "            if entry not in settled:  # made after the gc asked which sockets live\n",
-        "            if False:  # made after the gc asked which sockets live\n",
+        "alfwrapper/state/collection.py",
+        "        if entry not in settled:  # made after the gc asked which sockets live\n",
+        "        if False:  # made after the gc asked which sockets live\n",
         (
             "tests/netns/test_state.py::"
             "test_gc_judges_only_the_sockets_it_listed_before_asking_which_live",
@@ -335,7 +335,7 @@ MUTATIONS = [
     ),
     Mutation(
         "a-start-leaves-a-dead-start-named-in-the-meta",
-        "alfwrapper/state.py",
+        "alfwrapper/state/meta.py",
         '    if meta.get("pid") != (pid or os.getpid()):\n',
         "    if False:\n",
         ("tests/netns/test_state.py::test_a_start_claims_the_state_it_takes_before_it_compiles",),
@@ -383,16 +383,16 @@ MUTATIONS = [
     ),
     Mutation(
         "start-waits-forever-for-gc",
-        "alfwrapper/state.py",
+        "alfwrapper/state/lock.py",
         "                if time.monotonic() >= deadline:\n",
         "                if False:\n",
         ("tests/netns/test_state.py::test_a_start_waits_for_a_stopped_gc_only_so_long",),
     ),
     Mutation(
         "gc-takes-a-start-in-progress",
-        "alfwrapper/state.py",
-        "            if not meta and not alone:\n",
-        "            if False:\n",
+        "alfwrapper/state/collection.py",
+        "        if not meta and not alone:\n",
+        "        if False:\n",
         (
             "tests/netns/test_state.py::test_a_gc_leaves_the_state_a_start_is_making",
             "tests/netns/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",
@@ -400,7 +400,7 @@ MUTATIONS = [
     ),
     Mutation(
         "concurrent-mkdir-is-foreign",
-        "alfwrapper/state.py",
+        "alfwrapper/state/trust.py",
         "            and info.st_uid != uid\n",
         "            and False\n",
         ("tests/netns/test_state.py::test_starts_and_gcs_at_once_do_not_fail_each_other",),
@@ -709,7 +709,7 @@ MUTATIONS = [
     ),
     Mutation(
         "knock-listeners-filled",
-        "alfwrapper/state.py",
+        "alfwrapper/state/store.py",
         "        if cookies and rules.knock:\n"
         "            compiler.set_knock_listeners(loaded.tables, cookies)\n",
         "",
@@ -961,7 +961,7 @@ MUTATIONS = [
     ),
     Mutation(
         "socket-unit-unnamed",
-        "alfwrapper/state.py",
+        "alfwrapper/state/store.py",
         '    sockets = [f"{unit}.socket"]',
         '    sockets = ["the-socket-unit"]',
         (
@@ -1349,9 +1349,9 @@ MUTATIONS += [
     ),
     Mutation(
         "knock-folders-named-in-a-list-collected",
-        "alfwrapper/state.py",
-        "kept_knock.update(map(str, named) if isinstance(named, list) else [str(named)])",
-        "kept_knock.add(str(named))",
+        "alfwrapper/state/collection.py",
+        "kept.update(map(str, named) if isinstance(named, list) else [str(named)])",
+        "kept.add(str(named))",
         ("tests/netns/test_parts.py::test_a_knocked_source_stays_admitted_across_a_restart",),
     ),
     Mutation(
@@ -1887,7 +1887,7 @@ MUTATIONS += [
     ),
     Mutation(
         "sets-tree-not-the-groups",
-        "alfwrapper/state.py",
+        "alfwrapper/state/trust.py",
         "return (0o710, 0o640) if _in_sets_tree(path) else (0o700, 0o600)",
         "return (0o700, 0o600)",
         (SETS_TEST + "test_no_filter_may_write_into_a_set", LOADER_SETS_TEST),
@@ -1903,7 +1903,7 @@ MUTATIONS += [
     ),
     Mutation(
         "set-folder-given-by-name",
-        "alfwrapper/state.py",
+        "alfwrapper/state/trust.py",
         "fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)\n"
         "    try:\n        if stat.S_IMODE",
         "fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)\n"
@@ -1948,9 +1948,9 @@ MUTATIONS += [
     Mutation(
         "restart-fills-the-slot",
         "alfwrapper/lifecycle/programs.py",
-        "            state.store().install(record.pins, record.loaded.fd)\n",
+        "            state.store_in_use().install(record.pins, record.loaded.fd)\n",
         "            if record.fresh:\n"
-        "                state.store().install(record.pins, record.loaded.fd)\n",
+        "                state.store_in_use().install(record.pins, record.loaded.fd)\n",
         ("tests/boot/test_lifecycle.py::test_restarts_and_idle_exits_keep_the_current_rules",),
     ),
     Mutation(
@@ -1969,22 +1969,22 @@ MUTATIONS += [
     ),
     Mutation(
         "state-owned-by-another-user",
-        "alfwrapper/state.py",
+        "alfwrapper/state/trust.py",
         "    uid, gid = owner(path)\n    deadline = time.monotonic() + 1.0\n",
         "    uid, gid = 0, 0\n    deadline = time.monotonic() + 1.0\n",
         ("tests/netns/test_live.py::test_pins_are_out_of_reach_of_the_application",),
     ),
     Mutation(
         "gc-collects",
-        "alfwrapper/state.py",
-        "            if known and not owner_alive and where.cookie not in live():",
-        "            if False:",
+        "alfwrapper/state/collection.py",
+        "        if known and not owner_alive and where.cookie not in live():",
+        "        if False:",
         ("tests/thorough/test_starts.py::test_a_thousand_starts_leave_no_stale_pins",),
     ),
     Mutation(
         "reload-swaps",
         "alfwrapper/lifecycle/service.py",
-        "            state.store().install(m.pins, loaded[id(m)].fd)\n",
+        "            state.store_in_use().install(m.pins, loaded[id(m)].fd)\n",
         "            pass\n",
         ("tests/boot/test_lifecycle.py::test_reload_keeps_a_long_lived_connection",),
     ),
@@ -2185,14 +2185,14 @@ MUTATIONS += [
     ),
     Mutation(
         "pins-taken-for-a-filter",
-        "alfwrapper/state.py",
+        "alfwrapper/state/store.py",
         "    if not filtered:  # a start died between pinning and attaching\n",
         "    if False:  # a start died between pinning and attaching\n",
         ("tests/netns/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
     ),
     Mutation(
         "queue-judged-once-pinned",
-        "alfwrapper/state.py",
+        "alfwrapper/state/store.py",
         '        return Taken(found, judged=claim(found, pid).get("judged") is True, made=False)',
         "        return Taken(found, judged=True, made=False)",
         ("tests/netns/test_crash.py::test_a_kill_at_every_point_leaves_the_socket_filtered",),
@@ -2253,7 +2253,7 @@ MUTATIONS += [
     ),
     Mutation(
         "gc-between-mkdir-and-chown-fails-the-start",
-        "alfwrapper/state.py",
+        "alfwrapper/state/trust.py",
         "                # A gc removed the empty folder between the mkdir and the chown.\n"
         "                if time.monotonic() < deadline:\n"
         "                    continue\n",
@@ -2290,7 +2290,7 @@ MUTATIONS += [
     ),
     Mutation(
         "random-kills-find-a-queue-taken-as-judged",
-        "alfwrapper/state.py",
+        "alfwrapper/state/store.py",
         '        return Taken(found, judged=claim(found, pid).get("judged") is True, made=False)',
         "        return Taken(found, judged=True, made=False)",
         ("tests/netns/test_crash.py::test_seeded_random_kills_leave_the_socket_filtered",),
@@ -2340,7 +2340,7 @@ MUTATIONS += [
     ),
     Mutation(
         "slot-not-checked",
-        "alfwrapper/state.py",
+        "alfwrapper/state/store.py",
         '                    if name == "slot" and bpf_calls.map_info_id(fd) not in calls:',
         "                    if False and bpf_calls.map_info_id(fd) not in calls:",
         ("tests/netns/test_state.py::test_a_restart_refuses_a_slot_that_is_not_the_dispatchers",),
@@ -2372,7 +2372,7 @@ MUTATIONS += [
     ),
     Mutation(
         "live-rule-before-its-flag",
-        "alfwrapper/state.py",
+        "alfwrapper/state/runtime.py",
         "        bpf_calls.map_update(flag, _U32.pack(0), _U32.pack(1))\n"
         '        crash_point("rule-flagged")\n'
         "        bpf_calls.map_update(fd, key, bytes([verdict]))\n",
@@ -2383,7 +2383,7 @@ MUTATIONS += [
     ),
     Mutation(
         "half-removed-state-taken",
-        "alfwrapper/state.py",
+        "alfwrapper/state/store.py",
         '        try:\n            (state.dir / "dispatch").unlink()\n'
         "        except OSError:\n            pass\n",
         "",
@@ -2418,9 +2418,9 @@ MUTATIONS += [
     ),
     Mutation(
         "gc-keeps-stray-knock-pin",
-        "alfwrapper/state.py",
-        "                knock.unlink(missing_ok=True)",
-        "                pass",
+        "alfwrapper/state/collection.py",
+        "            knock.unlink(missing_ok=True)",
+        "            pass",
         ("tests/netns/test_live.py::test_state_of_closed_sockets_is_collected",),
     ),
     Mutation(
@@ -2481,7 +2481,7 @@ MUTATIONS += [
     ),
     Mutation(
         "gc-removes-starting-knock-state",
-        "alfwrapper/state.py",
+        "alfwrapper/state/collection.py",
         ' or knock.name in kept_knock or "*" in kept_knock:',
         " or knock.name in kept_knock:",
         ("tests/netns/test_state.py::test_gc_keeps_the_knock_state_of_a_start_in_progress",),
@@ -2502,7 +2502,7 @@ MUTATIONS += [
     ),
     Mutation(
         "install-forgets-runtime-rules",
-        "alfwrapper/state.py",
+        "alfwrapper/state/store.py",
         '        slot = self.open_pin(where, "slot")\n        try:\n',
         '        fd = self.open_pin(where, "runtime")\n'
         "        for key in bpf_calls.map_keys(fd, RUNTIME_KEY.size):\n"
@@ -2523,16 +2523,16 @@ MUTATIONS += [
     ),
     Mutation(
         "gone-sockets-runtime-rules-collected",
-        "alfwrapper/state.py",
-        "            if name is not None and name not in staying and holds_runtime_rules(",
-        "            if False and (",
+        "alfwrapper/state/collection.py",
+        "        if name is not None and name not in staying and holds_runtime_rules(",
+        "        if False and (",
         ("tests/netns/test_live.py::test_runtime_rules_outlive_a_restart_with_new_sockets",),
     ),
     Mutation(
         "unnamed-gone-sockets-runtime-rules-kept",
-        "alfwrapper/state.py",
-        "            if name is not None and name not in staying and holds_runtime_rules(",
-        "            if name not in staying and holds_runtime_rules(",
+        "alfwrapper/state/collection.py",
+        "        if name is not None and name not in staying and holds_runtime_rules(",
+        "        if name not in staying and holds_runtime_rules(",
         (
             "tests/netns/test_crash.py::"
             "test_a_restart_killed_while_it_inherits_runtime_rules_loses_none",
@@ -2540,7 +2540,7 @@ MUTATIONS += [
     ),
     Mutation(
         "inherited-allow-beats-deny",
-        "alfwrapper/state.py",
+        "alfwrapper/state/runtime.py",
         "            wanted[key] = max(wanted.get(key, 0), verdict)  # RUNTIME_DENY (2) wins\n",
         "            wanted[key] = min(wanted.get(key, 3), verdict)\n",
         ("tests/unit/test_runtime_inherit.py",),
@@ -2698,7 +2698,7 @@ MUTATIONS += [  # issue 49's small ones
     Mutation(
         "check-never-uses-the-loader",
         "alfwrapper/observe/check.py",
-        "    return state.store() if client.use_if_needed() else None\n",
+        "    return state.store_in_use() if client.use_if_needed() else None\n",
         "    return None\n",
         ("tests/systemd/test_loader.py::test_check_as_an_ordinary_user",),
     ),

@@ -87,7 +87,7 @@ class FillEnv(Record):
 
 
 class Pins(Record):
-    """Where a socket's maps that outlive its programs are pinned (state.py), if anywhere."""
+    """Where a socket's maps that outlive its programs are pinned (state/), if anywhere."""
 
     socket_dir: str
     service_dir: str

@@ -29,7 +29,7 @@ REACHES_FILTER = {
 }  # fmt: skip
 REACHES_FILTER_MASK = sum(1 << cap for cap in REACHES_FILTER)
 CAP_KILL = 5
-# What gets past the file permissions that guard pinned state (state.py), or past
+# What gets past the file permissions that guard pinned state (state/), or past
 # the user that guards the interface watcher and the log forwarder against signals.
 PAST_GUARDS = {
     CAP_CHOWN: "CAP_CHOWN",

@@ -98,7 +98,7 @@ def prepare(policy: Policy, service: str, argv: list[str]) -> socket.socket:
         if not rules.empty:
             env = sets.fill_env(FillEnv.of_host([rules]), [rules])
             label = program.label(service, name[:3] or "any", 0)
-            state.store().load_filter(rules, None, label, [], None, env)  # dropped again
+            state.store_in_use().load_filter(rules, None, label, [], None, env)  # dropped again
     given = os.memfd_create("alfwrapper-policy", os.MFD_CLOEXEC)
     os.write(given, pickle.dumps((policy, argv)))
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -153,7 +153,7 @@ class Supervisor:
         from alfwrapper import state  # noqa: PLC0415
 
         try:
-            held = state.store().sockets_of(self.service)
+            held = state.store_in_use().sockets_of(self.service)
         except AlfError:
             held = []  # none yet: its first socket
         # This application's sockets alone: an earlier run's state, not collected
@@ -251,7 +251,7 @@ class Supervisor:
             return None
         record = SocketRecord(sock, name, rules)
         record.label = program.label(self.service, protocol, port)
-        store = state.store()
+        store = state.store_in_use()
         record.pins = store.take(self.service, sock, record.label, self.app).state
         crash_point("intercept-attached")
         env = sets.fill_env(FillEnv.of_host([rules]), [rules])

@@ -69,7 +69,7 @@ def state_available() -> str:
     """Why this wrapper cannot keep pinned state, or "" if it can.  Without it, each
     socket gets its program directly, which no restart or reload can replace."""
     try:
-        state.store().root(create=True)
+        state.store_in_use().root(create=True)
         return ""
     except AlfError as err:
         return f"{err.what}: {err.why}"
@@ -80,7 +80,7 @@ def collect_stale_state() -> None:
     programs are in (host/sockdiag.py: a dump of every socket, only if some socket's
     process is gone)."""
     try:
-        state.store().gc()
+        state.store_in_use().gc()
     except (AlfError, OSError) as err:
         print(f"alfwrapper: note: the state of gone sockets was not removed ({err}); "
               "`alfwrapper gc` removes it", file=sys.stderr)  # fmt: skip
@@ -145,7 +145,7 @@ def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> N
         # takes it from there).
         for record in records:
             if record.made and record.spec is not None and record.pins is not None:
-                state.store().remove(record.pins)
+                state.store_in_use().remove(record.pins)
         raise
     if unpinned:
         print(

@@ -27,7 +27,7 @@ def filter_sockets(records: list[SocketRecord], service: str, pinned: bool) -> l
         port = record.spec.port if record.spec else record.sock.getsockname()[1]
         record.label = program.label(service, record.protocol, port)
     for record in kept if pinned else []:
-        taken = state.store().take(service, record.sock, record.label)
+        taken = state.store_in_use().take(service, record.sock, record.label)
         record.pins, record.judged, record.made = taken.state, taken.judged, taken.made
 
     from alfwrapper import sets  # noqa: PLC0415
@@ -47,7 +47,7 @@ def filter_sockets(records: list[SocketRecord], service: str, pinned: bool) -> l
         else:
             sharing = [r for r in kept if r.pins is None and r.rules == record.rules]
         cookies = [attach.socket_cookie(r.sock) for r in sharing if r.listener and r.rules.knock]
-        record.loaded = state.store().load_filter(
+        record.loaded = state.store_in_use().load_filter(
             record.rules,
             record.pins,
             record.label,
@@ -64,7 +64,7 @@ def filter_sockets(records: list[SocketRecord], service: str, pinned: bool) -> l
         if record.pins is not None:
             assert record.loaded is not None
             state.inherit_runtime(record.pins, record.name)  # before a packet meets it
-            state.store().install(record.pins, record.loaded.fd)
+            state.store_in_use().install(record.pins, record.loaded.fd)
         elif record.loaded is not None:
             attach.attach_filter(record.sock, record.loaded.fd)
     crash_point("installed")

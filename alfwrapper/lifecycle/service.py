@@ -1,7 +1,7 @@
 """A running service's firewall, changed in place: reload, live allow/deny/revoke, show, gc.
 (What it does, read only, is observe/status.py's: status, metrics, the drop log.)
 
-Everything here works on the pinned state (state.py) of the service's sockets,
+Everything here works on the pinned state (state/) of the service's sockets,
 while the application keeps running: a reload puts new programs into the
 sockets' slots (one atomic update each), and runtime rules are entries of
 each socket's runtime map, in force from the next packet.
@@ -68,16 +68,16 @@ class Member(Record, frozen=False):
 def collect() -> tuple[list[state.SocketState], str]:
     """Forget sockets that are gone: in every network namespace when we may enter them
     (root), else in this one.  Returns what was removed, and where we looked."""
-    return state.store().collect()
+    return state.store_in_use().collect()
 
 
 def members(service: str, name: str = "", gone: bool = True) -> list[Member]:
     """The service's sockets (those named ``name``, if given): the live ones, and unless
     not ``gone`` those gone whose runtime rules gc keeps."""
     collect()
-    found = [Member(s, state.read_meta(s)) for s in state.store().sockets_of(service)]
+    found = [Member(s, state.read_meta(s)) for s in state.store_in_use().sockets_of(service)]
     live = functools.cache(lambda: state.live_everywhere(strict=False))
-    for m in found:  # as gc judges them (state.Store._collect_service)
+    for m in found:  # as gc judges them (state/collection.py)
         m.gone = (
             not alive(m.meta.get("pid"))
             and m.meta.get("netns") in live()[1]
@@ -164,7 +164,7 @@ def reload(
     with), into every socket's slot.  Returns the sockets."""
     found = members(service, gone=False)
     for m in found:  # what is read is checked before anything is changed
-        problem = state.store().check_pins(m.pins)
+        problem = state.store_in_use().check_pins(m.pins)
         if problem:
             raise AlfError(
                 f"reloading {service}",
@@ -199,7 +199,7 @@ def reload(
         loaded, watcher = load_members(service, found, rules, app)
         crash_point("reload-loaded")
         for m in found:
-            state.store().install(m.pins, loaded[id(m)].fd)
+            state.store_in_use().install(m.pins, loaded[id(m)].fd)
             crash_point("reload-installed")
         old_watchers = {int(str(m.meta.get("watcher", 0)) or 0) for m in found} - {0, watcher}
         for pid in old_watchers:
@@ -270,7 +270,7 @@ def load_members(
 
     env = sets.fill_env(FillEnv.of_host(rules.values()), rules.values())
     loaded = {
-        id(m): state.store().load_filter(
+        id(m): state.store_in_use().load_filter(
             rules[id(m)],
             m.pins,
             m.program_label(),
@@ -345,9 +345,9 @@ def change(
 
 def flush(service: str, name: str) -> list[str]:
     """Revoke every runtime rule of the service's sockets (named ``name``, if given)."""
-    lines = []
+    lines, tree = [], state.store_in_use()
     for m in members(service, name):
-        rules = state.runtime_rules(m.pins) if state.store().has_pin(m.pins, "runtime") else []
+        rules = state.runtime_rules(m.pins) if tree.has_pin(m.pins, "runtime") else []
         for family, value, length, _ in rules:
             state.set_runtime(m.pins, state.runtime_key(family, value, length), None)
         lines.append(f"{service} {m.title()}: revoked {len(rules)} runtime rule(s)")
@@ -357,15 +357,14 @@ def flush(service: str, name: str) -> list[str]:
 
 def runtime_rule_count(found: Sequence[Member]) -> int:
     """How many runtime rules these sockets hold, together."""
-    return sum(
-        len(state.runtime_rules(m.pins)) for m in found if state.store().has_pin(m.pins, "runtime")
-    )
+    tree = state.store_in_use()
+    return sum(len(state.runtime_rules(m.pins)) for m in found if tree.has_pin(m.pins, "runtime"))
 
 
 def show(service: str) -> list[str]:
-    lines = []
+    lines, tree = [], state.store_in_use()
     for m in members(service):
-        rules = state.runtime_rules(m.pins) if state.store().has_pin(m.pins, "runtime") else []
+        rules = state.runtime_rules(m.pins) if tree.has_pin(m.pins, "runtime") else []
         lines.append(f"{service} {m.title()}: {len(rules)} runtime rule(s)")
         for family, value, length, verdict in sorted(rules):
             kind = "allow" if verdict == RUNTIME_ALLOW else "deny"
@@ -382,7 +381,7 @@ def gc() -> list[str]:
     removed, scope = collect()
     lines = [f"removed {s.service} sock-{s.cookie}" for s in removed]
     lines.append(f"gc: {len(removed)} stale socket state(s) removed, in {scope}")
-    if state.store().opens_sets:  # the host's sets (root's), not through the loader
+    if state.store_in_use().opens_sets:  # the host's sets (root's), not through the loader
         from alfwrapper import sets  # noqa: PLC0415
 
         unfinished = sets.collect_unfinished()

@@ -227,7 +227,7 @@ def _loader() -> Any:
     from alfwrapper import state  # noqa: PLC0415
     from alfwrapper.loader import client  # noqa: PLC0415
 
-    return state.store() if client.use_if_needed() else None
+    return state.store_in_use() if client.use_if_needed() else None
 
 
 def _load(

@@ -1,6 +1,6 @@
 """What a running service's firewall does: its status (text, JSON, Prometheus), the
 counters per drop reason, and the drop log.  Read-only, on the pinned state
-(state.py) of the service's sockets, found through service.members; changing a
+(state/) of the service's sockets, found through service.members; changing a
 service is service.py's.
 """
 
@@ -69,7 +69,7 @@ def log_suppressed(member: Member) -> int | None:
     """Drop-log events suppressed by the rate limit so far, or None without a drop log."""
     from alfwrapper.bpf.parts import BUCKET  # noqa: PLC0415
 
-    if not state.store().has_pin(member.pins, "log_bucket"):
+    if not state.store_in_use().has_pin(member.pins, "log_bucket"):
         return None
     fd = state.open_pin(member.pins, "log_bucket")
     try:
@@ -80,8 +80,9 @@ def log_suppressed(member: Member) -> int | None:
 
 
 def socket_status(m: Member) -> dict[str, object]:
-    counts = counters(m) if state.store().has_pin(m.pins, "counters") else {}
-    runtime = state.runtime_rules(m.pins) if state.store().has_pin(m.pins, "runtime") else []
+    tree = state.store_in_use()
+    counts = counters(m) if tree.has_pin(m.pins, "counters") else {}
+    runtime = state.runtime_rules(m.pins) if tree.has_pin(m.pins, "runtime") else []
     pid = m.meta.get("pid")
     return {
         "name": m.name,
@@ -104,8 +105,8 @@ def socket_status(m: Member) -> dict[str, object]:
             "dropped": {r: n for r, n in counts.items() if r != "passed"},
         },
         "log_suppressed": log_suppressed(m),
-        "spa": counters(m, "spa") if state.store().has_pin(m.pins, "spa") else None,
-        "spa_from": spa_from(m) if state.store().has_pin(m.pins, "spa") else None,
+        "spa": counters(m, "spa") if tree.has_pin(m.pins, "spa") else None,
+        "spa_from": spa_from(m) if tree.has_pin(m.pins, "spa") else None,
     }
 
 
@@ -158,7 +159,7 @@ def status(service: str) -> dict[str, object]:
     tree: state.Store | None = None
     try:
         collect()
-        tree = state.store()
+        tree = state.store_in_use()
         pinned = tree.services()
     except AlfError:
         if not resets:  # nothing pinned, nothing reset: say so
@@ -374,10 +375,9 @@ def log(service: str, follow: bool, as_json: bool) -> int:
     """Print the drop log of a service (every service, if "")."""
     from alfwrapper.lifecycle import droplog  # noqa: PLC0415
 
-    everyone = [service] if service else state.store().services()
-    found = [
-        m for name in everyone for m in members(name) if state.store().has_pin(m.pins, "events")
-    ]
+    tree = state.store_in_use()
+    everyone = [service] if service else tree.services()
+    found = [m for name in everyone for m in members(name) if tree.has_pin(m.pins, "events")]
     if not found:
         raise AlfError(
             f"service {service}" if service else "alfwrapper log",

@@ -206,7 +206,7 @@ def fill_env(env: FillEnv, rules: Iterable[SocketRules]) -> FillEnv:
     """``env`` able to open the sets these rules name, each made from its list file
     first where it does not exist (ensure)."""
     wanted = sorted({n for r in rules for n in (*r.deny_sets, *r.allow_sets)})
-    if not wanted or not state.store().opens_sets:
+    if not wanted or not state.store_in_use().opens_sets:
         return env  # a user's service: the loader opens root's sets (open_sets there)
     ensure(wanted)
     return replace(env, open_set=read_only)

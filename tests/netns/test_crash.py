@@ -264,7 +264,7 @@ def test_gc_killed_midway_leaves_nothing_a_start_takes(
     svc.wait_for(r"^ready ")
     from alfwrapper import state  # noqa: PLC0415
 
-    (where,) = state.store().sockets_of("gone")
+    (where,) = state.store_in_use().sockets_of("gone")
     svc.stop()
     services.remove(svc)
     killed(["gc"], "removing")
@@ -300,6 +300,6 @@ def test_a_restart_killed_while_it_inherits_runtime_rules_loses_none(
     assert subprocess.run([*WRAPPER, "gc"], capture_output=True, timeout=60).returncode == 0
     from alfwrapper import state  # noqa: PLC0415
 
-    assert len(state.store().sockets_of("inheriting")) == 1
+    assert len(state.store_in_use().sockets_of("inheriting")) == 1
     assert subprocess.run([*WRAPPER, "revoke", "inheriting", "--all"], capture_output=True,
                           timeout=60).returncode == 0  # fmt: skip

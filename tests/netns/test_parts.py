@@ -250,7 +250,7 @@ def test_a_knocked_source_stays_admitted_across_a_restart(
     argv = wrapped("--service", "knockpin", "--listen", "[::]:8080", "--knock", SEQ,
                    "--knock-open-for", "60")  # fmt: skip
     svc = start(network, services, argv)
-    folder = state.store().sockets_of("knockpin")[0].service_dir
+    folder = state.store_in_use().sockets_of("knockpin")[0].service_dir
     assert sorted(p.name for p in folder.glob("knock-*/*")) == ["state", "used"]
     knock(a, 4, "--sequence", SEQ)
     check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(a, "tcp", 6, 8080)])

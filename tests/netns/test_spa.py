@@ -368,7 +368,7 @@ def test_a_reload_revokes_one_clients_key_and_leaves_the_others_door_open(
 def _pins(service: str, name: str) -> list[str]:
     from alfwrapper import state  # noqa: PLC0415
 
-    sockets = state.store().sockets_of(service)
+    sockets = state.store_in_use().sockets_of(service)
     found = sorted(sockets[0].service_dir.glob(f"knock-spa/{name}"))
     assert len(found) == 1, found
     return [str(found[0])]

@@ -24,6 +24,7 @@ from helpers.support import ECHO_SERVER, ROOT, WRAPPER
 from alfwrapper import state
 from alfwrapper.errors import AlfError
 from alfwrapper.host import bpf_calls
+from alfwrapper.state import collection, lock, trust
 
 pytestmark = pytest.mark.netns
 
@@ -37,7 +38,7 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def one_socket(service: str) -> state.SocketState:
-    (found,) = state.store().sockets_of(service)
+    (found,) = state.store_in_use().sockets_of(service)
     return found
 
 
@@ -184,7 +185,7 @@ def test_a_folder_a_gc_removes_between_mkdir_and_chown_is_made_again(
             folder.rmdir()  # what a gc beside the start does to an empty folder
         give(path, uid, gid, mode)
 
-    monkeypatch.setattr(state, "give_dir", gc_first)
+    monkeypatch.setattr(trust, "give_dir", gc_first)
     state.trusted_dir(folder, True)
     assert removed == [folder] and folder.is_dir()
     assert folder.stat().st_uid == state.owner(folder)[0]
@@ -207,7 +208,7 @@ def test_starts_and_gcs_at_once_do_not_fail_each_other(
     for side in sides:
         out, err = side.communicate(timeout=240)
         assert out.strip() == "failed 0", err[-3000:]
-    state.store().gc()
+    state.store_in_use().gc()
     for name in set(services):
         assert not (state.ROOT / name).exists(), name
 
@@ -218,15 +219,15 @@ def test_a_gc_leaves_the_state_a_start_is_making(bpf_root: None) -> None:
     folder, which has no meta yet and whose socket is not bound; once the start lets
     go, the same folder is the state of a gone socket, and a gc takes it."""
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-        where = state.store().state("making", state.socket_cookie(sock))
-        state.store().root(create=True)
+        where = state.store_in_use().state("making", state.socket_cookie(sock))
+        state.store_in_use().root(create=True)
         state.trusted_dir(where.service_dir, create=True)
-        with state.service_lock(where.service_dir, exclusive=False) as held:
+        with lock.service_lock(where.service_dir, exclusive=False) as held:
             assert held
             state.trusted_dir(where.dir, create=True)  # Store._make's first step
-            assert where not in state.store().gc()  # (other tests' gone sockets may go)
+            assert where not in state.store_in_use().gc()  # (other tests' gone sockets may go)
             assert where.dir.is_dir()
-        assert where in state.store().gc()
+        assert where in state.store_in_use().gc()
     assert not where.service_dir.exists()
 
 
@@ -239,9 +240,9 @@ def test_a_start_waits_for_a_stopped_gc_only_so_long(
     which the shipped units restart from; not hang until systemd's timeout."""
     service = "lockheld"
     folder = state.ROOT / service
-    state.store().root(create=True)
+    state.store_in_use().root(create=True)
     state.trusted_dir(folder, create=True)
-    monkeypatch.setattr(state, "LOCK_SECONDS", 0.3)
+    monkeypatch.setattr(lock, "LOCK_SECONDS", 0.3)
     held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
 
     def hung(_signum: int, _frame: object) -> None:
@@ -253,7 +254,7 @@ def test_a_start_waits_for_a_stopped_gc_only_so_long(
         with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
             signal.alarm(10)  # a start that waits forever fails here, not hangs the suite
             with pytest.raises(AlfError) as err:
-                state.store().create(service, sock, "lockheld_t0")
+                state.store_in_use().create(service, sock, "lockheld_t0")
             signal.alarm(0)
         assert err.value.exit_code == 75 and "a gc has held it" in err.value.why
     finally:
@@ -261,9 +262,9 @@ def test_a_start_waits_for_a_stopped_gc_only_so_long(
         signal.signal(signal.SIGALRM, before)
         os.close(held)
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-        where, dispatch = state.store().create(service, sock, "lockheld_t0")  # once let go
+        where, dispatch = state.store_in_use().create(service, sock, "lockheld_t0")  # once let go
     os.close(dispatch)
-    state.store().remove(where)
+    state.store_in_use().remove(where)
     folder.rmdir()
 
 
@@ -274,7 +275,7 @@ def test_gc_keeps_the_knock_state_of_a_start_in_progress(bpf_root: None) -> None
     knocks no more, gc removes it."""
     with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
         sock.bind(("::1", 0))
-        tree = state.store()
+        tree = state.store_in_use()
         where, dispatch = tree.create("gc-knock", sock, "x_u1", os.getppid())  # another's
         os.close(dispatch)
         knock = where.service_dir / "knock-0123456789abcdef"
@@ -295,14 +296,14 @@ def test_gc_judges_only_the_sockets_it_listed_before_asking_which_live(bpf_root:
     that gc leaves its state whatever the meta says (a damaged meta names no owner).
     One listed before is judged: dead, and nothing owns it, so it goes."""
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-        tree = state.store()
+        tree = state.store_in_use()
         where, dispatch = tree.create("late", sock, "late_t0")
         os.close(dispatch)
         try:
             garbage(where)
-            assert tree._collect(set(), set, None) == []
+            assert collection.collect_tree(tree, set(), set, None) == []
             assert where.dir.exists(), "a gc took a socket made after it asked"
-            assert tree._collect({where.dir}, set, None) == [where]
+            assert collection.collect_tree(tree, {where.dir}, set, None) == [where]
         finally:
             shutil.rmtree(where.service_dir, ignore_errors=True)
 
@@ -318,14 +319,14 @@ def test_a_start_claims_the_state_it_takes_before_it_compiles(bpf_root: None) ->
         os._exit(0)
     os.waitpid(child, 0)  # a pid that was a process and is no more: the dead start's
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-        tree = state.store()
+        tree = state.store_in_use()
         first = tree.take("claimed", sock, "claimed_t0")
         try:
             state.write_meta(first.state, {**state.read_meta(first.state), "pid": child})
             taken = tree.take("claimed", sock, "claimed_t0")  # the next start
             assert taken.state == first.state and not taken.made
             assert state.read_meta(taken.state)["pid"] == os.getpid()
-            assert tree._collect({taken.state.dir}, set, None) == []
+            assert collection.collect_tree(tree, {taken.state.dir}, set, None) == []
             assert (taken.state.dir / "dispatch").exists(), "a gc took a start's state"
         finally:
             shutil.rmtree(first.state.service_dir, ignore_errors=True)
@@ -339,7 +340,7 @@ def test_status_of_every_service_passes_over_state_a_gc_takes_meanwhile(
     from alfwrapper.observe import status  # noqa: PLC0415
 
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-        tree = state.store()
+        tree = state.store_in_use()
         where, dispatch = tree.create("vanishing", sock, "vanishing_t0")
         os.close(dispatch)
         read_meta = state.read_meta

@@ -20,8 +20,8 @@ for _ in range(rounds):
     if child == 0:
         try:
             with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-                state.store().gc()
-                state.store().create(service, sock, "race_t0")
+                state.store_in_use().gc()
+                state.store_in_use().create(service, sock, "race_t0")
             os._exit(0)
         except BaseException:  # noqa: BLE001  (a forked child never returns into pytest)
             traceback.print_exc()

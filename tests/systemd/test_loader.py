@@ -623,7 +623,7 @@ def test_root_services_pins_are_out_of_the_loaders_reach(
                                    "--allow", "::1", "--", *ECHO_SERVER])  # fmt: skip
     services.append(svc)
     svc.wait_for(r"^ready ")
-    (where,) = state.store().sockets_of("rootsvc")
+    (where,) = state.store_in_use().sockets_of("rootsvc")
     assert Path(where.path("meta")).exists()  # there, outside the sandbox
     raw(users(USER_A), readable_copy, {"op": "services"})  # the loader is running
     pid = manager.run("show", "-p", "MainPID", "--value", "alfwrapper-loader.service").stdout

@@ -26,13 +26,13 @@ def test_a_thousand_starts_leave_no_stale_pins(bpf_root: None) -> None:
         if child == 0:
             try:
                 with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-                    state.store().gc()
-                    state.store().create("thousand", sock, "thousand_t0")
+                    state.store_in_use().gc()
+                    state.store_in_use().create("thousand", sock, "thousand_t0")
                 os._exit(0)
             except BaseException:  # noqa: BLE001  (a forked child never returns into pytest)
                 os._exit(1)
         assert os.waitpid(child, 0)[1] == 0
     # The last one's: nothing has collected it yet.
     assert len(list((STATE / "thousand").glob("sock-*"))) == 1
-    state.store().gc()
+    state.store_in_use().gc()
     assert not (STATE / "thousand").exists()

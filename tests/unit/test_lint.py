@@ -30,8 +30,6 @@ OVER_THE_LIMIT = {
     "alfwrapper/policy/files.py::_values",
     "alfwrapper/policy/files.py::build_policy",
     "alfwrapper/policy/files.py::read_policy_file",
-    "alfwrapper/state.py::_collect_service",
-    "alfwrapper/state.py::trusted_dir",
     "benchmarks/bench.py::main",
     "benchmarks/bench.py::targets",
     "benchmarks/bench.py::write_report",

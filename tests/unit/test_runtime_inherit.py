@@ -1,4 +1,4 @@
-"""What a new socket takes from its service's earlier sockets (state.inherit_runtime):
+"""What a new socket takes from its service's earlier sockets (state/runtime.py: inherit_runtime):
 the rules of those of its name only, a deny over an allow of the same prefix, nothing
 it holds already.  The pinned maps are dicts here; tests/netns/test_live.py and
 tests/adversarial/ hold the real ones to real traffic."""
@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from alfwrapper import state
-from alfwrapper.bpf.parts import RUNTIME_ALLOW, RUNTIME_DENY
+from alfwrapper.bpf.parts import RUNTIME_ALLOW, RUNTIME_DENY, RUNTIME_KEY
 from alfwrapper.policy.prefixes import parse_prefix
+from alfwrapper.state import runtime
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +42,7 @@ def tree(monkeypatch: pytest.MonkeyPatch) -> Tree:
     def rules_of(where: state.SocketState) -> list[tuple[int, int, int, int]]:
         out = []
         for k, verdict in t.rules[where.cookie].items():
-            length, family, _, raw = state.RUNTIME_KEY.unpack(k)
+            length, family, _, raw = RUNTIME_KEY.unpack(k)
             width = 4 if family == 4 else 16
             out.append((family, int.from_bytes(raw[:width], "big"), length - 32, verdict))
         return out
@@ -51,10 +52,10 @@ def tree(monkeypatch: pytest.MonkeyPatch) -> Tree:
         t.rules[where.cookie][k] = verdict
         return True
 
-    monkeypatch.setattr(state, "store", lambda: t)
-    monkeypatch.setattr(state, "read_meta", lambda w: {"name": t.names[w.cookie]})
-    monkeypatch.setattr(state, "runtime_rules", rules_of)
-    monkeypatch.setattr(state, "set_runtime", set_rule)
+    monkeypatch.setattr(runtime, "pins_in_use", lambda: t)
+    monkeypatch.setattr(runtime, "read_meta", lambda w: {"name": t.names[w.cookie]})
+    monkeypatch.setattr(runtime, "runtime_rules", rules_of)
+    monkeypatch.setattr(runtime, "set_runtime", set_rule)
     return t
 
 
