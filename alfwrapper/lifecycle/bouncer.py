@@ -28,6 +28,7 @@ import struct
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -64,7 +65,7 @@ class Config(Record):
     widest: tuple[int, int] = (WIDEST_IPV4, WIDEST_IPV6)  # prefix lengths (crowdsec.py)
 
 
-def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:  # noqa: C901
+def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
     """The bouncer's TOML file, every key checked: one AlfError naming the file.  The
     key is read from ``key_file`` if given, else from its api-key-file."""
     text = read_input(path, "crowdsec config", CONFIG_LIMIT)
@@ -81,6 +82,41 @@ def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
     unknown = sorted(set(data) - known)
     if unknown:
         raise bad(f"has an unknown key {unknown[0]!r}", f"the keys: {', '.join(sorted(known))}")
+    url = _lapi_url(data, bad)
+    key = _api_key(data, key_file, need_key, bad)
+    name = data.get("set", Config.set)
+    if not valid_set_name(name):
+        raise bad(f"set {excerpt(str(name))} is not a set name", SET_NAME_RULE)
+    scopes = data.get("scopes", list(SCOPES))
+    if not isinstance(scopes, list) or not scopes or not set(map(str, scopes)) <= set(SCOPES):
+        raise bad(
+            f"scopes {excerpt(str(scopes))} are not a list of ip and range",
+            'write scopes = ["ip", "range"]',
+        )
+    numbers = _seconds(data, bad)
+    widest = _widest(data, bad)
+    metrics = data.get("metrics-file", METRICS)
+    if not isinstance(metrics, str) or not metrics.startswith("/"):
+        raise bad(f"metrics-file {excerpt(str(metrics))} is not an absolute path", "give one")
+    return Config(
+        url=url if url.endswith("/") else url + "/",
+        key=key,
+        set=name,
+        scopes=tuple(dict.fromkeys(map(str, scopes))),
+        interval=numbers["poll-interval"],
+        timeout=numbers["timeout"],
+        metrics=metrics,
+        widest=widest,
+    )
+
+
+# How read_config says what is wrong in its file: bad(why, hint).
+Bad = Callable[[str, str], AlfError]
+
+
+def _lapi_url(data: dict[str, Any], bad: Bad) -> str:
+    """The config's lapi-url, refused if it would send the key in clear to another host
+    (unless insecure-http says to)."""
     url = data.get("lapi-url", Config.url)
     if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 512:
         raise bad(f"lapi-url {excerpt(str(url))} is not an http(s) URL",
@@ -89,8 +125,16 @@ def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
     if not isinstance(insecure, bool):
         raise bad(f"insecure-http {excerpt(str(insecure))} is not true or false", "write one")
     if url.startswith("http://") and not insecure and not _loopback(url):
-        raise bad(f"lapi-url {excerpt(url)} would send the key in clear to another host",
-                  "use https://, or write insecure-http = true to send it anyway")  # fmt: skip
+        raise bad(
+            f"lapi-url {excerpt(url)} would send the key in clear to another host",
+            "use https://, or write insecure-http = true to send it anyway",
+        )
+    return url
+
+
+def _api_key(data: dict[str, Any], key_file: str, need_key: bool, bad: Bad) -> str:
+    """The LAPI key, from ``key_file`` or the config's api-key-file, whose mode is
+    checked (_check_private); "" unless ``need_key``."""
     given = key_file or data.get("api-key-file")
     if not isinstance(given, str):
         raise bad("has no api-key-file", "name the file holding `cscli bouncers add`'s key")
@@ -101,15 +145,14 @@ def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
         raw = read_input(given, "crowdsec api-key-file", KEY_LIMIT)
         key = raw.decode("ascii", "replace").strip()
         if not key or not key.isprintable() or not key.isascii():
-            raise bad(f"{given} holds no key",
-                      "write the key `cscli bouncers add NAME -o raw` gave")  # fmt: skip
-    name = data.get("set", Config.set)
-    if not valid_set_name(name):
-        raise bad(f"set {excerpt(str(name))} is not a set name", SET_NAME_RULE)
-    scopes = data.get("scopes", list(SCOPES))
-    if not isinstance(scopes, list) or not scopes or not set(map(str, scopes)) <= set(SCOPES):
-        raise bad(f"scopes {excerpt(str(scopes))} are not a list of ip and range",
-                  'write scopes = ["ip", "range"]')  # fmt: skip
+            raise bad(
+                f"{given} holds no key", "write the key `cscli bouncers add NAME -o raw` gave"
+            )
+    return key
+
+
+def _seconds(data: dict[str, Any], bad: Bad) -> dict[str, float]:
+    """The config's poll-interval and timeout, each in its range."""
     numbers = {}
     for option, default, low, high in (("poll-interval", Config.interval, 0.1, 3600.0),
                                        ("timeout", Config.timeout, 1.0, 600.0)):  # fmt: skip
@@ -122,6 +165,11 @@ def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
             raise bad(f"{option} {excerpt(str(value))} is out of range",
                       f"give {low:g} to {high:g} seconds")  # fmt: skip
         numbers[option] = float(value)
+    return numbers
+
+
+def _widest(data: dict[str, Any], bad: Bad) -> tuple[int, int]:
+    """The config's widest-ipv4 and widest-ipv6: the widest bans applied."""
     widest = []
     for option, default, longest in (("widest-ipv4", WIDEST_IPV4, 32),
                                      ("widest-ipv6", WIDEST_IPV6, 128)):  # fmt: skip
@@ -131,19 +179,7 @@ def read_config(path: str, key_file: str = "", need_key: bool = True) -> Config:
             raise bad(f"{option} {excerpt(str(value))} is not a prefix length 1 to {longest}",
                       f"give the widest ban to apply, e.g. {default}; /0 never is")  # fmt: skip
         widest.append(value)
-    metrics = data.get("metrics-file", METRICS)
-    if not isinstance(metrics, str) or not metrics.startswith("/"):
-        raise bad(f"metrics-file {excerpt(str(metrics))} is not an absolute path", "give one")
-    return Config(
-        url=url if url.endswith("/") else url + "/",
-        key=key,
-        set=name,
-        scopes=tuple(dict.fromkeys(map(str, scopes))),
-        interval=numbers["poll-interval"],
-        timeout=numbers["timeout"],
-        metrics=metrics,
-        widest=(widest[0], widest[1]),
-    )
+    return widest[0], widest[1]
 
 
 def _loopback(url: str) -> bool:
@@ -165,7 +201,7 @@ def _loopback(url: str) -> bool:
 _ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK, _ACL_OTHER = 0x02, 0x04, 0x08, 0x10, 0x20
 
 
-def _check_private(path: str, bad: Any) -> None:
+def _check_private(path: str, bad: Bad) -> None:
     """Refuse a key file that anyone but its owner and this process's user may use,
     as ssh refuses a private key: whoever reads the key can poll the LAPI as this
     bouncer, and whoever writes it can swap it.  An ACL is read as the kernel reads

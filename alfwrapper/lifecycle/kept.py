@@ -86,12 +86,46 @@ def collect_stale_state() -> None:
               "`alfwrapper gc` removes it", file=sys.stderr)  # fmt: skip
 
 
-def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> None:  # noqa: C901
+def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> None:
     """Every kept socket's filter on, what was queued judged, created sockets bound (the
     order: wrapper.py's docstring), companions started, each socket's meta written."""
     state.check_meta_room(argv, os.getcwd())
     if any(r.rules.interfaces or r.rules.log_rate for r in records):
         companion.check_libraries()  # of the watcher and the forwarder
+    refuse_what_the_loader_cannot_make(records)
+    unpinned = state_available()  # some socket is kept, or this module would not run
+    pinned = not unpinned
+    spa = next((r for r in records if r.spa), None)
+    if spa is not None and unpinned:
+        raise AlfError(
+            f"knock-spa ({spa.name})",
+            f"its SPA socket opens what the service's sockets read, in pinned state, which "
+            f"this start cannot keep ({unpinned})",
+            "mount the BPF file system at /sys/fs/bpf (man alfwrapper: PINNED STATE)",
+            EX_USAGE,
+        )
+    loaded = attach_judge_and_bind(records, service, pinned)
+    if unpinned:
+        print(
+            f"alfwrapper: note: no pinned state ({unpinned}): the filters cannot be "
+            "reloaded, and a restart cannot re-filter an inherited socket",
+            file=sys.stderr,
+        )
+    note_unruled(records)
+    watcher = companions.start_watcher(loaded, service)
+    forwarder = companions.start_forwarder(
+        [(r.name, r.pins) for r in records if r.pins is not None and r.rules.log_rate],
+        service,
+    )
+    describe_sockets(records, service, argv, watcher, forwarder)
+    crash_point("described")
+    if pinned:  # after the meta names this start's knock state: a gc keeps what is named
+        collect_stale_state()
+
+
+def refuse_what_the_loader_cannot_make(records: list[SocketRecord]) -> None:
+    """Without CAP_BPF the loader makes the programs (loader/): refuse, before anything
+    is attached, the rules it cannot serve (SPA sockets, interface rules)."""
     from alfwrapper.loader import client  # noqa: PLC0415
 
     if client.use_if_needed():
@@ -113,17 +147,14 @@ def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> N
                 "use subnet rules, or give the service CAP_BPF",
                 EX_USAGE,
             )
-    unpinned = state_available()  # some socket is kept, or this module would not run
-    pinned = not unpinned
-    spa = next((r for r in records if r.spa), None)
-    if spa is not None and unpinned:
-        raise AlfError(
-            f"knock-spa ({spa.name})",
-            f"its SPA socket opens what the service's sockets read, in pinned state, which "
-            f"this start cannot keep ({unpinned})",
-            "mount the BPF file system at /sys/fs/bpf (man alfwrapper: PINNED STATE)",
-            EX_USAGE,
-        )
+
+
+def attach_judge_and_bind(
+    records: list[SocketRecord], service: str, pinned: bool
+) -> list[compiler.LoadedFilter]:
+    """The programs in (programs.filter_sockets), then what was queued on inherited
+    sockets judged and marked so, then created sockets bound: in this order, with a
+    crash point after each.  On a failure, created sockets' state goes with them."""
     try:
         loaded = programs.filter_sockets(records, service, pinned)
         for record in records:
@@ -147,19 +178,4 @@ def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> N
             if record.made and record.spec is not None and record.pins is not None:
                 state.store_in_use().remove(record.pins)
         raise
-    if unpinned:
-        print(
-            f"alfwrapper: note: no pinned state ({unpinned}): the filters cannot be "
-            "reloaded, and a restart cannot re-filter an inherited socket",
-            file=sys.stderr,
-        )
-    note_unruled(records)
-    watcher = companions.start_watcher(loaded, service)
-    forwarder = companions.start_forwarder(
-        [(r.name, r.pins) for r in records if r.pins is not None and r.rules.log_rate],
-        service,
-    )
-    describe_sockets(records, service, argv, watcher, forwarder)
-    crash_point("described")
-    if pinned:  # after the meta names this start's knock state: a gc keeps what is named
-        collect_stale_state()
+    return loaded

@@ -167,7 +167,7 @@ def _json_int(text: str) -> int | str:
     return int(text) if len(text) <= 64 else text
 
 
-def read_answer(  # noqa: C901
+def read_answer(
     answer: Any, now: int, widest: tuple[int, int] = (WIDEST_IPV4, WIDEST_IPV6)
 ) -> Answer:
     """A stream answer, checked whole: anything malformed is one AlfError naming the
@@ -178,18 +178,7 @@ def read_answer(  # noqa: C901
     lengths; never /0) is left out too (``too_wide``), and ends any earlier decision
     with its id, as the LAPI no longer has that one."""
     shortest = (max(1, widest[0]), max(1, widest[1]))  # /0 bans everyone: never
-    if not isinstance(answer, dict):
-        raise _bad("the answer is not a JSON object")
-    lists = []
-    for key in ("new", "deleted"):
-        items = answer.get(key)
-        if items is None:
-            items = []
-        if not isinstance(items, list):
-            raise _bad(f'"{key}" is not a list')
-        lists.append(items)
-    if sum(map(len, lists)) > DECISIONS_LIMIT:
-        raise _bad(f"more than {DECISIONS_LIMIT:,} decisions in one answer")
+    lists = _lists(answer)
     new: list[Decision] = []
     ended: list[int] = []
     over: dict[int, int] = {}  # a new one that has ended: its id, and where in ``new``
@@ -220,13 +209,42 @@ def read_answer(  # noqa: C901
             new.append(read)
     if over:  # in order: an end replaces the decisions before it with its id
         new = [d for at, d in enumerate(new) if at >= over.get(d.id, 0)]
-    for item in lists[1]:
+    deleted, unread = _deleted_ids(lists[1])
+    ended += deleted
+    malformed += unread
+    return Answer(tuple(new), tuple(ended), skipped, malformed, tuple(too_wide))
+
+
+def _lists(answer: Any) -> list[list[Any]]:
+    """The answer's "new" and "deleted" lists (a missing or null one is empty), checked
+    for their shape and their length together."""
+    if not isinstance(answer, dict):
+        raise _bad("the answer is not a JSON object")
+    lists = []
+    for key in ("new", "deleted"):
+        items = answer.get(key)
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise _bad(f'"{key}" is not a list')
+        lists.append(items)
+    if sum(map(len, lists)) > DECISIONS_LIMIT:
+        raise _bad(f"more than {DECISIONS_LIMIT:,} decisions in one answer")
+    return lists
+
+
+def _deleted_ids(items: list[Any]) -> tuple[list[int], int]:
+    """The ids of the "deleted" list's decisions, in order, and how many had none (an
+    object with an integer id): those are left out, counted as malformed."""
+    ids = []
+    unread = 0
+    for item in items:
         ident = item.get("id") if type(item) is dict else None
         if type(ident) is int:  # JSON's numbers; not a bool
-            ended.append(ident)
+            ids.append(ident)
         else:
-            malformed += 1
-    return Answer(tuple(new), tuple(ended), skipped, malformed, tuple(too_wide))
+            unread += 1
+    return ids, unread
 
 
 def _usual(items: list[Any], now: int) -> list[Decision | None]:
