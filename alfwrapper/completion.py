@@ -20,7 +20,7 @@ import sys
 def bash() -> str:
     import shtab  # noqa: PLC0415  (a build-time tool: python3-shtab)
 
-    from alfwrapper.cli import completion_parser  # noqa: PLC0415
+    from alfwrapper.cli.main import completion_parser  # noqa: PLC0415
 
     parser = completion_parser()
     functions: list[str] = []

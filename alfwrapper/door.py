@@ -29,6 +29,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report(err, "-v" in options or "--verbose" in options)
     except Exception as err:  # noqa: BLE001  (as cli.main: one line, no traceback)
         return internal(err)
-    from alfwrapper.cli import main as cli_main  # noqa: PLC0415
+    from alfwrapper.cli.main import main as cli_main  # noqa: PLC0415
 
     return cli_main(args)

@@ -497,7 +497,7 @@ def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> 
     """What pinned state costs and buys, at the largest rule set: the dispatcher's
     price per packet, a live deny and revoke, and a reload."""
     from alfwrapper import state  # noqa: PLC0415
-    from alfwrapper.cli import parse_policy  # noqa: PLC0415
+    from alfwrapper.cli.wrapper import parse_policy  # noqa: PLC0415
     from alfwrapper.lifecycle import service  # noqa: PLC0415
 
     out: dict[str, Any] = {"rules": len(prefixes)}

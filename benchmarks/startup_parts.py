@@ -31,7 +31,7 @@ from bench import rule_set  # noqa: E402
 
 from alfwrapper.bpf import compiler, program  # noqa: E402
 from alfwrapper.bpf.parts import FillEnv  # noqa: E402
-from alfwrapper.cli import parse_policy  # noqa: E402
+from alfwrapper.cli.wrapper import parse_policy  # noqa: E402
 
 
 def peak_mib() -> float:

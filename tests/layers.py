@@ -25,7 +25,7 @@ LAYERS = (
     "loader",  # the loader's protocol, client, quota and server
     "lifecycle",  # start-up, the running service, the processes beside it
     "observe",  # read-only questions
-    "cli",  # the command line and its completion
+    "cli",  # the command line: a package, a module per group of subcommands
     "supervise",  # the bind supervisor's entry: builds policies as the command line does
     "completion",
     "door",  # the way in: a kept verdict's denial, else the command line

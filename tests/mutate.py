@@ -556,14 +556,14 @@ MUTATIONS = [
     ),
     Mutation(
         "inetd-usage-error-to-peer",
-        "alfwrapper/cli.py",
+        "alfwrapper/cli/wrapper.py",
         "    diverted = activation.divert_inetd_streams()  # before any output",
         "    diverted = {}  #",
         ("tests/netns/test_inetd.py::test_the_wrappers_messages_never_reach_the_peer",),
     ),
     Mutation(
         "unit-capabilities-dropped",
-        "alfwrapper/cli.py",
+        "alfwrapper/cli/wrapper.py",
         "keep_capabilities=not args.no_capabilities",
         "keep_capabilities=False",
         (
@@ -776,7 +776,7 @@ MUTATIONS = [
     ),
     Mutation(
         "denied-peer-imports-shutil",
-        "alfwrapper/cli.py",
+        "alfwrapper/cli/parser.py",
         "        super().__init__(prog, width=width)\n",
         "        super().__init__(prog)\n",
         ("tests/netns/test_inetd.py::test_a_connection_is_judged_without_bcc",),
@@ -940,14 +940,14 @@ MUTATIONS = [
     ),
     Mutation(
         "help-without-examples",
-        "alfwrapper/cli.py",
+        "alfwrapper/cli/service.py",
         '        epilog=examples("alfwrapper show web"),',
         "",
         ("tests/unit/test_cli_help.py::test_help_exits_0_with_examples",),
     ),
     Mutation(
         "knock-says-nothing-of-nat",
-        "alfwrapper/cli.py",
+        "alfwrapper/cli/knock.py",
         "a NAT that rewrites source ports ",
         "",
         ("tests/netns/test_parts.py::test_knock_through_a_port_randomising_nat",),
@@ -1092,7 +1092,7 @@ MUTATIONS += [
     ),
     Mutation(
         "bare-alfwrapper-is-a-usage-error",
-        "alfwrapper/cli.py",
+        "alfwrapper/cli/main.py",
         '    if not argv or argv[0] == "help":\n',
         '    if argv and argv[0] == "help":\n',
         ("tests/unit/test_cli_help.py::test_a_bare_alfwrapper_and_help_list_the_commands",),
@@ -2411,7 +2411,7 @@ MUTATIONS += [
     ),
     Mutation(
         "missing-library-traceback",
-        "alfwrapper/cli.py",
+        "alfwrapper/cli/main.py",
         "        missing = missing_library(err)\n",
         "        missing = None\n",
         ("tests/host/test_errors.py::test_a_missing_library_is_one_line_and_names_its_package",),
@@ -2690,7 +2690,7 @@ MUTATIONS += [
 MUTATIONS += [  # issue 49's small ones
     Mutation(
         "closed-pipe-is-an-internal-error",
-        "alfwrapper/cli.py",
+        "alfwrapper/cli/main.py",
         "        if isinstance(err, BrokenPipeError) and stdout_closed():",
         "        if False:",
         (SETS_TEST + "test_a_list_into_a_closed_pipe_ends_quietly",),
@@ -2781,7 +2781,7 @@ MUTATIONS += [  # issue 52: every denial counted where operators look
 MUTATIONS += [  # issue 53: lint that bites
     Mutation(
         "complexity-exception-dropped",
-        "alfwrapper/cli.py",
+        "alfwrapper/cli/sets.py",
         "def set_main(argv: Sequence[str]) -> int:  # noqa: C901",
         "def set_main(argv: Sequence[str]) -> int:",
         ("tests/unit/test_lint.py::test_the_functions_over_the_complexity_limit_only_shrink",),

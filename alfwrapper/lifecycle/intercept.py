@@ -340,7 +340,7 @@ def _identity(path: str) -> tuple[int, int]:
 
 def main(argv: Sequence[str], build: Callable[[list[str]], Policy]) -> int:
     """python3 -m alfwrapper.supervise SERVICE PIDFD READYFD CHANNEL POLICY; ``build``
-    makes a Policy of rule options (cli.parse_policy), after a reload."""
+    makes a Policy of rule options (cli.wrapper.parse_policy), after a reload."""
     service, pidfd, ready_w = argv[0], int(argv[1]), int(argv[2])
     channel, given = socket.socket(fileno=int(argv[3])), int(argv[4])
     from alfwrapper.host.companion import name_process  # noqa: PLC0415

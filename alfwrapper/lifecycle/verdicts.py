@@ -64,7 +64,8 @@ if TYPE_CHECKING:
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CODE = [os.path.join(_HERE, *part) for part in (("lifecycle", "verdicts.py"),
          ("policy", "files.py"), ("policy", "rules.py"), ("policy", "prefix_list.py"),
-         ("policy", "prefixes.py"), ("lifecycle", "backlog.py"), ("cli.py",), ("door.py",),
+         ("policy", "prefixes.py"), ("lifecycle", "backlog.py"), ("cli", "options.py"),
+         ("cli", "parser.py"), ("cli", "wrapper.py"), ("door.py",),
          ("lifecycle", "wrapper.py"), ("lifecycle", "sockets.py"),
          ("lifecycle", "handover.py"), ("host", "activation.py"))]  # fmt: skip
 

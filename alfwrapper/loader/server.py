@@ -756,7 +756,7 @@ def confine(tree: state.Store, custom: bool) -> None:
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    """The loader's options, on the parser the command line gives (cli.loader_parser)."""
+    """The loader's options, on the parser the command line gives (cli.systemd.loader_parser)."""
     p.add_argument("--listen", metavar="PATH", default="",
                    help="listen here instead of on the socket systemd passes")  # fmt: skip
     p.add_argument("--max-programs", type=int, default=DEFAULT_PROGRAMS, metavar="N",

@@ -315,7 +315,7 @@ LOADER_CHECKS: tuple[Callable[[], Check], ...] = (
 
 
 def main() -> int:
-    """`alfwrapper doctor` (its options: cli.doctor_parser): every check, a line each."""
+    """`alfwrapper doctor` (its options: cli.observe.doctor_parser): every check, a line each."""
     loader = through_loader()
     results = [check() for check in (LOADER_CHECKS if loader else CHECKS)]
     if all(r.ok for r in results):

@@ -384,7 +384,7 @@ class Missing:
         if name.split(".")[0] == sys.argv[1]:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Missing())
-from alfwrapper.cli import main
+from alfwrapper.cli.main import main
 sys.exit(main(sys.argv[2:]))
 """
 

@@ -19,9 +19,9 @@ from helpers.craft import frame, packet
 from helpers.hosts import Host, Network, Service, ifindex
 from helpers.support import ECHO_SERVER, WRAPPER
 
-from alfwrapper import cli
 from alfwrapper.bpf import compiler, program
 from alfwrapper.bpf.parts import FillEnv
+from alfwrapper.cli.wrapper import parse_policy
 from alfwrapper.host.bpf_calls import prog_test_run
 
 pytestmark = pytest.mark.netns
@@ -98,7 +98,7 @@ def test_test_run_and_socket_agree(network: Network, services: list[Service], pa
     services.append(svc)
     svc.wait_for(r"^ready ")
     # The same rules, loaded here for test runs.
-    config = cli.parse_policy(rules)
+    config = parse_policy(rules)
     index = {name: ifindex(network.server, name) for name in (a.server_if, b.server_if)}
     loaded = compiler.load_program(
         program.plan_program(config.rules_for("web")),
@@ -141,7 +141,7 @@ def test_knocking_agrees_on_crafted_knocks(network: Network, services: list[Serv
     svc = Service(network.server, [*WRAPPER, "--listen", "[::]:8080", *rules, "--", *ECHO_SERVER])
     services.append(svc)
     svc.wait_for(r"^ready ")
-    config = cli.parse_policy(rules)
+    config = parse_policy(rules)
     loaded = compiler.load_program(program.plan_program(config.rules_for("web")))
     for version, exts in (("4", ("ipopt",)), ("6", ("hbh", "dest"))):
         src = a.v4 if version == "4" else a.v6

@@ -14,7 +14,7 @@ import sys
 
 from alfwrapper.bpf import compiler, program, table_cache
 from alfwrapper.bpf.parts import FillEnv
-from alfwrapper.cli import parse_policy
+from alfwrapper.cli.wrapper import parse_policy
 from alfwrapper.host.bpf_calls import prog_test_run
 from alfwrapper.host.frames import udp_frame
 

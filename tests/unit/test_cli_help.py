@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.support import ROOT
 
-from alfwrapper import cli
+from alfwrapper.cli import main as cli
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from alfwrapper.bpf.program import plan_program
-from alfwrapper.cli import parse_policy
+from alfwrapper.cli.wrapper import parse_policy
 from alfwrapper.errors import AlfError
 from alfwrapper.policy.files import split_scope
 from alfwrapper.policy.knocking import FIRST_PORT, plan_knock, secret_ports

@@ -10,7 +10,8 @@ import pytest
 from helpers.support import ROOT
 
 from alfwrapper import errors
-from alfwrapper.cli import check_parser, explain_parser, wrapper_parser
+from alfwrapper.cli.policy import check_parser, explain_parser
+from alfwrapper.cli.wrapper import wrapper_parser
 from alfwrapper.policy.files import KEYS
 
 pytestmark = pytest.mark.unit

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers.support import ROOT
 
-from alfwrapper.cli import parse_policy
+from alfwrapper.cli.wrapper import parse_policy
 from alfwrapper.errors import AlfError
 from alfwrapper.host import cachedir
 from alfwrapper.lifecycle import verdicts

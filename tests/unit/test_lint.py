@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 
 OVER_THE_LIMIT = {
     "alfwrapper/bpf/subnet_table.py::_family_table",
-    "alfwrapper/cli.py::set_main",
+    "alfwrapper/cli/sets.py::set_main",
     "alfwrapper/lifecycle/watcher.py::watch",
     "alfwrapper/loader/protocol.py::decode_rules",
     "alfwrapper/loader/protocol.py::receive",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from alfwrapper.cli import parse_policy
+from alfwrapper.cli.wrapper import parse_policy
 from alfwrapper.errors import AlfError
 from alfwrapper.loader import protocol
 from alfwrapper.policy.rules import CustomFilter, MapSetting, SocketRules

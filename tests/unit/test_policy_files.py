@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alfwrapper.bpf.parts import knock_key
-from alfwrapper.cli import parse_policy
+from alfwrapper.cli.wrapper import parse_policy
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, AlfError
 from alfwrapper.policy.files import KEYS, find_policy, read_policy
 from alfwrapper.policy.prefixes import parse_prefix

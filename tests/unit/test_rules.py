@@ -159,7 +159,7 @@ def test_a_fingerprint_is_found_again_however_the_files_were_read(
     import os  # noqa: PLC0415
     import time  # noqa: PLC0415
 
-    from alfwrapper.cli import parse_policy  # noqa: PLC0415
+    from alfwrapper.cli.wrapper import parse_policy  # noqa: PLC0415
     from alfwrapper.host import cachedir  # noqa: PLC0415
 
     monkeypatch.setenv("ALFWRAPPER_CACHE", str(tmp_path / "cache"))
