@@ -6,6 +6,7 @@
 
     class Counter(Record, frozen=False):  # mutable, so not hashable
     class Shape(Record, eq=False):        # compared and hashed by identity
+    class Rules(Record, kw_only=True):    # made by keyword only: Rules(allow=...)
 
 Why not the dataclasses module: it writes each class's __init__, __repr__, __eq__,
 __hash__ and __setattr__ as source text and compiles it with exec(), about 1.3 ms a
@@ -13,8 +14,9 @@ frozen class on this machine.  A warm start defines over thirty, about a quarter
 its time, every start.  attrs does the same, and msgspec (C) is not in Debian 12.  Here
 one generic method per role serves every class: a class costs what its own
 statement costs.  Only what alfwrapper uses is offered: fields with defaults or
-default factories, compare=False and repr=False fields, __post_init__, inheritance
-of fields, replace(), and a shallow as_tuple() / as_dict().
+default factories, compare=False and repr=False fields, a field's metadata (what
+fields() gives back, as dataclasses.fields does), keyword-only records,
+__post_init__, inheritance of fields, replace(), and a shallow as_tuple() / as_dict().
 """
 
 from __future__ import annotations
@@ -38,13 +40,24 @@ class FrozenError(AttributeError):
 
 
 class Field:
-    """What field() declares: a default or a factory of one, and whether the field is
-    compared (and hashed) and shown."""
+    """What field() declares: a default or a factory of one, whether the field is
+    compared (and hashed) and shown, and what else its class says of it (metadata)."""
 
-    __slots__ = ("default", "factory", "compare", "repr")
+    __slots__ = ("default", "factory", "compare", "repr", "metadata")
 
-    def __init__(self, default: Any, factory: Any, compare: bool, repr: bool) -> None:
+    def __init__(
+        self, default: Any, factory: Any, compare: bool, repr: bool, metadata: Any = None
+    ) -> None:
         self.default, self.factory, self.compare, self.repr = default, factory, compare, repr
+        self.metadata = metadata
+
+    def made(self) -> Any:
+        """The default, or a new one from the factory (a field with neither: KeyError)."""
+        if self.default is not _MISSING:
+            return self.default
+        if self.factory is not _MISSING:
+            return self.factory()
+        raise KeyError("a field without a default")
 
 
 def field(
@@ -53,22 +66,28 @@ def field(
     default_factory: Any = _MISSING,
     compare: bool = True,
     repr: bool = True,
+    metadata: Any = None,
 ) -> Any:
-    return Field(default, default_factory, compare, repr)
+    return Field(default, default_factory, compare, repr, metadata)
 
 
 class _Spec:
     """A record class's fields, in order, as its methods use them."""
 
-    __slots__ = ("names", "compared", "shown", "defaults", "factories", "frozen", "post_init")
+    __slots__ = ("fields", "names", "compared", "shown", "defaults", "factories", "frozen",
+                 "kw_only", "post_init")  # fmt: skip
 
-    def __init__(self, fields: dict[str, Field], frozen: bool, post_init: bool) -> None:
+    def __init__(
+        self, fields: dict[str, Field], frozen: bool, kw_only: bool, post_init: bool
+    ) -> None:
+        self.fields = fields
         self.names = tuple(fields)
         self.compared = tuple(n for n, f in fields.items() if f.compare)
         self.shown = tuple(n for n, f in fields.items() if f.repr)
         self.defaults = {n: f.default for n, f in fields.items() if f.default is not _MISSING}
         self.factories = {n: f.factory for n, f in fields.items() if f.factory is not _MISSING}
         self.frozen = frozen
+        self.kw_only = kw_only
         self.post_init = post_init
 
 
@@ -77,23 +96,21 @@ def _annotations(cls: type) -> dict[str, Any]:
     return {n: a for n, a in own.items() if not str(a).startswith(("ClassVar", "typing.ClassVar"))}
 
 
-@dataclass_transform(frozen_default=True, eq_default=True, field_specifiers=(field, Field))
+@dataclass_transform(
+    frozen_default=True, eq_default=True, kw_only_default=False, field_specifiers=(field, Field)
+)
 class Record:
     """The base of every record: see the module's text."""
 
     _spec_: _Spec
 
-    def __init_subclass__(cls, *, frozen: bool | None = None, eq: bool = True) -> None:
+    def __init_subclass__(
+        cls, *, frozen: bool | None = None, eq: bool = True, kw_only: bool | None = None
+    ) -> None:
         parent: _Spec | None = next(
             (b.__dict__["_spec_"] for b in cls.__mro__[1:] if "_spec_" in b.__dict__), None
         )
-        fields: dict[str, Field] = {}
-        if parent is not None:
-            for name in parent.names:
-                fields[name] = Field(
-                    parent.defaults.get(name, _MISSING), parent.factories.get(name, _MISSING),
-                    name in parent.compared, name in parent.shown,
-                )  # fmt: skip
+        fields: dict[str, Field] = dict(parent.fields) if parent is not None else {}
         for name in _annotations(cls):
             value = cls.__dict__.get(name, _MISSING)
             declared = value if isinstance(value, Field) else Field(value, _MISSING, True, True)
@@ -108,7 +125,9 @@ class Record:
             frozen = parent.frozen if parent is not None else True
         if parent is not None and frozen != parent.frozen:
             raise TypeError(f"{cls.__name__}: a record and its parent are both frozen, or neither")
-        cls._spec_ = _Spec(fields, frozen, hasattr(cls, "__post_init__"))
+        if kw_only is None:
+            kw_only = parent.kw_only if parent is not None else False
+        cls._spec_ = _Spec(fields, frozen, kw_only, hasattr(cls, "__post_init__"))
         # Set on every class, not inherited: a parent may be mutable, or compared by
         # identity, where this one is not.  What the class itself defines stays.
         for name, method in (
@@ -123,6 +142,8 @@ class Record:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         spec = self._spec_
         names = spec.names
+        if args and spec.kw_only:
+            raise TypeError(f"{type(self).__name__}() takes its fields by keyword only")
         if len(args) > len(names):
             raise TypeError(
                 f"{type(self).__name__}() takes {len(names)} arguments, got {len(args)}"
@@ -179,6 +200,11 @@ def replace(record: T, **changes: Any) -> T:
         raise TypeError(f"{type(record).__name__} has no field {sorted(unknown)[0]!r}")
     values.update(changes)
     return type(record)(**values)
+
+
+def fields(cls: type[Record]) -> dict[str, Field]:
+    """A record class's fields by name, in order, as declared (not to be changed)."""
+    return cls._spec_.fields
 
 
 def as_tuple(record: Record) -> tuple[Any, ...]:

@@ -123,7 +123,7 @@ def linear_program(rules: int) -> compiler.LoadedFilter:
 
 
 def subnet_program(prefixes: list[Prefix]) -> compiler.LoadedFilter:
-    return compiler.load_rules(SocketRules(SubnetRules(allow=tuple(prefixes))))
+    return compiler.load_rules(SocketRules(subnets=SubnetRules(allow=tuple(prefixes))))
 
 
 def interfaces_program(count: int) -> compiler.LoadedFilter:
@@ -501,7 +501,7 @@ def operating(prefixes: list[Prefix], repeat: int, rounds: int, smoke: bool) -> 
     from alfwrapper.lifecycle import service  # noqa: PLC0415
 
     out: dict[str, Any] = {"rules": len(prefixes)}
-    rules = SocketRules(SubnetRules(allow=tuple(prefixes)))
+    rules = SocketRules(subnets=SubnetRules(allow=tuple(prefixes)))
     frame = udp_frame(4, prefixes[0].value)
     with tempfile.TemporaryDirectory() as tmp, socket.socket(socket.AF_INET6) as sock:
         name = f"bench-{os.getpid()}"
@@ -561,7 +561,7 @@ def observing(repeat: int, rounds: int) -> dict[str, Any]:
     interleaved, for a passed and a dropped packet."""
     from alfwrapper.host.ringbuf import RingReader  # noqa: PLC0415
 
-    rules = SocketRules(SubnetRules(allow=(Prefix(4, 0xC0000200, 24),)))
+    rules = SocketRules(subnets=SubnetRules(allow=(Prefix(4, 0xC0000200, 24),)))
     plan = program.plan_program(rules)
     assert COUNTING in plan.text, "common.h's alf_count() changed: update COUNTING"
     counted = compiler.load_program(plan)

@@ -115,7 +115,7 @@ def memory(count: int, services: int, rng: random.Random) -> dict[str, Any]:
     shared = set_memory(name)
     one = shared + own_maps(loaded[0])
     many = shared + sum(own_maps(x) for x in loaded)
-    copies = SocketRules(SubnetRules(deny=addresses(count, random.Random(9), 0.5)))
+    copies = SocketRules(subnets=SubnetRules(deny=addresses(count, random.Random(9), 0.5)))
     copy = compiler.load_program(program.plan_program(copies))
     per_service_copy = own_maps(copy)
     del loaded, copy
@@ -139,8 +139,12 @@ def per_packet(count: int, walk_size: int, repeat: int, rounds: int) -> list[dic
         figures: dict[str, int] = {}  # each program's fd
         loaded = {}
         for label, rules, body in (
-            ("own", SocketRules(SubnetRules(allow=tuple(prefixes))), varied.OURS),
-            ("sets", SocketRules(SubnetRules(allow=tuple(prefixes)), deny_sets=names), WITH_SETS),
+            ("own", SocketRules(subnets=SubnetRules(allow=tuple(prefixes))), varied.OURS),
+            (
+                "sets",
+                SocketRules(subnets=SubnetRules(allow=tuple(prefixes)), deny_sets=names),
+                WITH_SETS,
+            ),
         ):
             plan = program.plan_program(rules)
             # bench_lookup loaded as the program's entry, so that the sets are bound

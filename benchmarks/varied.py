@@ -229,7 +229,7 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
     walk = sources(prefixes, walk_size, rng)
     walk_define = (("BENCH_SOURCES", str(walk_size)),)
 
-    plan = program.plan_program(SocketRules(SubnetRules(allow=tuple(prefixes))))
+    plan = program.plan_program(SocketRules(subnets=SubnetRules(allow=tuple(prefixes))))
     plan = replace(plan, text=plan.text + WALK + OURS, defines=plan.defines + walk_define)
     ours = compiler.load_program(plan)
     fill_sources(ours.tables, walk)

@@ -842,9 +842,9 @@ MUTATIONS = [
     ),
     Mutation(
         "knock-minimum-open",
-        "alfwrapper/policy/files.py",
-        "        least=1.0,",
-        "        least=0.0,",
+        "alfwrapper/policy/rules.py",
+        "least=1.0, required=True",
+        "least=0.0, required=True",
         ("tests/host/test_errors.py",),
     ),
     Mutation(
@@ -2454,8 +2454,8 @@ MUTATIONS += [
     Mutation(
         "loader-rules-as-text",
         "alfwrapper/loader/protocol.py",
-        '        key: {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}',
-        "        key: [str(p) for p in prefixes]",
+        '    return {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}',
+        "    return [str(p) for p in prefixes]",
         ("tests/systemd/test_loader.py::test_a_million_rules_through_the_loader",),
     ),
     Mutation(
@@ -2475,8 +2475,8 @@ MUTATIONS += [
     Mutation(
         "loader-deep-json-internal-error",
         "alfwrapper/loader/protocol.py",
-        '        except RecursionError:  # "[[[[..." : Python\'s decoder recurses per level',
-        '        except ZeroDivisionError:  # "[[[[..." : Python\'s decoder recurses per level',
+        '    except RecursionError:  # "[[[[..." : Python\'s decoder recurses per level',
+        '    except ZeroDivisionError:  # "[[[[..." : Python\'s decoder recurses per level',
         ("tests/systemd/test_loader.py::test_hostile_requests_leave_the_loader_serving",),
     ),
     Mutation(

@@ -10,8 +10,8 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from alfwrapper.errors import (
     EX_DATAERR,
@@ -21,6 +21,7 @@ from alfwrapper.errors import (
     AlfError,
 )
 from alfwrapper.host import bpf_calls
+from alfwrapper.policy.inputs import FILTER_LIMIT, SECRET_LIMIT
 from alfwrapper.policy.prefixes import Prefix, parse_prefix
 from alfwrapper.policy.rules import (
     MOST_SETS,
@@ -28,10 +29,11 @@ from alfwrapper.policy.rules import (
     CustomFilter,
     KnockRules,
     MapSetting,
+    Rule,
     SocketRules,
-    SubnetRules,
     valid_set_name,
 )
+from alfwrapper.record import Record, fields, replace
 
 SOCKET_PATH = "/run/alfwrapper/loader.sock"
 
@@ -86,13 +88,12 @@ def send(conn: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) 
     conn.sendall(frame[sent:])
 
 
-def receive(  # noqa: C901
+def receive(
     conn: socket.socket, limit: int, seconds: float, max_fds: int
 ) -> tuple[dict[str, Any], list[int]]:
     """One message and the fds beside it, within ``limit`` bytes and ``seconds``."""
     deadline = time.monotonic() + seconds
     fds: list[int] = []
-    data = b""
     try:
         conn.settimeout(max(0.01, deadline - time.monotonic()))
         data, fds, flags, _ = socket.recv_fds(conn, 65536, max_fds)
@@ -101,44 +102,53 @@ def receive(  # noqa: C901
                            "see journalctl -u alfwrapper-loader", EX_SOFTWARE)  # fmt: skip
         if flags & socket.MSG_CTRUNC:
             raise bad_request("too many file descriptors")
-        if len(data) < LENGTH.size:
-            raise bad_request("a message must start with its length")
-        (length,) = LENGTH.unpack(data[: LENGTH.size])
-        if length > limit:
-            raise bad_request(f"{length} bytes is more than the limit of {limit}")
-        body = bytearray(data[LENGTH.size :])
-        while len(body) < length:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise Late("loader request", f"not all of it arrived within {seconds:.0f} s",
-                           "", EX_DATAERR)  # fmt: skip
-            conn.settimeout(left)
-            chunk = conn.recv(min(1 << 20, length - len(body)))
-            if not chunk:
-                raise bad_request("the connection closed in the middle of it")
-            body += chunk
-        if len(body) > length:
-            raise bad_request("more bytes than its length says")
-        try:
-            message = json.loads(bytes(body))
-        except RecursionError:  # "[[[[..." : Python's decoder recurses per level
-            raise bad_request("it nests too deeply") from None
-        if not isinstance(message, dict):
-            raise bad_request("it is not a JSON object")
-        return message, fds
+        return _message(conn, data, limit, deadline, seconds), fds
     except TimeoutError:
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         raise Late("loader request", f"nothing complete arrived within {seconds:.0f} s", "",
                    EX_DATAERR) from None  # fmt: skip
     except (ValueError, UnicodeDecodeError) as err:
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         raise bad_request(f"it is not JSON ({err})") from None
     except AlfError:
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         raise
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _message(
+    conn: socket.socket, data: bytes, limit: int, deadline: float, seconds: float
+) -> dict[str, Any]:
+    """The JSON object a message's first bytes start, the rest read within the deadline."""
+    if len(data) < LENGTH.size:
+        raise bad_request("a message must start with its length")
+    (length,) = LENGTH.unpack(data[: LENGTH.size])
+    if length > limit:
+        raise bad_request(f"{length} bytes is more than the limit of {limit}")
+    body = bytearray(data[LENGTH.size :])
+    while len(body) < length:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Late("loader request", f"not all of it arrived within {seconds:.0f} s",
+                       "", EX_DATAERR)  # fmt: skip
+        conn.settimeout(left)
+        chunk = conn.recv(min(1 << 20, length - len(body)))
+        if not chunk:
+            raise bad_request("the connection closed in the middle of it")
+        body += chunk
+    if len(body) > length:
+        raise bad_request("more bytes than its length says")
+    try:
+        message = json.loads(bytes(body))
+    except RecursionError:  # "[[[[..." : Python's decoder recurses per level
+        raise bad_request("it nests too deeply") from None
+    if not isinstance(message, dict):
+        raise bad_request("it is not a JSON object")
+    return message
 
 
 def bad_request(why: str) -> AlfError:
@@ -152,50 +162,57 @@ class Late(AlfError):
 
 def encode_rules(rules: SocketRules) -> dict[str, Any]:
     """Rules as the loader takes them: everything already read (a filter's text, a
-    knock secret), nothing for the loader to open."""
-    from alfwrapper.policy.prefix_list import PrefixList  # noqa: PLC0415
-
+    knock secret), nothing for the loader to open.  Each field as its Rule says
+    (policy/rules.py), in the order declared; the fields with none stay here."""
     refused = sets_beside_a_filter(rules)
     if refused is not None:
         raise refused
-    out: dict[str, Any] = {
-        key: {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}
-        for key, prefixes in (("allow", rules.subnets.allow), ("deny", rules.subnets.deny))
-    }
-    # Named sets by name: the loader opens root's, read-only (loader/server.py).
-    for key, names in (("allow_sets", rules.allow_sets), ("deny_sets", rules.deny_sets)):
-        if names:
-            out[key] = list(names)
-    out["log_rate"] = rules.log_rate
-    if rules.interfaces:
-        out["interfaces"] = list(rules.interfaces)
-    if rules.knock:
-        k = rules.knock
-        out["knock"] = {
-            "ports": list(k.ports),
-            "secret": k.secret.hex(),
-            "steps": k.steps,
-            "timeout": k.timeout,
-            "open_for": k.open_for,
-            "window": k.window,
-            "sources": k.sources,
-            "spa": k.spa,
-            "spa_port": k.spa_port,
-            "spa_sender": k.spa_sender,
-            "verifier": k.verifier,
-        }
-    if rules.custom:
-        from alfwrapper.policy.inputs import FILTER_LIMIT, read_text_input  # noqa: PLC0415
+    if rules.custom and not rules.custom.source:
+        from alfwrapper.policy.inputs import read_text_input  # noqa: PLC0415
 
-        source = rules.custom.source or read_text_input(
+        source = read_text_input(
             rules.custom.path, "--filter", "give a restricted-C file", FILTER_LIMIT
         )
-        out["filter"] = {
-            "name": rules.custom.path,
-            "source": source,
-            "sets": [[m.map, m.key, m.value] for m in rules.custom.sets],
-        }
+        rules = replace(rules, custom=replace(rules.custom, source=source))
+    return _written(rules)
+
+
+def _written(record: Record) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for slot in _slots(type(record)):
+        value = getattr(record, slot.field)
+        if slot.inline:
+            out.update(_written(value))
+        elif not slot.sparse or value:
+            out[slot.key] = _written(value) if slot.record else WRITERS[slot.kind](value)
     return out
+
+
+def _packed(prefixes: Sequence[Prefix]) -> dict[str, str]:
+    from alfwrapper.policy.prefix_list import PrefixList  # noqa: PLC0415
+
+    return {"packed": base64.b64encode(PrefixList.of(prefixes).packed()).decode()}
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+# How each kind of rule field is written (encode_rules) and read back (decode_rules):
+# a Rule's ``wire``.  Named sets travel by name: the loader opens root's, read-only
+# (loader/server.py).
+WRITERS: dict[str, Callable[[Any], Any]] = {
+    "prefixes": _packed,
+    "set names": list,
+    "interfaces": list,
+    "ports": list,
+    "hex": bytes.hex,
+    "text": _as_is,
+    "int": _as_is,
+    "float": _as_is,
+    "bool": _as_is,
+    "map settings": lambda sets: [[m.map, m.key, m.value] for m in sets],
+}
 
 
 def _on_wire(value: Any) -> Any:
@@ -220,9 +237,10 @@ def _number(d: dict[str, Any], key: str, kind: type, low: float, high: float) ->
     return value
 
 
-def _prefixes(d: dict[str, Any], key: str) -> Sequence[Prefix]:
+def _prefixes(d: dict[str, Any], slot: _Slot) -> Sequence[Prefix]:
     """A rule list: packed (PrefixList.packed, base64; what encode_rules sends) or a
     list of CIDR strings (for hand-written requests), of at most RULES_LIMIT rules."""
+    key = slot.key
     items = d.get(key, [])
     try:
         if isinstance(items, dict) and set(items) == {"packed"}:
@@ -241,71 +259,162 @@ def _prefixes(d: dict[str, Any], key: str) -> Sequence[Prefix]:
         raise bad_request(f"'{key}': {err}") from None
 
 
-def decode_rules(d: Any) -> SocketRules:  # noqa: C901
-    """The rules of a request, checked as strictly as the command line checks them."""
-    from alfwrapper.policy.files import accepted  # noqa: PLC0415
+def _set_names(d: dict[str, Any], slot: _Slot) -> tuple[str, ...]:
+    key = slot.key
+    names = request_field(d, key, list, [])
+    if len(names) > MOST_SETS or not all(valid_set_name(n) for n in names):
+        raise bad_request(f"'{key}' must be at most {MOST_SETS} set names ({SET_NAME_RULE})")
+    if len(set(names)) != len(names):
+        raise bad_request(f"'{key}' names a set twice")
+    return tuple(names)
 
-    if not isinstance(d, dict):
-        raise bad_request("'rules' must be an object")
-    allowed = {"allow", "deny", "allow_sets", "deny_sets", "log_rate", "interfaces", "knock",
-               "filter"}  # fmt: skip
-    if set(d) - allowed:
-        raise bad_request(f"unknown rule keys {sorted(set(d) - allowed)}")
-    prefixes: dict[str, Sequence[Prefix]] = {}
-    for key in ("allow", "deny"):
-        prefixes[key] = _prefixes(d, key)
-    if d.get("interfaces"):
+
+def _interfaces(d: dict[str, Any], slot: _Slot) -> tuple[str, ...]:
+    if d.get(slot.key):
         raise AlfError(
             "--interface",
             "the loader cannot follow interface renames for a user's service",
             "use subnet rules, or run the service with CAP_BPF",
             EX_USAGE,
         )
-    # 0 is "no log"; the highest is the command line's.
-    log_rate = _number(d, "log_rate", int, 0, accepted("log-drops")[1]) if "log_rate" in d else 0
-    knock = None
-    if "knock" in d:
-        k = request_field(d, "knock", dict)
-        ports = request_field(k, "ports", list)
-        if len(ports) > 8 or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
-            raise bad_request("'knock.ports' must be at most 8 ports")
-        try:
-            secret = bytes.fromhex(request_field(k, "secret", str))
-        except ValueError:
-            raise bad_request("'knock.secret' must be hex") from None
-        if len(secret) > 4096 or bool(secret) == bool(ports):
-            raise bad_request("a knock needs ports or a secret of at most 4 KiB, not both")
-        knock = KnockRules(
-            ports=tuple(ports),
-            secret=secret,
-            steps=_number(k, "steps", int, *accepted("knock-steps")),
-            timeout=_number(k, "timeout", float, *accepted("knock-timeout")),
-            open_for=_number(k, "open_for", float, *accepted("knock-open-for")),
-            window=_number(k, "window", int, *accepted("knock-window")),
-            sources=_number(k, "sources", int, *accepted("knock-sources")),
-            spa=request_field(k, "spa", bool, False),
-            spa_port=_number(k, "spa_port", int, 0, 65535) if "spa_port" in k else 0,
-            spa_sender=request_field(k, "spa_sender", bool, False),
-            verifier=request_field(k, "verifier", bool, False),
-        )
-        if knock.spa or knock.verifier:  # kept.py refuses it before it gets here
-            raise bad_request("the loader does not make SPA sockets' programs")
-    custom = None
-    if "filter" in d:
-        f = request_field(d, "filter", dict)
-        name, source = request_field(f, "name", str), request_field(f, "source", str)
-        sets = request_field(f, "sets", list, [])
-        if len(name) > 4096 or not source or len(source) > (1 << 20) or len(sets) > 100_000:
-            raise bad_request("'filter' needs a name, and a source of at most 1 MiB")
-        if not all(isinstance(s, list) and len(s) == 3 and all(isinstance(x, str) and
-                   len(x) < 4096 for x in s) for s in sets):  # fmt: skip
-            raise bad_request("'filter.sets' must be [map, key, value] strings")
-        custom = CustomFilter(name, tuple(MapSetting(*s) for s in sets), source)
-    named = {key: _set_names(d, key) for key in ("allow_sets", "deny_sets")}
-    rules = SocketRules(
-        SubnetRules(prefixes["allow"], prefixes["deny"]), (), knock, custom, log_rate,
-        named["allow_sets"], named["deny_sets"],
-    )  # fmt: skip
+    return ()
+
+
+def _ports(d: dict[str, Any], slot: _Slot) -> tuple[int, ...]:
+    ports = request_field(d, slot.key, list)
+    if len(ports) > 8 or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
+        raise bad_request(f"'{slot.where}' must be at most 8 ports")
+    return tuple(ports)
+
+
+def _hex(d: dict[str, Any], slot: _Slot) -> bytes:
+    try:
+        return bytes.fromhex(request_field(d, slot.key, str))
+    except ValueError:
+        raise bad_request(f"'{slot.where}' must be hex") from None
+
+
+def _map_settings(d: dict[str, Any], slot: _Slot) -> tuple[MapSetting, ...]:
+    sets = request_field(d, slot.key, list, [])
+    if not all(isinstance(s, list) and len(s) == 3 and all(isinstance(x, str) and
+               len(x) < 4096 for x in s) for s in sets):  # fmt: skip
+        raise bad_request(f"'{slot.where}' must be [map, key, value] strings")
+    return tuple(MapSetting(map=m, key=k, value=v) for m, k, v in sets)
+
+
+READERS: dict[str, Callable[[dict[str, Any], _Slot], Any]] = {
+    "prefixes": _prefixes,
+    "set names": _set_names,
+    "interfaces": _interfaces,
+    "ports": _ports,
+    "hex": _hex,
+    "text": lambda d, slot: request_field(d, slot.key, str),
+    "int": lambda d, slot: _number(d, slot.key, int, slot.low, slot.high),
+    "float": lambda d, slot: _number(d, slot.key, float, slot.low, slot.high),
+    "bool": lambda d, slot: request_field(d, slot.key, bool),
+    "map settings": _map_settings,
+}
+
+
+class _Slot(Record, kw_only=True):
+    """A rule field as the wire carries it, from its Rule (policy/rules.py)."""
+
+    field: str  # the record's field
+    key: str  # its key in the request
+    where: str  # its dotted path, for messages: knock.ports
+    kind: str  # of WRITERS and READERS, "" for a record
+    record: type[Record] | None = None  # a record of its own: an object, or inline
+    inline: bool = False
+    sparse: bool = False
+    required: bool = False
+    low: float = 0  # a number's range: from its default or Rule.accepted()'s least
+    high: float = 0
+
+
+_SLOTS: dict[tuple[type[Record], str], tuple[_Slot, ...]] = {}
+
+
+def _slots(record: type[Record], within: str = "") -> tuple[_Slot, ...]:
+    """The fields of ``record`` that travel, in order (a Rule says how); ``within``: the
+    path of its object in a request, for messages."""
+    if (record, within) in _SLOTS:
+        return _SLOTS[record, within]
+    found = []
+    for name, declared in fields(record).items():
+        rule = declared.metadata
+        if not isinstance(rule, Rule) or not (rule.wire or rule.key):
+            continue
+        key = rule.name or name
+        nested = rule.wire if isinstance(rule.wire, type) else None
+        kind = "" if nested else rule.wire or type(declared.made()).__name__
+        low, high = 0.0, 0.0
+        if kind in ("int", "float"):
+            least, high = rule.accepted()
+            low = min(declared.made(), least)
+        found.append(_Slot(field=name, key=key, where=f"{within}{key}", kind=kind,
+                           record=nested, inline=rule.inline, sparse=rule.sparse,
+                           required=rule.required, low=low, high=high))  # fmt: skip
+    _SLOTS[record, within] = tuple(found)
+    return _SLOTS[record, within]
+
+
+def _keys(record: type[Record]) -> set[str]:
+    """The keys a request's object for ``record`` may hold (inline records' too)."""
+    keys = set()
+    for slot in _slots(record):
+        keys |= _keys(slot.record) if slot.inline and slot.record else {slot.key}
+    return keys
+
+
+def decode_rules(d: Any) -> SocketRules:
+    """The rules of a request, checked as strictly as the command line checks them: each
+    field as its Rule says, then what the loader refuses of them together."""
+    if not isinstance(d, dict):
+        raise bad_request("'rules' must be an object")
+    unknown = set(d) - _keys(SocketRules)
+    if unknown:
+        raise bad_request(f"unknown rule keys {sorted(unknown)}")
+    return cast(SocketRules, _read(SocketRules, d))
+
+
+def _read(record: type[Record], d: dict[str, Any], within: str = "") -> Record:
+    """A record from its object in a request (keys other than its fields' are passed
+    over inside a knock or a filter, as they always were)."""
+    values: dict[str, Any] = {}
+    for slot in _slots(record, within):
+        if slot.inline and slot.record:
+            values[slot.field] = _read(slot.record, d, within)
+        elif slot.key in d or slot.required:
+            if slot.record:
+                nested = request_field(d, slot.key, dict)
+                values[slot.field] = _read(slot.record, nested, f"{slot.where}.")
+            else:
+                values[slot.field] = READERS[slot.kind](d, slot)
+    made = record(**values)
+    check = CHECKS.get(record)
+    if check is not None:
+        check(made)
+    return made
+
+
+def _check_knock(knock: KnockRules) -> None:
+    if len(knock.secret) > SECRET_LIMIT or bool(knock.secret) == bool(knock.ports):
+        raise bad_request("a knock needs ports or a secret of at most 4 KiB, not both")
+    if knock.spa or knock.verifier:  # kept.py refuses it before it gets here
+        raise bad_request("the loader does not make SPA sockets' programs")
+
+
+def _check_filter(custom: CustomFilter) -> None:
+    if (
+        len(custom.path) > 4096
+        or not custom.source
+        or len(custom.source) > FILTER_LIMIT
+        or len(custom.sets) > 100_000
+    ):
+        raise bad_request("'filter' needs a name, and a source of at most 1 MiB")
+
+
+def _check_rules(rules: SocketRules) -> None:
     if rules.sets_conflict:
         raise bad_request("a socket with allow sets may have allow rules or deny rules, not both")
     if rules.too_many_sets:
@@ -315,7 +424,14 @@ def decode_rules(d: Any) -> SocketRules:  # noqa: C901
     refused = sets_beside_a_filter(rules)
     if refused is not None:
         raise refused
-    return rules
+
+
+# What the loader refuses of a record's fields together, once each is read.
+CHECKS: dict[type[Record], Callable[[Any], None]] = {
+    KnockRules: _check_knock,
+    CustomFilter: _check_filter,
+    SocketRules: _check_rules,
+}
 
 
 def sets_beside_a_filter(rules: SocketRules) -> AlfError | None:
@@ -331,15 +447,6 @@ def sets_beside_a_filter(rules: SocketRules) -> AlfError | None:
         "leave out the filter or the sets, or run the service with CAP_BPF",
         EX_USAGE,
     )
-
-
-def _set_names(d: dict[str, Any], key: str) -> tuple[str, ...]:
-    names = request_field(d, key, list, [])
-    if len(names) > MOST_SETS or not all(valid_set_name(n) for n in names):
-        raise bad_request(f"'{key}' must be at most {MOST_SETS} set names ({SET_NAME_RULE})")
-    if len(set(names)) != len(names):
-        raise bad_request(f"'{key}' names a set twice")
-    return tuple(names)
 
 
 def to_wire(value: Any) -> Any:

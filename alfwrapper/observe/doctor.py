@@ -267,7 +267,7 @@ def check_build() -> Check:
     from alfwrapper.bpf import compiler  # noqa: PLC0415
 
     try:
-        compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("192.0.2.0/24"),))))
+        compiler.load_rules(SocketRules(subnets=SubnetRules(allow=(parse_prefix("192.0.2.0/24"),))))
     except AlfError as err:
         return Check(False, err.line().removeprefix("alfwrapper: "))
     return Check(True, "a subnet filter compiles, loads and fills its maps")
@@ -278,7 +278,7 @@ def check_build_through_loader() -> Check:
 
     from alfwrapper.loader import client  # noqa: PLC0415
 
-    rules = SocketRules(SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)))
+    rules = SocketRules(subnets=SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)))
     client.use_if_needed()  # the test run, too, where the kernel refuses it to us
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:

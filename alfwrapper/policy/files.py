@@ -33,10 +33,12 @@ from alfwrapper.policy.rules import (
     KnockRules,
     ListenSpec,
     MapSetting,
+    Setting,
     SocketRules,
     SubnetRules,
     parse_listen,
     parse_ports,
+    settings,
     valid_set_name,
     valid_socket_name,
 )
@@ -57,7 +59,7 @@ SCOPE = "@scope"  # an entry that only names a socket: a [socket.NAME] table
 class Key(Record):
     """One rule key: how it combines across layers, and its range if it is a setting."""
 
-    kind: str  # "list", "single" (one per scope and layer), or "setting"
+    kind: str  # "list", "single" (one per scope and layer), "setting" or "switch"
     help: str
     slot: str = ""  # single keys that exclude each other share a slot
     number: type = float
@@ -66,7 +68,22 @@ class Key(Record):
     least: float = 0.0  # below this the feature cannot work (a round trip)
 
 
+# The rule fields a key sets, one number or switch each: declared on their records.
+SETTINGS = settings()
+
+
+def _setting_key(setting: Setting) -> Key:
+    """A setting's key, as its field's Rule declares it: a switch, or a number."""
+    rule = setting.rule
+    if isinstance(setting.default, bool):
+        return Key("switch", rule.help)
+    return Key("setting", rule.help, number=type(setting.default), low=rule.low,
+               high=rule.high, least=rule.least)  # fmt: skip
+
+
 # Every rule option of the command line, by its long name: its key in a policy file too.
+# The keys written here are filled by build_policy's own code; the settings follow
+# from their fields' declarations (policy/rules.py: Rule).
 KEYS: dict[str, Key] = {
     "allow": Key("list", "pass packets from this subnet (CIDR)"),
     "deny": Key("list", "drop packets from this subnet (deny wins)"),
@@ -81,83 +98,23 @@ KEYS: dict[str, Key] = {
     ),
     "filter": Key("single", "a developer's filter: restricted C, entry `int filter(...)`"),
     "set": Key("list", "put KEY -> VALUE in the filter's map MAP"),
-    "knock-timeout": Key(
-        "setting", "most seconds between two knocks (default 5)", low=0, high=3600, least=0.2
-    ),
-    "knock-open-for": Key(
-        "setting",
-        "seconds a completed knock admits new connections (default 30)",
-        low=0,
-        high=86400,
-        least=1.0,
-    ),
-    "knock-window": Key(
-        "setting",
-        "seconds each secret sequence is valid (default 30)",
-        number=int,
-        low=5,
-        high=3600,
-    ),
-    "knock-steps": Key(
-        "setting", "length of secret sequences, 1 to 8 (default 3)", number=int, low=1, high=8
-    ),
-    "log-drops": Key(
-        "setting",
-        "log dropped packets, at most this many a second (default: no log)",
-        number=int,
-        low=1,
-        high=100_000,
-    ),
-    "knock-sources": Key(
-        "setting", "knock states kept, LRU (default 131072)", number=int, low=1024, high=1 << 24
-    ),
-    "knock-spa": Key(
-        "switch",
-        "single-packet authorization: one datagram keyed with the --knock-secret, sent to "
-        "the socket's SPA socket, opens its sender (or the address it names); no sequences",
-    ),
-    "knock-spa-port": Key(
-        "setting",
-        "the SPA socket's UDP port (default: the socket's own port number)",
-        number=int,
-        low=1,
-        high=65535,
-    ),
+    **{key: _setting_key(setting) for key, setting in SETTINGS.items()},
     "knock-spa-key": Key(
         "list",
         "a client's own SPA secret (FILE, made as --knock-secret's): it opens for that "
         "client alone, takes no more than its share of the replay table, and goes with "
         "its line",
     ),
-    "knock-spa-sender": Key(
-        "switch",
-        "let an SPA datagram that names no address open the one it came from (weaker: "
-        "a datagram copied off the wire opens its copier)",
-    ),
 }
 SWITCHES = {"yes": True, "true": True, "on": True, "1": True,
             "no": False, "false": False, "off": False, "0": False}  # fmt: skip
 SPA_SUFFIX = ".spa"  # the SPA socket of the socket NAME is NAME.spa
-KNOCK_DEFAULTS = KnockRules()
 
 
 def accepted(key: str) -> tuple[float, float]:
-    """The values setting ``key`` takes, from the least that works to its highest: the
-    one statement of these limits (the loader and `alfwrapper knock` check by it)."""
-    spec = KEYS[key]
-    return max(spec.low, spec.least), spec.high
-
-
-_SETTING_FIELDS = {
-    "knock-timeout": "timeout",
-    "knock-open-for": "open_for",
-    "knock-window": "window",
-    "knock-steps": "steps",
-    "knock-sources": "sources",
-    "knock-spa": "spa",
-    "knock-spa-port": "spa_port",
-    "knock-spa-sender": "spa_sender",
-}
+    """The values setting ``key`` takes, from the least that works to its highest (the
+    loader and `alfwrapper knock` check by it)."""
+    return SETTINGS[key].rule.accepted()
 
 
 class Entry(Record):
@@ -283,24 +240,23 @@ class Policy(Record):
                 ports, secret = r.knock_ports, r.knock_secret
             spa_keys += r.spa_keys
             path = r.filter or path
-        log_rate = int(settings.pop("log-drops", 0))
+        given: dict[type[Record], dict[str, Any]] = {SocketRules: {}, KnockRules: {}}
+        for key, value in settings.items():  # each in its field, as its default's type
+            setting = SETTINGS[key]
+            given[setting.record][setting.name] = type(setting.default)(value)
         knock = None
         if ports or secret or spa_keys:
-            fields = {_SETTING_FIELDS[k]: v for k, v in settings.items()}
-            for field_ in ("spa", "spa_sender"):
-                fields[field_] = bool(fields.get(field_, False))
-            fields["spa_port"] = int(fields.get("spa_port", 0))
-            knock = replace(KNOCK_DEFAULTS, ports=ports, secret=secret,
-                            spa_keys=tuple(dict.fromkeys(spa_keys)), **fields)  # fmt: skip
+            spa_keys = tuple(dict.fromkeys(spa_keys))
+            knock = KnockRules(ports=ports, secret=secret, spa_keys=spa_keys, **given[KnockRules])
         return SocketRules(
             subnets=SubnetRules(allow=PrefixList.concat(allow), deny=PrefixList.concat(deny)),
             interfaces=tuple(dict.fromkeys(interfaces)),
             knock=knock,
-            custom=CustomFilter(path, sets) if path else None,
-            log_rate=log_rate,
+            custom=CustomFilter(path=path, sets=sets) if path else None,
             allow_sets=tuple(dict.fromkeys(allow_sets)),
             deny_sets=tuple(dict.fromkeys(deny_sets)),
             sources=sources,
+            **given[SocketRules],
         )
 
 
@@ -388,7 +344,7 @@ def _layered(entries: Sequence[Entry]) -> dict[tuple[str | None, str], list[Entr
     return found
 
 
-def build_policy(  # noqa: C901
+def build_policy(
     entries: Sequence[Entry],
     listens: Sequence[ListenSpec] = (),
     command: Sequence[str] = (),
@@ -397,87 +353,18 @@ def build_policy(  # noqa: C901
     """The policy these entries describe; every value is parsed and checked here."""
     for entry in entries:
         _check_scope(entry)
-    layered = _layered(entries)
     by_scope: dict[str | None, dict[str, list[Entry]]] = {
         e.scope: {} for e in entries if e.key == SCOPE
     }
-    for (scope, key), group in layered.items():
+    for (scope, key), group in _layered(entries).items():
         by_scope.setdefault(scope, {})[key] = group
     scope_origins: dict[str, str] = {}
     for entry in entries:
         if entry.scope is not None:
             scope_origins.setdefault(entry.scope, entry.origin)
-    scopes = []
-    for scope, keys in by_scope.items():
-        allow: list[Sequence[Prefix]] = []
-        deny: list[Sequence[Prefix]] = []
-        sources: list[RuleSource] = []
-        for kind, target in (("allow", allow), ("deny", deny)):
-            for entry in keys.get(kind, []):
-                prefix = _prefix(entry, entry.value)
-                target.append((prefix,))
-                sources.append(RuleSource(kind, entry.origin, (prefix,)))
-            for entry in keys.get(f"{kind}-file", []):
-                path = entry.path(entry.value)
-                prefixes = read_rule_file(path)
-                target.append(prefixes)
-                sources.append(RuleSource(kind, path, prefixes, path=path))
-        interfaces = []
-        for entry in keys.get("interface", []):
-            name = entry.value
-            if not name or len(name) > 15 or "/" in name or name.isspace() or ":" in name:
-                raise entry.error(
-                    f"{excerpt(name)} is not an interface name", "give a name such as eth0 or wg0"
-                )
-            interfaces.append(name)
-        from alfwrapper.policy.knocking import read_secret  # noqa: PLC0415
-
-        ports: tuple[int, ...] = ()
-        secret = b""
-        for entry in keys.get("knock", []):
-            if entry.key == "knock":
-                try:
-                    ports = parse_ports(entry.value)
-                except ValueError as err:
-                    raise entry.error(str(err), "give source ports in knock order") from None
-                _check_sequence(entry, ports)
-            else:
-                secret = read_secret(entry.path(entry.value))
-        spa_keys = tuple(read_secret(e.path(e.value)) for e in keys.get("knock-spa-key", []))
-        path = ""
-        for entry in keys.get("filter", []):
-            path = entry.path(entry.value)
-        sets = tuple(MapSetting(*entry.value) for entry in keys.get("set", []))
-        named = {kind: tuple(_set_name(e) for e in keys.get(kind, [])) for kind in SET_KEYS}
-        settings = tuple(
-            (key, _switch(group[-1]) if KEYS[key].kind == "switch" else _number(group[-1]))
-            for key, group in keys.items()
-            if KEYS[key].kind in ("setting", "switch") and group
-        )
-        origins = tuple((e.key, e.origin) for group in keys.values() for e in group)
-        scopes.append(
-            (
-                scope,
-                ScopeRules(
-                    allow=PrefixList.concat(allow),
-                    deny=PrefixList.concat(deny),
-                    interfaces=tuple(interfaces),
-                    knock_ports=ports,
-                    knock_secret=secret,
-                    spa_keys=spa_keys,
-                    settings=settings,
-                    filter=path,
-                    sets=sets,
-                    allow_sets=named["allow-set"],
-                    deny_sets=named["deny-set"],
-                    sources=tuple(sources),
-                    origins=origins,
-                ),
-            )
-        )
     policy = Policy(
         listens=tuple(listens),
-        scopes=tuple(scopes),
+        scopes=tuple((scope, _scope_rules(keys)) for scope, keys in by_scope.items()),
         command=tuple(command),
         files=tuple(files),
         scope_origins=tuple(scope_origins.items()),
@@ -486,6 +373,90 @@ def build_policy(  # noqa: C901
     _check_named_sets(policy, entries)
     _check_spa(policy, entries)
     return policy
+
+
+def _scope_rules(keys: dict[str, list[Entry]]) -> ScopeRules:
+    """The rules written for one scope, each value parsed and checked."""
+    allow, deny, sources = _subnets(keys)
+    ports, secret, spa_keys = _knock(keys)
+    path = ""
+    for entry in keys.get("filter", []):
+        path = entry.path(entry.value)
+    named = {kind: tuple(_set_name(e) for e in keys.get(kind, [])) for kind in SET_KEYS}
+    settings = tuple(
+        (key, _switch(group[-1]) if KEYS[key].kind == "switch" else _number(group[-1]))
+        for key, group in keys.items()
+        if KEYS[key].kind in ("setting", "switch") and group
+    )
+    return ScopeRules(
+        allow=PrefixList.concat(allow),
+        deny=PrefixList.concat(deny),
+        interfaces=tuple(_interface(e) for e in keys.get("interface", [])),
+        knock_ports=ports,
+        knock_secret=secret,
+        spa_keys=spa_keys,
+        settings=settings,
+        filter=path,
+        sets=tuple(MapSetting(map=m, key=k, value=v) for m, k, v in _given(keys, "set")),
+        allow_sets=named["allow-set"],
+        deny_sets=named["deny-set"],
+        sources=sources,
+        origins=tuple((e.key, e.origin) for group in keys.values() for e in group),
+    )
+
+
+def _given(keys: dict[str, list[Entry]], key: str) -> list[Any]:
+    return [entry.value for entry in keys.get(key, [])]
+
+
+def _subnets(
+    keys: dict[str, list[Entry]],
+) -> tuple[list[Sequence[Prefix]], list[Sequence[Prefix]], tuple[RuleSource, ...]]:
+    """The allow and deny rules of a scope, as written and from rule files, and where
+    each group came from."""
+    allow: list[Sequence[Prefix]] = []
+    deny: list[Sequence[Prefix]] = []
+    sources: list[RuleSource] = []
+    for kind, target in (("allow", allow), ("deny", deny)):
+        for entry in keys.get(kind, []):
+            prefix = _prefix(entry, entry.value)
+            target.append((prefix,))
+            sources.append(RuleSource(kind, entry.origin, (prefix,)))
+        for entry in keys.get(f"{kind}-file", []):
+            path = entry.path(entry.value)
+            prefixes = read_rule_file(path)
+            target.append(prefixes)
+            sources.append(RuleSource(kind, path, prefixes, path=path))
+    return allow, deny, tuple(sources)
+
+
+def _interface(entry: Entry) -> str:
+    name = entry.value
+    if not name or len(name) > 15 or "/" in name or name.isspace() or ":" in name:
+        raise entry.error(
+            f"{excerpt(name)} is not an interface name", "give a name such as eth0 or wg0"
+        )
+    return str(name)
+
+
+def _knock(keys: dict[str, list[Entry]]) -> tuple[tuple[int, ...], bytes, tuple[bytes, ...]]:
+    """A scope's knock rule (a sequence of ports, or a secret: they share a slot), and
+    its clients' own SPA secrets."""
+    from alfwrapper.policy.knocking import read_secret  # noqa: PLC0415
+
+    ports: tuple[int, ...] = ()
+    secret = b""
+    for entry in keys.get("knock", []):
+        if entry.key == "knock":
+            try:
+                ports = parse_ports(entry.value)
+            except ValueError as err:
+                raise entry.error(str(err), "give source ports in knock order") from None
+            _check_sequence(entry, ports)
+        else:
+            secret = read_secret(entry.path(entry.value))
+    spa_keys = tuple(read_secret(e.path(e.value)) for e in keys.get("knock-spa-key", []))
+    return ports, secret, spa_keys
 
 
 def _check_spa(policy: Policy, entries: Sequence[Entry]) -> None:
@@ -655,8 +626,29 @@ class _Lines:
         return start
 
 
-def read_policy_file(path: Path, layer: int) -> tuple[list[Entry], list[ListenSpec]]:  # noqa: C901
+def read_policy_file(path: Path, layer: int) -> tuple[list[Entry], list[ListenSpec]]:
     """The entries and sockets of one policy file (or drop-in)."""
+    text, data = _read_toml(path)
+    base = str(path.resolve().parent)  # the folder relative paths in it resolve against
+    where = _PolicyText(path=path, lines=_Lines(text), layer=layer, base=base)
+    top = {k: v for k, v in data.items() if k not in ("socket", "listen", "listen-datagram")}
+    entries = where.entries(top, None, ())
+    sockets = data.get("socket", {})
+    if not isinstance(sockets, dict):
+        raise where.fail(("socket",), "socket must be a table of named sockets",
+                         "write [socket.NAME]")  # fmt: skip
+    for name, table in sockets.items():
+        if not isinstance(table, dict):
+            raise where.fail(("socket", name), f"socket.{name} must be a table",
+                             f"write [socket.{name}]")  # fmt: skip
+        # The table names the socket, rules or not; errors about the name point here.
+        entries.append(Entry(SCOPE, name, "", where.origin("socket", name), layer))
+        entries += where.entries(table, name, ("socket", name))
+    listens = [spec for kind in ("listen", "listen-datagram") for spec in where.listens(data, kind)]
+    return entries, listens
+
+
+def _read_toml(path: Path) -> tuple[str, dict[str, Any]]:
     raw = read_input(str(path), "policy", POLICY_LIMIT)
     try:
         text = raw.decode("utf-8")
@@ -667,72 +659,79 @@ def read_policy_file(path: Path, layer: int) -> tuple[list[Entry], list[ListenSp
     import tomllib  # noqa: PLC0415  (only policy files are TOML: a start without one skips it)
 
     try:
-        data = tomllib.loads(text)
+        return text, tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         match = re.search(r"\(at line (\d+), column \d+\)", str(err))
         where = f"{path}:{match.group(1)}" if match else str(path)
         why = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(err)) or "not valid TOML"
         raise AlfError(where, why, "fix the TOML syntax", EX_CONFIG) from None
-    lines = _Lines(text)
-    base = str(path.resolve().parent)
-    entries: list[Entry] = []
-    listens: list[ListenSpec] = []
 
-    def fail(keys: tuple[str, ...], why: str, hint: str) -> AlfError:
-        return AlfError(f"{path}:{lines.line(*keys)}", why, hint, EX_CONFIG)
 
-    def rules(table: Mapping[str, Any], scope: str | None, keys: tuple[str, ...]) -> None:
+class _PolicyText(Record, kw_only=True):
+    """A policy file being read: where its keys sit, for entries' origins and errors."""
+
+    path: Path
+    lines: _Lines
+    layer: int
+    base: str
+
+    def origin(self, *keys: str) -> str:
+        return f"{self.path}:{self.lines.line(*keys)}"
+
+    def fail(self, keys: tuple[str, ...], why: str, hint: str) -> AlfError:
+        return AlfError(self.origin(*keys), why, hint, EX_CONFIG)
+
+    def entries(
+        self, table: Mapping[str, Any], scope: str | None, keys: tuple[str, ...]
+    ) -> list[Entry]:
+        """The rules of a table: the file's top level, or a [socket.NAME]."""
+        found = []
         for key, value in table.items():
             if key not in KEYS:
                 known = ", ".join(sorted(KEYS))
-                raise fail((*keys, key), f"unknown key {excerpt(key)}", f"known keys: {known}")
-            for item in _values(key, value, lambda why, k=key: fail((*keys, k), why, _hint(k))):
-                origin_line = (
-                    lines.value_line((*keys, key), str(item))
+                raise self.fail((*keys, key), f"unknown key {excerpt(key)}", f"known keys: {known}")
+            for item in _values(
+                key, value, lambda why, k=key: self.fail((*keys, k), why, _hint(k))
+            ):
+                line = (
+                    self.lines.value_line((*keys, key), str(item))
                     if isinstance(item, str)
-                    else lines.line(*keys, key)
+                    else self.lines.line(*keys, key)
                 )
-                entries.append(Entry(key, scope, item, f"{path}:{origin_line}", layer, base))
+                found.append(Entry(key, scope, item, f"{self.path}:{line}", self.layer, self.base))
+        return found
 
-    top = {k: v for k, v in data.items() if k not in ("socket", "listen", "listen-datagram")}
-    rules(top, None, ())
-    sockets = data.get("socket", {})
-    if not isinstance(sockets, dict):
-        raise fail(("socket",), "socket must be a table of named sockets", "write [socket.NAME]")
-    for name, table in sockets.items():
-        if not isinstance(table, dict):
-            raise fail(("socket", name), f"socket.{name} must be a table", f"write [socket.{name}]")
-        # The table names the socket, rules or not; errors about the name point here.
-        entries.append(Entry(SCOPE, name, "", f"{path}:{lines.line('socket', name)}", layer))
-        rules(table, name, ("socket", name))
-    for kind in ("listen", "listen-datagram"):
+    def listens(self, data: Mapping[str, Any], kind: str) -> list[ListenSpec]:
+        """The sockets to create of one kind: [[listen]] or [[listen-datagram]] tables."""
         tables = data.get(kind, [])
         if not isinstance(tables, list):
-            raise fail((kind,), f"{kind} must be an array of tables", f"write [[{kind}]]")
+            raise self.fail((kind,), f"{kind} must be an array of tables", f"write [[{kind}]]")
+        found = []
         for index, table in enumerate(tables):
             keys = (kind, str(index))
             if not isinstance(table, dict) or set(table) - {"address", "name"}:
                 extra = sorted(set(table) - {"address", "name"}) if isinstance(table, dict) else []
-                raise fail(
+                raise self.fail(
                     (*keys, *extra[:1]),
                     f"unknown key {excerpt(extra[0])}" if extra else f"{kind} must be a table",
                     "a socket to create has address and name",
                 )
             address, name = table.get("address"), table.get("name", "unknown")
             if not isinstance(address, str) or not isinstance(name, str):
-                raise fail(keys, "address and name must be strings", 'write address = "[::]:8080"')
+                raise self.fail(keys, "address and name must be strings",
+                                'write address = "[::]:8080"')  # fmt: skip
             try:
                 spec = parse_listen("stream" if kind == "listen" else "datagram", address)
             except AlfError as err:
                 raise AlfError(
-                    f"{path}:{lines.line(*keys, 'address')}", err.why, err.hint, EX_CONFIG
+                    self.origin(*keys, "address"), err.why, err.hint, EX_CONFIG
                 ) from None
             if not valid_socket_name(name):
-                raise fail(
+                raise self.fail(
                     (*keys, "name"), f"{excerpt(name)} is not a socket name", SOCKET_NAME_RULE
                 )
-            listens.append(ListenSpec(spec.kind, spec.host, spec.port, name))
-    return entries, listens
+            found.append(ListenSpec(kind=spec.kind, host=spec.host, port=spec.port, name=name))
+        return found
 
 
 def _hint(key: str) -> str:

@@ -1,5 +1,6 @@
-"""The rules of one socket as frozen data, and the parsers of one value (listen
-addresses, ports, socket names).
+"""The rules of one socket as frozen data, each field declared once (its Rule: how it
+travels to the loader, the policy key that sets it), and the parsers of one value
+(listen addresses, ports, socket names).
 
 Pure Python: no kernel, no sockets opened.  The parsers raise ``ValueError``
 with a message fit for a user, and callers add where the input came from.
@@ -17,7 +18,7 @@ from typing import Any
 from alfwrapper.errors import EX_USAGE, AlfError, excerpt
 from alfwrapper.policy.prefix_list import PrefixList
 from alfwrapper.policy.prefixes import Prefix
-from alfwrapper.record import Record, field
+from alfwrapper.record import Record, field, fields
 
 # Named sets one socket may name, allow and deny: each set's sieve and its hosts_at
 # (the slot its hosts map grows through) are maps of the program's own (sets.c), and
@@ -26,14 +27,44 @@ from alfwrapper.record import Record, field
 MOST_SETS = 16
 
 
-class SubnetRules(Record):
+class Rule(Record, kw_only=True):
+    """What a rule field is besides its type and default, said once, beside it.  The
+    loader's codec is derived from these (loader/protocol.py), and so are the policy
+    keys that set one number or switch, with their option, help and limits
+    (policy/files.py: KEYS).  A field with no Rule never leaves the process.
+
+    ``wire``, its kind on the loader's wire: one of protocol.py's READERS, or a record
+    class (an object of that record's fields).  A setting (one with a ``key``) travels
+    as its default's type: int, float or bool.  The wire takes its default, and from
+    ``max(low, least)`` to ``high``; a field a request leaves out takes its default
+    (so an older client's requests still read) unless it is ``required``.
+    """
+
+    wire: Any = ""  # "" for a setting: its default's type
+    name: str = ""  # its key on the wire, if not the field's own name
+    inline: bool = False  # a record whose fields travel beside this record's own
+    sparse: bool = False  # left out of a request while empty
+    required: bool = False  # a request must give it (what every client has sent)
+    key: str = ""  # the policy key, and --option, that sets it
+    help: str = ""
+    low: float = 0
+    high: float = 0
+    least: float = 0.0  # below this the feature cannot work (a round trip)
+
+    def accepted(self) -> tuple[float, float]:
+        """The values it takes, from the least that works to its highest: the one
+        statement of these limits (the policy, the loader and `alfwrapper knock`)."""
+        return max(self.low, self.least), self.high
+
+
+class SubnetRules(Record, kw_only=True):
     """Source-subnet rules: deny wins; with no allow rules everything not denied passes.
 
     Given any sequence of prefixes, each list is kept as a PrefixList (numpy columns).
     """
 
-    allow: Sequence[Prefix] = ()
-    deny: Sequence[Prefix] = ()
+    allow: Sequence[Prefix] = field(default=(), metadata=Rule(wire="prefixes"))
+    deny: Sequence[Prefix] = field(default=(), metadata=Rule(wire="prefixes"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow", PrefixList.of(self.allow))
@@ -68,29 +99,67 @@ class ListenSpec(Record):
         return f"{proto} {host}:{self.port}"
 
 
-class KnockRules(Record):
+class KnockRules(Record, kw_only=True):
     """Port knocking: a static sequence of source ports, or one derived from a secret;
     or, with ``spa``, single-packet authorization: one datagram, keyed with the secret,
-    to the socket's SPA socket (policy/spa.py, knocking.c)."""
+    to the socket's SPA socket (policy/spa.py, knocking.c).
 
-    ports: tuple[int, ...] = ()
-    secret: bytes = b""
-    steps: int = 3  # length of secret-derived sequences
-    timeout: float = 5.0  # seconds allowed between two knocks
-    open_for: float = 30.0  # seconds a completed knock admits new connections
-    window: int = 30  # seconds each secret-derived sequence is valid for (SPA: its skew)
-    sources: int = 131072  # knock states kept, least recently used evicted
-    spa: bool = False  # single-packet authorization instead of sequences
-    spa_port: int = 0  # the SPA socket's UDP port (0: the socket's own port number)
-    spa_sender: bool = False  # a datagram naming no address opens the one it came from
+    The fields' order is the knock state's name (bpf/parts.py: knock_key) and the
+    wire's: a new field goes last."""
+
+    ports: tuple[int, ...] = field(default=(), metadata=Rule(wire="ports", required=True))
+    secret: bytes = field(default=b"", metadata=Rule(wire="hex", required=True))
+    steps: int = field(  # length of secret-derived sequences
+        default=3,
+        metadata=Rule(key="knock-steps", help="length of secret sequences, 1 to 8 (default 3)",
+                      low=1, high=8, required=True),
+    )  # fmt: skip
+    timeout: float = field(  # seconds allowed between two knocks
+        default=5.0,
+        metadata=Rule(key="knock-timeout", help="most seconds between two knocks (default 5)",
+                      low=0, high=3600, least=0.2, required=True),
+    )  # fmt: skip
+    open_for: float = field(  # seconds a completed knock admits new connections
+        default=30.0,
+        metadata=Rule(key="knock-open-for",
+                      help="seconds a completed knock admits new connections (default 30)",
+                      low=0, high=86400, least=1.0, required=True),
+    )  # fmt: skip
+    window: int = field(  # seconds each secret-derived sequence is valid for (SPA: its skew)
+        default=30,
+        metadata=Rule(key="knock-window", help="seconds each secret sequence is valid "
+                      "(default 30)", low=5, high=3600, required=True),
+    )  # fmt: skip
+    sources: int = field(  # knock states kept, least recently used evicted
+        default=131072,
+        metadata=Rule(key="knock-sources", help="knock states kept, LRU (default 131072)",
+                      low=1024, high=1 << 24, required=True),
+    )  # fmt: skip
+    spa: bool = field(  # single-packet authorization instead of sequences
+        default=False,
+        metadata=Rule(key="knock-spa", help="single-packet authorization: one datagram keyed "
+                      "with the --knock-secret, sent to the socket's SPA socket, opens its "
+                      "sender (or the address it names); no sequences"),
+    )  # fmt: skip
+    spa_port: int = field(  # the SPA socket's UDP port (0: the socket's own port number)
+        default=0,
+        metadata=Rule(key="knock-spa-port", help="the SPA socket's UDP port (default: the "
+                      "socket's own port number)", low=1, high=65535),
+    )  # fmt: skip
+    spa_sender: bool = field(  # a datagram naming no address opens the one it came from
+        default=False,
+        metadata=Rule(key="knock-spa-sender", help="let an SPA datagram that names no address "
+                      "open the one it came from (weaker: a datagram copied off the wire "
+                      "opens its copier)"),
+    )  # fmt: skip
     spa_keys: tuple[bytes, ...] = ()  # clients' own SPA secrets (knock-spa-key), by id
     # The rules of the SPA socket itself (Policy.rules_for(NAME.spa)), which checks
     # datagrams and opens, where the socket's own rules read what it opened; the knock
     # state is the same (knock_key leaves this out).
-    verifier: bool = False
+    verifier: bool = field(default=False, metadata=Rule(wire="bool"))
 
 
-class MapSetting(Record):
+class MapSetting(Record, kw_only=True):
     """``--set MAP KEY VALUE``: one entry to put in a custom filter's map."""
 
     map: str
@@ -98,31 +167,41 @@ class MapSetting(Record):
     value: str
 
 
-class CustomFilter(Record):
+class CustomFilter(Record, kw_only=True):
     """``--filter FILE.c``: a developer's filter, with its map settings."""
 
-    path: str
-    sets: tuple[MapSetting, ...] = ()
+    path: str = field(metadata=Rule(wire="text", name="name", required=True))
     # Its text, when it was read elsewhere: the loader compiles what the user's
     # wrapper read, never a path it was given (program.checked_source).
-    source: str = ""
+    source: str = field(default="", metadata=Rule(wire="text", required=True))
+    sets: tuple[MapSetting, ...] = field(default=(), metadata=Rule(wire="map settings"))
 
 
-class SocketRules(Record):
+class SocketRules(Record, kw_only=True):
     """Everything that applies to one socket; a packet must pass every part.
 
     ``sources`` says where the subnet rules were written (policy.files.RuleSource),
     for `explain`; it takes no part in comparisons, so sockets with the same
-    rules share a program wherever the rules came from.
+    rules share a program wherever the rules came from.  The fields' order is the
+    wire's (loader/protocol.py).
     """
 
-    subnets: SubnetRules = field(default_factory=SubnetRules)
-    interfaces: tuple[str, ...] = ()
-    knock: KnockRules | None = None
-    custom: CustomFilter | None = None
-    log_rate: int = 0  # --log-drops: dropped packets logged per second, 0 for none
-    allow_sets: tuple[str, ...] = ()  # named sets, by name (alfwrapper set; sets.c)
-    deny_sets: tuple[str, ...] = ()
+    subnets: SubnetRules = field(
+        default_factory=SubnetRules, metadata=Rule(wire=SubnetRules, inline=True)
+    )
+    # Named sets, by name (alfwrapper set; sets.c).
+    allow_sets: tuple[str, ...] = field(default=(), metadata=Rule(wire="set names", sparse=True))
+    deny_sets: tuple[str, ...] = field(default=(), metadata=Rule(wire="set names", sparse=True))
+    log_rate: int = field(  # dropped packets logged per second, 0 for none
+        default=0,
+        metadata=Rule(key="log-drops", help="log dropped packets, at most this many a second "
+                      "(default: no log)", low=1, high=100_000),
+    )  # fmt: skip
+    interfaces: tuple[str, ...] = field(default=(), metadata=Rule(wire="interfaces", sparse=True))
+    knock: KnockRules | None = field(default=None, metadata=Rule(wire=KnockRules, sparse=True))
+    custom: CustomFilter | None = field(
+        default=None, metadata=Rule(wire=CustomFilter, name="filter", sparse=True)
+    )
     sources: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     @property
@@ -306,3 +385,32 @@ def parse_listen(kind: str, text: str) -> ListenSpec:
             EX_USAGE,
         ) from None
     return ListenSpec(kind=kind, host=host, port=int(port_text))
+
+
+class Setting(Record, kw_only=True):
+    """A rule field that a policy key sets, one number or switch: where it is, and what."""
+
+    record: type[Record]
+    name: str
+    rule: Rule
+    default: Any
+
+
+def settings() -> dict[str, Setting]:
+    """The rule fields a policy key sets, by key, in the order SocketRules declares them
+    (a record inside in its place)."""
+    found: dict[str, Setting] = {}
+
+    def walk(record: type[Record]) -> None:
+        for name, declared in fields(record).items():
+            rule = declared.metadata
+            if not isinstance(rule, Rule):
+                continue
+            if rule.key:
+                found[rule.key] = Setting(record=record, name=name, rule=rule,
+                                          default=declared.made())  # fmt: skip
+            if isinstance(rule.wire, type):
+                walk(rule.wire)
+
+    walk(SocketRules)
+    return found

@@ -55,7 +55,7 @@ def bpf_problem() -> str:
             from alfwrapper.policy.rules import SocketRules, SubnetRules  # noqa: PLC0415
 
             try:
-                compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("::/0"),))))
+                compiler.load_rules(SocketRules(subnets=SubnetRules(allow=(parse_prefix("::/0"),))))
                 _bpf_problem.append("")
             except AlfError as err:
                 _bpf_problem.append(f"needs BPF: {err.line()}")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.host
 
 
 def verdicts(rules: SubnetRules, addresses: list[tuple[int, int]]) -> list[bool]:
-    loaded = compiler.load_rules(SocketRules(rules))
+    loaded = compiler.load_rules(SocketRules(subnets=rules))
     return [
         prog_test_run(loaded.fd, udp_frame(family, value)).retval != 0
         for family, value in addresses
@@ -116,12 +116,16 @@ def _first_bucket_holds(table: Any, key: int) -> bool:
 
 def test_pass_keeps_the_whole_packet(bpf_root: None) -> None:
     # A socket filter's return value is a length; anything short of "all" would trim TCP.
-    loaded = compiler.load_rules(SocketRules(SubnetRules(deny=(parse_prefix("198.51.100.0/24"),))))
+    loaded = compiler.load_rules(
+        SocketRules(subnets=SubnetRules(deny=(parse_prefix("198.51.100.0/24"),)))
+    )
     assert prog_test_run(loaded.fd, udp_frame(4, 0xC0000201)).retval == 0xFFFFFFFF
 
 
 def test_non_ip_is_dropped(bpf_root: None) -> None:
-    loaded = compiler.load_rules(SocketRules(SubnetRules(deny=(parse_prefix("198.51.100.0/24"),))))
+    loaded = compiler.load_rules(
+        SocketRules(subnets=SubnetRules(deny=(parse_prefix("198.51.100.0/24"),)))
+    )
     arp = bytes(6) + bytes(6) + b"\x08\x06" + bytes(28)
     assert prog_test_run(loaded.fd, arp).retval == 0
     assert prog_test_run(loaded.fd, udp_frame(6, parse_prefix("2001:db8::1").value)).retval != 0
@@ -178,7 +182,7 @@ def test_subnet_key_layout_is_handed_to_c_as_defined(bpf_root: None) -> None:
     rules = SubnetRules(
         allow=(parse_prefix("2001:db8:1:2:ff00::/72"), parse_prefix("2001:db8:1:2:3:4::/96"))
     )
-    loaded = compiler.load_rules(SocketRules(rules))
+    loaded = compiler.load_rules(SocketRules(subnets=rules))
     key_type = loaded.tables[b"subnet_nodes"].Key
     assert ctypes.sizeof(key_type) == SUBNET_KEY.size
     table = build_subnet_table(rules)

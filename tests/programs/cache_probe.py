@@ -32,7 +32,7 @@ from alfwrapper.policy.rules import (
 FILTER = str(Path(__file__).resolve().parents[2] / "examples" / "filters" / "allowlist.c")
 KINDS = {
     "subnets": SocketRules(
-        SubnetRules(
+        subnets=SubnetRules(
             allow=tuple(map(parse_prefix, ("192.0.2.0/24", "2001:db8::/32"))),
             deny=tuple(map(parse_prefix, ("192.0.2.7", "2001:db8:bad::/48"))),
         )
@@ -41,11 +41,11 @@ KINDS = {
     "knock": SocketRules(knock=KnockRules(ports=(7000, 8000, 9000))),
     "filter": SocketRules(
         custom=CustomFilter(
-            FILTER,
-            (
-                MapSetting("allowed4", "192.0.2.1", "1"),
-                MapSetting("allowed6", "2001:db8::1", "1"),
-                MapSetting("port_limits", "0", "8080,1"),
+            path=FILTER,
+            sets=(
+                MapSetting(map="allowed4", key="192.0.2.1", value="1"),
+                MapSetting(map="allowed6", key="2001:db8::1", value="1"),
+                MapSetting(map="port_limits", key="0", value="8080,1"),
             ),
         )  # fmt: skip
     ),

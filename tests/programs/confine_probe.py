@@ -59,7 +59,7 @@ def compile_in_child(source: str, confined: bool) -> str:
             program.checked_source = lambda text, where: text  # type: ignore[assignment]
             if confined:
                 server.confine(state.Store(TREE, state.USERS_ROOT), custom=True)
-            rules = SocketRules(custom=CustomFilter("x.c", source=source))
+            rules = SocketRules(custom=CustomFilter(path="x.c", source=source))
             compiler.load_program(program.plan_program(rules, label_="x_u1"), FillEnv())
             out = "loaded"
         except BaseException as err:  # noqa: BLE001

@@ -447,7 +447,7 @@ def test_maps_older_than_the_request_are_refused(bpf_root: None) -> None:
     old = bpf_calls.map_create(2, "alf_old", 4, 4, 1)
     probe = server._fresh_map_id()
     new = bpf_calls.map_create(2, "alf_new", 4, 4, 1)
-    loaded = compiler.load_rules(SocketRules(SubnetRules(allow=(parse_prefix("::1"),))))
+    loaded = compiler.load_rules(SocketRules(subnets=SubnetRules(allow=(parse_prefix("::1"),))))
     try:
         check({"new": new}, loaded.fd, probe, set())
         with pytest.raises(AlfError, match="existed before"):

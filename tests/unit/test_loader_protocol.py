@@ -13,7 +13,9 @@ import pytest
 from alfwrapper.cli.wrapper import parse_policy
 from alfwrapper.errors import AlfError
 from alfwrapper.loader import protocol
-from alfwrapper.policy.rules import CustomFilter, MapSetting, SocketRules
+from alfwrapper.policy.files import SETTINGS
+from alfwrapper.policy.rules import CustomFilter, KnockRules, MapSetting, SocketRules
+from alfwrapper.record import replace
 
 pytestmark = pytest.mark.unit
 
@@ -39,12 +41,99 @@ def test_rules_survive_the_trip(tmp_path: Any) -> None:
     assert back.custom is not None and rules.custom is not None
     assert back.custom.source == source.read_text()  # the text travels, not the path
     assert back == SocketRules(
-        rules.subnets, (), rules.knock,
-        CustomFilter(str(source), (MapSetting("m", "1", "2"),), source.read_text()),
-        rules.log_rate,
+        subnets=rules.subnets, knock=rules.knock, log_rate=rules.log_rate,
+        custom=CustomFilter(path=str(source), sets=(MapSetting(map="m", key="1", value="2"),),
+                            source=source.read_text()),
     )  # fmt: skip
     with socket.socket() as unused, pytest.raises(TypeError, match="has no wire form"):
         protocol.send(unused, {"rules": object()})
+
+
+# What clients and loaders of the releases before the codec was derived from the rule
+# records (policy/rules.py: Rule) sent and read, byte for byte but for the packed
+# rules, which are zlib's: either end may be a release older than the other.
+EARLIER_WIRE = [
+    (
+        SocketRules(allow_sets=("office",), deny_sets=("crowdsec", "drop"), log_rate=7),
+        '{"allow_sets": ["office"], "deny_sets": ["crowdsec", "drop"], "log_rate": 7}',
+    ),
+    (
+        SocketRules(knock=KnockRules(secret=b"k" * 4, steps=4, timeout=2.0, open_for=9.0,
+                                     window=10, sources=2048, spa_port=77, spa_sender=True)),
+        '{"log_rate": 0, "knock": {"ports": [], "secret": "6b6b6b6b", "steps": 4, '
+        '"timeout": 2.0, "open_for": 9.0, "window": 10, "sources": 2048, "spa": false, '
+        '"spa_port": 77, "spa_sender": true, "verifier": false}}',
+    ),
+    (
+        SocketRules(knock=KnockRules(ports=(7001, 7002))),
+        '{"log_rate": 0, "knock": {"ports": [7001, 7002], "secret": "", "steps": 3, '
+        '"timeout": 5.0, "open_for": 30.0, "window": 30, "sources": 131072, "spa": false, '
+        '"spa_port": 0, "spa_sender": false, "verifier": false}}',
+    ),
+    (
+        SocketRules(custom=CustomFilter(path="f.c", source="int filter;",
+                                        sets=(MapSetting(map="m", key="1", value="2"),))),
+        '{"log_rate": 0, "filter": {"name": "f.c", "source": "int filter;", '
+        '"sets": [["m", "1", "2"]]}}',
+    ),
+    (
+        SocketRules(interfaces=("lo",)),
+        '{"log_rate": 0, "interfaces": ["lo"]}',
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rules", "text"), EARLIER_WIRE)
+def test_the_wire_is_the_earlier_releases(rules: SocketRules, text: str) -> None:
+    wire = protocol.encode_rules(rules)
+    assert list(wire)[:2] == ["allow", "deny"]
+    packed = {key: wire.pop(key) for key in ("allow", "deny")}
+    assert json.dumps(wire) == text
+    if not rules.interfaces:  # the loader refuses those
+        assert protocol.decode_rules(json.loads(text) | packed) == rules
+
+
+TRAVELLING = sorted(key for key, s in SETTINGS.items() if not isinstance(s.default, bool))
+
+
+def _with(key: str, value: object) -> SocketRules:
+    """Rules with the setting ``key`` at ``value``, in a knock the loader takes."""
+    setting = SETTINGS[key]
+    knock = KnockRules(ports=(7001,))
+    if setting.record is KnockRules:
+        return SocketRules(knock=replace(knock, **{setting.name: value}))
+    return SocketRules(knock=knock, **{setting.name: value})
+
+
+@pytest.mark.parametrize("key", TRAVELLING)
+def test_every_setting_travels_within_its_limits(key: str) -> None:
+    """Each number a policy key sets (its Rule in policy/rules.py) reaches the loader
+    and back, at its default and at its limits, and is refused past them, as the
+    command line refuses it: its limits are stated once."""
+    setting = SETTINGS[key]
+    low, high = setting.rule.accepted()
+    for value in (setting.default, low, high):
+        wire = json.loads(json.dumps(protocol.encode_rules(_with(key, value))))
+        assert protocol.decode_rules(wire) == _with(key, value)
+    step = 1 if isinstance(setting.default, int) else 0.01
+    for value in (min(low, setting.default) - step, high + step):
+        wire = json.loads(json.dumps(protocol.encode_rules(_with(key, value))))
+        with pytest.raises(AlfError, match="must be from"):
+            protocol.decode_rules(wire)
+
+
+def test_a_field_an_older_client_leaves_out_takes_its_default() -> None:
+    """A request without the fields that are not required (what a client of an earlier
+    release would not send) reads as their defaults; one without a required field is
+    refused."""
+    wire = json.loads(json.dumps(protocol.encode_rules(_with("knock-spa-port", 9))))
+    for key in ("spa", "spa_port", "spa_sender", "verifier"):
+        del wire["knock"][key]
+    del wire["log_rate"]
+    assert protocol.decode_rules(wire) == SocketRules(knock=KnockRules(ports=(7001,)))
+    del wire["knock"]["steps"]
+    with pytest.raises(AlfError, match="'steps' must be a int"):
+        protocol.decode_rules(wire)
 
 
 HOSTILE: list[Any] = [
@@ -175,7 +264,7 @@ def test_named_sets_travel_by_name() -> None:
     from alfwrapper.policy.prefixes import parse_prefix  # noqa: PLC0415
     from alfwrapper.policy.rules import SubnetRules  # noqa: PLC0415
 
-    rules = SocketRules(SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)),
+    rules = SocketRules(subnets=SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)),
                         allow_sets=("office",), deny_sets=("crowdsec", "drop"))  # fmt: skip
     wire = protocol.encode_rules(rules)
     assert wire["deny_sets"] == ["crowdsec", "drop"] and wire["allow_sets"] == ["office"]
@@ -185,7 +274,9 @@ def test_named_sets_travel_by_name() -> None:
     with pytest.raises(AlfError, match="allow rules or deny rules, not both"):
         protocol.decode_rules(both)
     # A developer's filter beside root's sets: refused by the client and by the loader.
-    custom = SocketRules(deny_sets=("crowdsec",), custom=CustomFilter("f.c", (), "int filter;"))
+    custom = SocketRules(
+        deny_sets=("crowdsec",), custom=CustomFilter(path="f.c", source="int filter;")
+    )
     with pytest.raises(AlfError, match="not compiled beside root's sets") as caught:
         protocol.encode_rules(custom)
     assert caught.value.exit_code == 64

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from alfwrapper.bpf.parts import knock_key
 from alfwrapper.cli.wrapper import parse_policy
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, AlfError
-from alfwrapper.policy.files import KEYS, find_policy, read_policy
+from alfwrapper.policy.files import KEYS, SETTINGS, find_policy, read_policy
 from alfwrapper.policy.prefixes import parse_prefix
 from alfwrapper.record import replace
 
@@ -91,8 +91,36 @@ EQUIVALENT = [
 
 
 def test_every_key_is_covered_by_the_table() -> None:
+    """The keys build_policy fills by code of its own; each setting, declared on its
+    field, is held to the same by test_every_setting_reaches_its_field."""
     used = {line.split("=")[0].strip() for text, _ in EQUIVALENT for line in text.splitlines()}
-    assert set(KEYS) <= used
+    assert set(KEYS) - set(SETTINGS) <= used
+
+
+@pytest.mark.parametrize("key", list(SETTINGS))
+def test_every_setting_reaches_its_field(files: Path, key: str) -> None:
+    """A setting declared on a rule field (policy/rules.py: Rule) is a policy key and an
+    option: a value other than its default, in a file or on the command line, is that
+    field's, for every socket and for one; a value past its limits is refused both ways.
+    In a knock with a secret and SPA, where every knock setting applies."""
+    setting = SETTINGS[key]
+    switch = isinstance(setting.default, bool)
+    value = True if switch else setting.rule.high
+    written = "true" if switch else str(value)
+    base = 'knock-secret = "knock.secret"\n' + ("" if key == "knock-spa" else "knock-spa = true\n")
+    argv = f"--knock-secret {files}/knock.secret" + ("" if key == "knock-spa" else " --knock-spa")
+    for scope, option in (("", ""), ("[socket.web]\n", "web=")):
+        by_file = from_file(files, f"{base}{scope}{key} = {written}\n")
+        by_argv = parse_policy([*argv.split(), f"--{key}", f"{option}{value}"])
+        rules = by_file.rules_for("web")  # type: ignore[attr-defined]
+        assert rules == by_argv.rules_for("web")  # type: ignore[attr-defined]
+        owner = rules.knock if setting.record.__name__ == "KnockRules" else rules
+        assert getattr(owner, setting.name) == value
+    past = "maybe" if switch else str(setting.rule.high * 2)
+    with pytest.raises(AlfError):
+        parse_policy([*argv.split(), f"--{key}", past])
+    with pytest.raises(AlfError):
+        from_file(files, f"{base}{key} = {'1' if switch else past}\n")
 
 
 @pytest.mark.parametrize(("text", "argv"), EQUIVALENT)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from alfwrapper.record import FrozenError, Record, as_dict, as_tuple, field, replace
+from alfwrapper.record import FrozenError, Record, as_dict, as_tuple, field, fields, replace
 
 pytestmark = pytest.mark.unit
 
@@ -165,3 +165,31 @@ def test_each_class_says_its_own_kind() -> None:
 
         class Loose(RShape, frozen=False):  # type: ignore[misc]
             pass
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DNamed:
+    name: str
+    width: int = dataclasses.field(default=32, metadata={"unit": "bits"})
+
+
+class RNamed(Record, kw_only=True):
+    name: str
+    width: int = field(default=32, metadata={"unit": "bits"})
+
+
+class RNamedChild(RNamed):
+    depth: int = 0
+
+
+def test_keyword_only_records_and_their_fields_metadata() -> None:
+    """kw_only refuses what dataclasses' refuses (a child keeps it), and fields() gives
+    each field's declaration back, metadata included, in order."""
+    assert RNamed(name="a") == RNamed(name="a", width=32)
+    assert repr(RNamed(name="a")).split("(")[1] == repr(DNamed(name="a")).split("(")[1]
+    for made in (DNamed, RNamed, RNamedChild):
+        with pytest.raises(TypeError):
+            made("a")  # type: ignore[misc]
+    assert list(fields(RNamedChild)) == ["name", "width", "depth"]
+    assert fields(RNamed)["width"].metadata == dataclasses.fields(DNamed)[1].metadata
+    assert fields(RNamed)["name"].metadata is None and fields(RNamed)["width"].made() == 32
