@@ -181,7 +181,7 @@ def readable_copy() -> Iterator[Path]:
     shutil.copy(ROOT / "examples/echo_server.py", root / "echo_server.py")
     shutil.copy(ROOT / "tests/data/allowlist.c", root / "allowlist.c")
     for client in ("loader_client.py", "loader_flood.py"):  # run as the test's users
-        shutil.copy(ROOT / "tests/integration" / client, root / client)
+        shutil.copy(ROOT / "tests/programs" / client, root / client)
     for path in root.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     try:

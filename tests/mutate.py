@@ -2789,6 +2789,13 @@ MUTATIONS += [  # issue 53: lint that bites
 ]
 MUTATIONS += [  # issue 53: a test's folder is its tier
     Mutation(
+        "package-left-out-of-the-build",
+        "pyproject.toml",
+        '"alfwrapper.state",\n',
+        "\n",
+        ("tests/unit/test_package_scripts.py::test_every_package_of_the_code_is_built",),
+    ),
+    Mutation(
         "tier-marker-not-checked",
         "tests/helpers/tiers.py",
         "    if tiers != [folder]:\n",

@@ -1,4 +1,4 @@
-"""What the integration tests share: starting the wrapped echo service in a network,
+"""What the netns tests share: starting the wrapped echo service in a network,
 checking who it serves, knocking, rule files, and running the wrapper for its errors."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A stand-in for CrowdSec's Local API in the boot tier's guest: GET
 /v1/decisions/stream with the right X-Api-Key answers one ban (an Ip decision on
 the address given) at startup and nothing new after, as crowdsec 1.4.6 writes it
-(null lists).  The real LAPI (Debian's crowdsec) is what tests/integration/
+(null lists).  The real LAPI (Debian's crowdsec) is what tests/netns/
 test_crowdsec.py runs; this one lets the guest hold the unit as shipped without a
 second daemon on the guest's ports.
 

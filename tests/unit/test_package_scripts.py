@@ -34,3 +34,19 @@ def test_postinst_makes_the_system_users_from_the_sysusers_file(tmp_path: Path) 
     text = (ROOT / "sysusers/alfwrapper.conf").read_text()
     assert re.search(r"^u alfwrapper ", text, re.M), text
     assert re.search(r"^u alfwrapper-loader ", text, re.M), text
+
+
+def test_every_package_of_the_code_is_built() -> None:
+    """pyproject.toml names each package by hand (filters/ ships inside as
+    alfwrapper.filters): one not named is left out of the wheel and the .deb, and an
+    installed alfwrapper fails to import it."""
+    import tomllib  # noqa: PLC0415  (this test alone)
+
+    named = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "alfwrapper").rglob("__init__.py")
+    }
+    assert found <= named, sorted(found - named)

@@ -1,7 +1,7 @@
 """What a new socket takes from its service's earlier sockets (state/runtime.py: inherit_runtime):
 the rules of those of its name only, a deny over an allow of the same prefix, nothing
 it holds already.  The pinned maps are dicts here; tests/netns/test_live.py and
-tests/adversarial/ hold the real ones to real traffic."""
+tests/netns/test_crash.py hold the real ones to real traffic."""
 
 from __future__ import annotations
 
