@@ -45,10 +45,13 @@ def one(kind: str, cache: str) -> tuple[float, float]:
             handed, _ = listener.accept()
             keep = [client, handed]
         proc = subprocess.Popen(
-            [sys.executable, *ARGV], stdin=handed.fileno(), stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, cwd=ROOT,
+            [sys.executable, *ARGV],
+            stdin=handed.fileno(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
             env={**os.environ, "ALFWRAPPER_CACHE": cache} if cache else None,
-        )  # fmt: skip
+        )
         assert proc.stderr is not None
         errors = proc.stderr.read().decode(errors="replace")
         _, status, usage = os.wait4(proc.pid, 0)
@@ -63,13 +66,20 @@ def one(kind: str, cache: str) -> tuple[float, float]:
 def run(rounds: int) -> dict[str, tuple[float, float]]:
     """For each kind: median CPU (ms) and median peak RSS (MiB) over ``rounds``."""
     seen: dict[str, list[tuple[float, float]]] = {
-        "denied": [], "denied, judged in full": [], "allowed": [],
-        "allowed, judged in full": [], "compiling": [],
-    }  # fmt: skip
+        "denied": [],
+        "denied, judged in full": [],
+        "allowed": [],
+        "allowed, judged in full": [],
+        "compiling": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         kept = str(Path(tmp) / "cache")
-        caches = {"denied": kept, "denied, judged in full": "off", "allowed": kept,
-                  "allowed, judged in full": "off"}  # fmt: skip
+        caches = {
+            "denied": kept,
+            "denied, judged in full": "off",
+            "allowed": kept,
+            "allowed, judged in full": "off",
+        }
         one("denied", kept)  # keeps the verdict
         for _ in range(rounds):
             for kind, rows in seen.items():

@@ -46,21 +46,26 @@ def run(count: int, base: int, wrapped: bool) -> dict[str, float]:
     if wrapped:
         argv = [sys.executable, "-m", "alfwrapper", "--service", "benchbind",
                 "--allow", "127.0.0.0/8", "--", *argv]  # fmt: skip
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            cwd=ROOT)  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     assert proc.stdout is not None and proc.stdin is not None
     binds, listens = json.loads(proc.stdout.readline())
     rss = supervisor_rss() if wrapped else 0.0
     proc.stdin.write("x")
     proc.stdin.close()
     proc.wait(timeout=60)
-    return {"bind_ms": statistics.median(binds) * 1e3,
-            "listen_ms": statistics.median(listens) * 1e3, "supervisor_mib": rss}  # fmt: skip
+    return {
+        "bind_ms": statistics.median(binds) * 1e3,
+        "listen_ms": statistics.median(listens) * 1e3,
+        "supervisor_mib": rss,
+    }
 
 
 def supervisor_rss() -> float:
-    found = subprocess.run(["pgrep", "-f", "alfwrapper-bind benchbind"], capture_output=True,
-                           text=True, check=False)  # fmt: skip
+    found = subprocess.run(
+        ["pgrep", "-f", "alfwrapper-bind benchbind"], capture_output=True, text=True, check=False
+    )
     for pid in found.stdout.split():
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -99,8 +104,9 @@ def nginx_rps(way: str, port: int, requests: int) -> float:
         elif way == "handed":
             argv = [sys.executable, "-m", "alfwrapper", "--listen", f"127.0.0.1:{port}",
                     *rules, "--", *argv]  # fmt: skip
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             url = f"http://127.0.0.1:{port}/"
             deadline = time.monotonic() + 60
@@ -134,8 +140,11 @@ def main() -> int:
     count = 5 if smoke else 50
     run(2, 39000, True)  # the program cache filled, as after a first start
     time.sleep(0.2)
-    result = {"count": count, "alone": run(count, 39100, False),
-              "intercepted": run(count, 39300, True)}  # fmt: skip
+    result = {
+        "count": count,
+        "alone": run(count, 39100, False),
+        "intercepted": run(count, 39300, True),
+    }
     requests = 500 if smoke else 20000  # nginx-light, apache2-utils: make setup
     result["nginx_requests"] = requests
     result["nginx_rps"] = nginx_rounds(1 if smoke else 5, requests)

@@ -149,8 +149,12 @@ def per_packet(count: int, walk_size: int, repeat: int, rounds: int) -> list[dic
             plan = program.plan_program(rules)
             # bench_lookup loaded as the program's entry, so that the sets are bound
             # into it as into a service's (compiler.bind_parts).
-            plan = replace(plan, text=plan.text + varied.WALK + body,
-                           defines=plan.defines + define, entry="bench_lookup")  # fmt: skip
+            plan = replace(
+                plan,
+                text=plan.text + varied.WALK + body,
+                defines=plan.defines + define,
+                entry="bench_lookup",
+            )
             lf = compiler.load_program(plan, ENV)
             varied.fill_sources(lf.tables, walk)
             loaded[label] = lf
@@ -169,8 +173,10 @@ def per_packet(count: int, walk_size: int, repeat: int, rounds: int) -> list[dic
         # Each round's extra cost in that round's misses: the machine's memory latency
         # drifts by half within a run (the chase seen at 278 and at 482 ns), so a
         # difference is taken between runs a few milliseconds apart, then the median.
-        extra = [(taken["sets"][r] - taken["own"][r]) / (taken["chase"][r] - taken["floor"][r])
-                 for r in range(rounds)]  # fmt: skip
+        extra = [
+            (taken["sets"][r] - taken["own"][r]) / (taken["chase"][r] - taken["floor"][r])
+            for r in range(rounds)
+        ]
         out.append({"family": family, "rules": count, "set_entries": count, **m,
                     "extra_misses": statistics.median(extra), "rounds": rounds,
                     "repeat": repeat})  # fmt: skip
@@ -241,8 +247,13 @@ def bouncer_apply(count: int) -> dict[str, Any]:
     held = len(sets.entries(name))
     sets.destroy(name)
     assert held == 2 * count + SMALL_DELTA, held
-    return {"decisions": count, "startup_seconds": took[0], "delta_seconds": took[1],
-            "small_delta_seconds": took[2], "answer_bytes": len(startup)}  # fmt: skip
+    return {
+        "decisions": count,
+        "startup_seconds": took[0],
+        "delta_seconds": took[1],
+        "small_delta_seconds": took[2],
+        "answer_bytes": len(startup),
+    }
 
 
 def growth(count: int) -> dict[str, Any]:
@@ -294,8 +305,13 @@ def bouncer_runs(count: int, runs: int) -> dict[str, Any]:
 
     got = []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, __file__, "--bouncer", str(count)],
-                             capture_output=True, text=True, check=True, timeout=600)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, __file__, "--bouncer", str(count)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
+        )
         got.append(json.loads(out.stdout))
     result: dict[str, Any] = {
         "decisions": count,
@@ -339,7 +355,7 @@ def run(smoke: bool) -> dict[str, Any]:
         "memory": memory(count, 3 if smoke else 50, random.Random(5)),
         "per_packet": per_packet(
             count, 1 << (10 if smoke else 20), 1 << (12 if smoke else 16), 2 if smoke else 61
-        ),  # fmt: skip
+        ),
         "bouncer": bouncer_runs(1000 if smoke else 100_000, 3 if smoke else 5),
         "add": one_add(100 if smoke else 1000),
         "growth": growth(100_000 if smoke else 1_000_000),
@@ -350,8 +366,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, figures meaningless")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--bouncer", type=int, metavar="N",
-                        help="only the bouncer's N decisions, as JSON (bouncer_runs)")  # fmt: skip
+    parser.add_argument(
+        "--bouncer",
+        type=int,
+        metavar="N",
+        help="only the bouncer's N decisions, as JSON (bouncer_runs)",
+    )
     args = parser.parse_args()
     if args.bouncer:
         print(json.dumps(bouncer_apply(args.bouncer)))
@@ -362,22 +382,31 @@ def main() -> int:
         return 0
     m = result["memory"]
     mib = {k: m[k] / 2**20 for k in ("set", "one", "many", "copy_each")}
-    print(f"one set of {m['entries']:,}: {mib['set']:.1f} MiB; with 1 service "
-          f"{mib['one']:.1f} MiB, with {m['services']} {mib['many']:.1f} MiB "
-          f"({m['many'] / m['one']:.2f}x); a copy each {mib['copy_each']:.1f} MiB")  # fmt: skip
+    print(
+        f"one set of {m['entries']:,}: {mib['set']:.1f} MiB; with 1 service "
+        f"{mib['one']:.1f} MiB, with {m['services']} {mib['many']:.1f} MiB "
+        f"({m['many'] / m['one']:.2f}x); a copy each {mib['copy_each']:.1f} MiB"
+    )
     for row in result["per_packet"]:
-        print(f"IPv{row['family']}: floor {row['floor']:.0f}, own rules {row['own']:.0f}, "
-              f"+2 sets {row['sets']:.0f}, chase {row['chase']:.0f} ns: "
-              f"{row['extra_misses']:.2f} extra misses")  # fmt: skip
+        print(
+            f"IPv{row['family']}: floor {row['floor']:.0f}, own rules {row['own']:.0f}, "
+            f"+2 sets {row['sets']:.0f}, chase {row['chase']:.0f} ns: "
+            f"{row['extra_misses']:.2f} extra misses"
+        )
     b = result["bouncer"]
     low, high = b["startup_range"]
-    print(f"{b['decisions']:,} decisions, median of {b['runs']}: startup "
-          f"{b['startup_seconds']:.3f} s ({low:.3f}-{high:.3f}), ", end="")  # fmt: skip
+    print(
+        f"{b['decisions']:,} decisions, median of {b['runs']}: startup "
+        f"{b['startup_seconds']:.3f} s ({low:.3f}-{high:.3f}), ",
+        end="",
+    )
     low, high = b["delta_range"]
     print(f"delta {b['delta_seconds']:.3f} s ({low:.3f}-{high:.3f}); ", end="")
     low, high = b["small_delta_range"]
-    print(f"then {SMALL_DELTA} more: {b['small_delta_seconds'] * 1e3:.1f} ms "
-          f"({low * 1e3:.1f}-{high * 1e3:.1f})")  # fmt: skip
+    print(
+        f"then {SMALL_DELTA} more: {b['small_delta_seconds'] * 1e3:.1f} ms "
+        f"({low * 1e3:.1f}-{high * 1e3:.1f})"
+    )
     a = result["add"]
     print(f"one set add: {a['add_ms']:.3f} ms (map update {a['map_update_ms']:.3f} ms)")
     return 0

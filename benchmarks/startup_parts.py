@@ -73,8 +73,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{count}.rules"
         # Written by a child, so that the peaks below are the wrapper's stages alone.
-        writer = multiprocessing.get_context("fork").Process(target=write_rules,
-                                                             args=(path, count))  # fmt: skip
+        writer = multiprocessing.get_context("fork").Process(target=write_rules, args=(path, count))
         writer.start()
         writer.join()
         rows = stages(path)

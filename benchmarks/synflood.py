@@ -41,9 +41,13 @@ FRAME = 74  # Ethernet 14 + IPv6 40 + TCP 20
 
 def ns_run(ns: str, *argv: str, stdin: str | None = None, timeout: float = 600) -> str:
     return subprocess.run(
-        ["ip", "netns", "exec", ns, *argv], check=True, capture_output=True, text=True,
-        input=stdin, timeout=timeout,
-    ).stdout  # fmt: skip
+        ["ip", "netns", "exec", ns, *argv],
+        check=True,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=timeout,
+    ).stdout
 
 
 def denied(count: int, seed: int) -> list[int]:
@@ -135,7 +139,10 @@ def setup(spaces: dict[str, str], prefixes: list[int], rules_file: Path) -> list
         subprocess.run(["ip", "netns", "add", ns], check=True)
         ns_run(ns, "ip", "link", "set", "lo", "up")
     ns_run(
-        spaces["nftables"], "nft", "-f", "-",
+        spaces["nftables"],
+        "nft",
+        "-f",
+        "-",
         stdin=(
             "table inet alfflood {\n"
             "  set deny { type ipv6_addr; flags interval;\n"
@@ -143,15 +150,18 @@ def setup(spaces: dict[str, str], prefixes: list[int], rules_file: Path) -> list
             "  chain input { type filter hook input priority 0; policy accept;\n"
             "    ip6 saddr @deny drop\n  }\n}\n"
         ),
-    )  # fmt: skip
+    )
     ns_run(
-        spaces["floor"], "nft", "-f", "-",
+        spaces["floor"],
+        "nft",
+        "-f",
+        "-",
         stdin=(
             "table netdev alfflood {\n"
             "  chain ingress { type filter hook ingress device lo priority 0;\n"
             "    ip6 saddr 2001:db8::/32 drop\n  }\n}\n"
         ),
-    )  # fmt: skip
+    )
     procs = []
     for variant, ns in spaces.items():
         argv = [sys.executable, "-m", "alfwrapper", "--listen", f"[::1]:{PORT}"]
@@ -165,7 +175,7 @@ def setup(spaces: dict[str, str], prefixes: list[int], rules_file: Path) -> list
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         )
     for ns in spaces.values():
         deadline = time.monotonic() + 300
@@ -181,8 +191,10 @@ def one_flood(ns: str, frames_file: Path, count: int) -> dict[str, float]:
     totals = tempfile.TemporaryFile("w+")  # a file, not a pipe: its writes never block
     client = subprocess.Popen(
         ["ip", "netns", "exec", ns, sys.executable, "-c", CLIENT.format(port=PORT), "600"],
-        stdout=totals, text=True, start_new_session=True,
-    )  # fmt: skip
+        stdout=totals,
+        text=True,
+        start_new_session=True,
+    )
     time.sleep(0.3)
     before, begin = busy_seconds(), time.monotonic()
     ns_run(ns, sys.executable, "-c", SENDER.format(frame=FRAME), str(frames_file), timeout=600)
@@ -197,8 +209,13 @@ def one_flood(ns: str, frames_file: Path, count: int) -> dict[str, float]:
         totals.seek(0)
         last = totals.read().strip().rsplit("\n", 1)[-1].split()
     tried, served = (int(x) for x in last) if len(last) == 2 else (0, 0)
-    return {"busy": busy, "elapsed": elapsed, "tried": tried, "served": served,
-            "rate": count / elapsed}  # fmt: skip
+    return {
+        "busy": busy,
+        "elapsed": elapsed,
+        "tried": tried,
+        "served": served,
+        "rate": count / elapsed,
+    }
 
 
 def run(smoke: bool) -> dict[str, Any]:
@@ -252,9 +269,11 @@ def main() -> int:
     print(f"{r['frames']:,} SYNs from distinct sources, {r['rules']:,} rules")
     for v in VARIANTS:
         x = r[v]
-        print(f"{v:10} {x['cpu_ns']:7.0f} ns CPU/SYN over the floor ({x['busy_ns']:.0f} total), "
-              f"{x['rate'] / 1e3:.0f}k SYN/s sent, allowed {x['served']}/{x['tried']} "
-              f"({x['conn_per_s']:.0f}/s)")  # fmt: skip
+        print(
+            f"{v:10} {x['cpu_ns']:7.0f} ns CPU/SYN over the floor ({x['busy_ns']:.0f} total), "
+            f"{x['rate'] / 1e3:.0f}k SYN/s sent, allowed {x['served']}/{x['tried']} "
+            f"({x['conn_per_s']:.0f}/s)"
+        )
     return 0
 
 

@@ -263,8 +263,7 @@ def measure(family: int, count: int, walk_size: int, repeat: int, rounds: int) -
         figures["lpm"].append(run_cost(lpm.fd, repeat, 1))
         figures["chase"].append(run_cost(chase.fd, repeat, 1))
     m = {k: statistics.median(v) for k, v in figures.items()}
-    return Row(family, count, m["floor"], m["ours"], m["lpm"], m["chase"], ours_memory,
-               lpm_memory)  # fmt: skip
+    return Row(family, count, m["floor"], m["ours"], m["lpm"], m["chase"], ours_memory, lpm_memory)
 
 
 def run(smoke: bool) -> list[Row]:
@@ -282,8 +281,10 @@ def main() -> int:
     print("family rules  floor  alfwrapper  LPM-trie  chase  (ns per packet)  maps")
     for r in run(args.smoke):
         maps = f"{r.ours_memory / 2**20:.1f} / {r.lpm_memory / 2**20:.1f} MiB"
-        print(f"IPv{r.family} {r.rules:>9,} {r.floor:6.0f} {r.ours:10.0f} {r.lpm:9.0f} "
-              f"{r.chase:6.0f}  {maps}")  # fmt: skip
+        print(
+            f"IPv{r.family} {r.rules:>9,} {r.floor:6.0f} {r.ours:10.0f} {r.lpm:9.0f} "
+            f"{r.chase:6.0f}  {maps}"
+        )
     return 0
 
 

@@ -62,8 +62,9 @@ def own_sockets(spec: str) -> list[tuple[socket.socket, str]]:
     for item in spec.split(","):
         name, _, where = item.partition("=")
         kind, _, port = where.partition(":")
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM if kind == "tcp" else
-                             socket.SOCK_DGRAM)  # fmt: skip
+        sock = socket.socket(
+            socket.AF_INET6, socket.SOCK_STREAM if kind == "tcp" else socket.SOCK_DGRAM
+        )
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("::", int(port)))

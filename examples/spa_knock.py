@@ -27,8 +27,12 @@ def rotl(x: int, b: int) -> int:
 def siphash24(key: bytes, msg: bytes) -> bytes:
     """SipHash-2-4 (Aumasson and Bernstein, 2012) of msg, a multiple of 8 bytes long."""
     k0, k1 = struct.unpack("<QQ", key)
-    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D,
-         k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]  # fmt: skip
+    v = [
+        k0 ^ 0x736F6D6570736575,
+        k1 ^ 0x646F72616E646F6D,
+        k0 ^ 0x6C7967656E657261,
+        k1 ^ 0x7465646279746573,
+    ]
 
     def rounds(n: int) -> None:
         for _ in range(n):

@@ -35,8 +35,9 @@ def problems(message: str) -> list[str]:
 
 
 def git(*argv: str) -> str:
-    out = subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True,
-                         check=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), *argv], capture_output=True, text=True, check=True, timeout=60
+    )
     return out.stdout
 
 

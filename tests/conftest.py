@@ -152,8 +152,10 @@ def manager(network: Network) -> Iterator[UserManager]:
     if shutil.which("systemd") is None and not Path("/lib/systemd/systemd").exists():
         pytest.fail("systemd is missing: `make setup` installs it")
     if str(ROOT).startswith(("/tmp/", "/var/tmp/")):  # the units run files of the checkout
-        pytest.fail(f"the shipped units have PrivateTmp=, so they cannot see {ROOT}: "
-                    "run the tests from a checkout outside /tmp and /var/tmp")  # fmt: skip
+        pytest.fail(
+            f"the shipped units have PrivateTmp=, so they cannot see {ROOT}: "
+            "run the tests from a checkout outside /tmp and /var/tmp"
+        )
     mgr = UserManager(network.server)
     try:
         yield mgr
@@ -247,8 +249,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # its stand-in (test_crash.py) mount the same /run/alfwrapper-loader.  Every other test
 # file is a lane of its own (its services' names are unique among files, and the echo
 # server's default name differs between workers: support.ECHO_SERVER).
-LANES = {"boot": "guests", "kernel": "guests", "release": "guests", "test_loader.py": "loader",
-         "test_crash.py": "loader"}  # fmt: skip
+LANES = {
+    "boot": "guests",
+    "kernel": "guests",
+    "release": "guests",
+    "test_loader.py": "loader",
+    "test_crash.py": "loader",
+}
 
 
 def lane_of(nodeid: str) -> str:

@@ -1722,8 +1722,8 @@ MUTATIONS += [
     Mutation(
         "bouncer-sends-no-key",
         "alfwrapper/lifecycle/bouncer.py",
-        '{"X-Api-Key": config.key, ',
-        "{",
+        '            "X-Api-Key": config.key,\n',
+        "",
         ("tests/netns/test_crowdsec.py::test_once_says_what_it_found",),
     ),
     Mutation(
@@ -2400,7 +2400,7 @@ MUTATIONS += [
             ("RestrictNamespaces=yes\n", ""),
             ("PrivateDevices=yes\n", ""),
             ("ProtectClock=yes\n", ""),
-        ),  # fmt: skip
+        ),
     ),
     Mutation(
         "launcher-takes-pythonpath",

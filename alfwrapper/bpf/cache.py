@@ -141,11 +141,14 @@ def load(key_: str) -> Entry | None:
         entry = Entry(
             tuple(MapSpec(**spec) for spec in body["maps"]),
             tuple(
-                CachedProgram(p["name"], base64.b64decode(p["insns"]),
-                              tuple((int(i), str(n)) for i, n in p["relocations"]))
+                CachedProgram(
+                    p["name"],
+                    base64.b64decode(p["insns"]),
+                    tuple((int(i), str(n)) for i, n in p["relocations"]),
+                )
                 for p in body["programs"]
             ),
-        )  # fmt: skip
+        )
     except (ValueError, KeyError, TypeError):
         return None
     names = {spec.name for spec in entry.maps}
@@ -165,11 +168,14 @@ def store(key_: str, entry: Entry) -> None:
         "key": key_,
         "maps": [as_dict(spec) for spec in entry.maps],
         "programs": [
-            {"name": p.name, "insns": base64.b64encode(p.insns).decode(),
-             "relocations": [list(r) for r in p.relocations]}
+            {
+                "name": p.name,
+                "insns": base64.b64encode(p.insns).decode(),
+                "relocations": [list(r) for r in p.relocations],
+            }
             for p in entry.programs
         ],
-    }  # fmt: skip
+    }
     if write_entry(str(folder), key_, _seal(body)):
         prune(folder)
 

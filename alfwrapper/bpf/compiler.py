@@ -109,8 +109,11 @@ def _exit_witness(captured: int, stderr: int, what: str) -> Callable[[], None] |
             if "stack" in why
             else "-v shows the compiler output"
         )
-        os.write(stderr, f"alfwrapper: {what}: the compiler (LLVM) stopped the process: {why} "
-                         f"({hint})\n".encode())  # fmt: skip
+        os.write(
+            stderr,
+            f"alfwrapper: {what}: the compiler (LLVM) stopped the process: {why} "
+            f"({hint})\n".encode(),
+        )
         os._exit(0)
     os.close(readable)
 
@@ -270,8 +273,9 @@ def _from_cache(plan: ProgramPlan, entry: cache.Entry, env: FillEnv) -> LoadedFi
         for spec in sorted(entry.maps, key=lambda s: s.name in INNER_MAPS):
             name = object_name(plan.label, spec.name) if plan.label else spec.name
             inner = tables[INNER_MAPS[spec.name]].map_fd if spec.name in INNER_MAPS else 0
-            fd = bpf_calls.map_create(spec.kind, name, spec.key_size, spec.value_size,
-                                      spec.entries, spec.flags, inner)  # fmt: skip
+            fd = bpf_calls.map_create(
+                spec.kind, name, spec.key_size, spec.value_size, spec.entries, spec.flags, inner
+            )
             owner.fds.append(fd)
             tables[spec.name] = Table(spec, fd)
         loaded_tables = Tables(tables, owner)
@@ -429,9 +433,12 @@ def _compile(plan: ProgramPlan, headers: kernel_headers.HeaderTree, env: FillEnv
                 details=text,
             ) from None
         raise AlfError(
-            f"loading {what}", err.strerror or str(err), "run with -v for details", EX_OSERR,
+            f"loading {what}",
+            err.strerror or str(err),
+            "run with -v for details",
+            EX_OSERR,
             details=text,
-        ) from None  # fmt: skip
+        ) from None
     finally:
         _close(bound)
     _return_freed_memory()

@@ -341,9 +341,13 @@ def _table64(
         for depth, nbytes in enumerate(level_bytes, 1):
             columns[nbytes] = (
                 np.concatenate([full[depth], partial[depth]]),
-                np.concatenate([np.full(len(full[depth]), node_of[_FULL], np.uint8),
-                                np.full(len(partial[depth]), node_of[_PARTIAL], np.uint8)]),
-            )  # fmt: skip
+                np.concatenate(
+                    [
+                        np.full(len(full[depth]), node_of[_FULL], np.uint8),
+                        np.full(len(partial[depth]), node_of[_PARTIAL], np.uint8),
+                    ]
+                ),
+            )
     return roots.tolist(), columns, tuple(level_bytes)
 
 
@@ -373,8 +377,13 @@ def _cover64(
     partial = []
     for depth, bits in enumerate(level_bits):
         below = [k >> np.uint64(64 - bits) for k in kept[depth + 1 :]]
-        partial.append(np.setdiff1d(np.unique(np.concatenate([np.zeros(0, np.uint64), *below])),
-                                    full[depth], assume_unique=True))  # fmt: skip
+        partial.append(
+            np.setdiff1d(
+                np.unique(np.concatenate([np.zeros(0, np.uint64), *below])),
+                full[depth],
+                assume_unique=True,
+            )
+        )
     return full, partial
 
 
@@ -558,8 +567,7 @@ def _fill_v4(table: V4Table, write: Callable[[str, int, Array], None]) -> None:
     leaf_bits = 1 << (32 - bits)
     split = _split_blocks(table.allow, table.deny, bits)
     wide = {name: r.wider(bits) for name, r in (("allow", table.allow), ("deny", table.deny))}
-    narrow = {name: r.narrower(bits) for name, r in (("allow", table.allow),
-                                                     ("deny", table.deny))}  # fmt: skip
+    narrow = {name: r.narrower(bits) for name, r in (("allow", table.allow), ("deny", table.deny))}
     total, begin, done = 1 << bits, 0, 0
     while begin < total:
         # A window of whole lines, with at most _LEAF_WINDOW leaf bits (one line at least).
@@ -570,9 +578,8 @@ def _fill_v4(table: V4Table, write: Callable[[str, int, Array], None]) -> None:
             hi = np.searchsorted(split, end)
         blocks = split[lo:hi]
         passes = (
-            np.ones(end - begin, bool) if table.allow_all
-            else _coverage(*wide["allow"], begin, end)
-        )  # fmt: skip
+            np.ones(end - begin, bool) if table.allow_all else _coverage(*wide["allow"], begin, end)
+        )
         if len(wide["deny"][0]):
             passes &= ~_coverage(*wide["deny"], begin, end)
         descend = np.zeros(end - begin, bool)

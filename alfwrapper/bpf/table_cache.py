@@ -52,10 +52,13 @@ _PACKAGE = os.path.dirname(_HERE)
 _CODE = cachedir.code_identity(
     [os.path.join(_HERE, name) for name in ("table_cache.py", "subnet_table.py", "parts.py")]
     + [os.path.join(_PACKAGE, "policy", name) for name in ("prefix_list.py", "prefixes.py")]
-    + [os.path.join(top, "filters", name) for top in (_PACKAGE, os.path.dirname(_PACKAGE))
-       for name in ("subnets.c", "common.h")],
+    + [
+        os.path.join(top, "filters", name)
+        for top in (_PACKAGE, os.path.dirname(_PACKAGE))
+        for name in ("subnets.c", "common.h")
+    ],
     ("numpy",),
-)  # fmt: skip
+)
 
 Defines = tuple[tuple[str, str], ...]
 

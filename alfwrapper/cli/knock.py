@@ -33,28 +33,44 @@ def knock_parser() -> Parser:
     p.add_argument("host", help="the service's address")
     p.add_argument("port", type=int, help="the service's port")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--sequence", metavar="P,P,P",
-                       help="the source ports, in order (the service's --knock)")  # fmt: skip
-    which.add_argument("--secret", metavar="FILE",
-                       help="derive the current sequence from this secret "
-                       "(the service's --knock-secret)")  # fmt: skip
+    which.add_argument(
+        "--sequence", metavar="P,P,P", help="the source ports, in order (the service's --knock)"
+    )
+    which.add_argument(
+        "--secret",
+        metavar="FILE",
+        help="derive the current sequence from this secret (the service's --knock-secret)",
+    )
     p.add_argument("--steps", type=int, default=3, help="secret sequences' length (default 3)")
     p.add_argument("--window", type=int, default=30, help="secret window seconds (default 30)")
     p.add_argument("--udp", action="store_true", help="knock with UDP datagrams")
-    p.add_argument("--spa", action="store_true",
-                   help="single-packet authorization, keyed with --secret (the service's "
-                   "--knock-secret, or your own --knock-spa-key) (the service's "
-                   "--knock-spa)")  # fmt: skip
-    p.add_argument("--address", metavar="A|sender",
-                   help="with --spa: the address to open, your public one behind a NAT "
-                   "(default: the one this host sends from); sender: the one the datagram "
-                   "comes from, where the service allows it (--knock-spa-sender)")  # fmt: skip
-    p.add_argument("--spa-port", type=int, metavar="PORT",
-                   help="with --spa: the SPA socket's UDP port (the service's "
-                   "--knock-spa-port; default PORT)")  # fmt: skip
-    p.add_argument("--wait", type=float, default=3.0, metavar="SECONDS",
-                   help="with --spa: how long to wait for the service to answer (default 3; "
-                   "0: do not try)")  # fmt: skip
+    p.add_argument(
+        "--spa",
+        action="store_true",
+        help="single-packet authorization, keyed with --secret (the service's "
+        "--knock-secret, or your own --knock-spa-key) (the service's "
+        "--knock-spa)",
+    )
+    p.add_argument(
+        "--address",
+        metavar="A|sender",
+        help="with --spa: the address to open, your public one behind a NAT "
+        "(default: the one this host sends from); sender: the one the datagram "
+        "comes from, where the service allows it (--knock-spa-sender)",
+    )
+    p.add_argument(
+        "--spa-port",
+        type=int,
+        metavar="PORT",
+        help="with --spa: the SPA socket's UDP port (the service's --knock-spa-port; default PORT)",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="with --spa: how long to wait for the service to answer (default 3; 0: do not try)",
+    )
     return p
 
 
@@ -105,12 +121,20 @@ def _knock_spa(args: argparse.Namespace) -> int:
     from alfwrapper.policy import knocking, spa  # noqa: PLC0415
 
     if not args.secret or args.sequence or args.udp:
-        raise AlfError("knock --spa", "keys its datagram with --secret FILE alone",
-                       "give --secret, without --sequence or --udp", EX_USAGE)  # fmt: skip
+        raise AlfError(
+            "knock --spa",
+            "keys its datagram with --secret FILE alone",
+            "give --secret, without --sequence or --udp",
+            EX_USAGE,
+        )
     spa_port = args.spa_port or args.port
     if not 0 < spa_port < 65536 or not 0 <= args.wait <= 60:
-        raise AlfError("knock --spa", "--spa-port is 1 to 65535, --wait 0 to 60 seconds",
-                       "use the service's --knock-spa-port", EX_USAGE)  # fmt: skip
+        raise AlfError(
+            "knock --spa",
+            "--spa-port is 1 to 65535, --wait 0 to 60 seconds",
+            "use the service's --knock-spa-port",
+            EX_USAGE,
+        )
     secret = knocking.read_secret(args.secret)
     if args.address is None:
         address: str | None = spa.local_address(args.host, spa_port)

@@ -81,8 +81,13 @@ def completion_parser() -> Parser:
     subs = top.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
     for name, sub in SUBCOMMANDS.items():
         parser = sub.parser()
-        subs.add_parser(name, parents=[parser], add_help=False, help=parser.description,
-                        description=parser.description)  # fmt: skip
+        subs.add_parser(
+            name,
+            parents=[parser],
+            add_help=False,
+            help=parser.description,
+            description=parser.description,
+        )
     return top
 
 
@@ -136,8 +141,9 @@ def help_main(argv: Sequence[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return SUBCOMMANDS[argv[0]].run(["--help"])
     if argv:
-        raise AlfError("help", f"no subcommand {excerpt(argv[0])}",
-                       "alfwrapper help lists them", EX_USAGE)  # fmt: skip
+        raise AlfError(
+            "help", f"no subcommand {excerpt(argv[0])}", "alfwrapper help lists them", EX_USAGE
+        )
     print(commands())
     return 0
 

@@ -41,10 +41,15 @@ def status_parser() -> Parser:
     p.add_argument("service", nargs="?", default="", help="default: every service")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--json", action="store_true", help="print JSON")
-    how.add_argument("--prometheus", action="store_true",
-                     help="print the counters in Prometheus' text format")  # fmt: skip
-    p.add_argument("--output", metavar="FILE", default="",
-                   help="write to FILE instead, atomically (for node_exporter)")  # fmt: skip
+    how.add_argument(
+        "--prometheus", action="store_true", help="print the counters in Prometheus' text format"
+    )
+    p.add_argument(
+        "--output",
+        metavar="FILE",
+        default="",
+        help="write to FILE instead, atomically (for node_exporter)",
+    )
     return p
 
 
@@ -130,15 +135,21 @@ def doctor_main(argv: Sequence[str]) -> int:
     if args.command is None:
         if args.inetd or args.no_capabilities:
             raise AlfError(
-                "doctor", "--inetd and --no-capabilities go with --for", "add --for COMMAND",
+                "doctor",
+                "--inetd and --no-capabilities go with --for",
+                "add --for COMMAND",
                 EX_USAGE,
-            )  # fmt: skip
+            )
         from alfwrapper.observe import doctor  # noqa: PLC0415
 
         return doctor.main()
     if not args.command:
-        raise AlfError("doctor --for", "no COMMAND given", "add the command and its "
-                       "arguments after --for", EX_USAGE)  # fmt: skip
+        raise AlfError(
+            "doctor --for",
+            "no COMMAND given",
+            "add the command and its arguments after --for",
+            EX_USAGE,
+        )
     from alfwrapper.observe import daemons  # noqa: PLC0415
 
     findings = daemons.examine(args.command, args.inetd, args.no_capabilities)

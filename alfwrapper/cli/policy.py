@@ -100,9 +100,12 @@ def explain_parser() -> Parser:
     )
     p.add_argument("--port", type=int, default=0, help="destination port (default: the socket's)")
     p.add_argument("--source-port", type=int, default=40000, help="default 40000")
-    p.add_argument("--spa-datagram", metavar="HEX",
-                   help="with --knock-spa: the verdict of the socket's SPA socket on this "
-                   "datagram (hexadecimal), sent from --from")  # fmt: skip
+    p.add_argument(
+        "--spa-datagram",
+        metavar="HEX",
+        help="with --knock-spa: the verdict of the socket's SPA socket on this "
+        "datagram (hexadecimal), sent from --from",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="on errors, show details")
     return p

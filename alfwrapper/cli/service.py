@@ -42,11 +42,13 @@ def reload_main(argv: Sequence[str]) -> int:
     service = default_service(given)
     ops = _service_ops()
     found = ops.reload(service, options or None, parse_policy)
-    guarded = [m.title() + (f": {m.meta['guards']}" if m.meta.get("guards") else "")
-               for m in found]  # fmt: skip
+    guarded = [m.title() + (f": {m.meta['guards']}" if m.meta.get("guards") else "") for m in found]
     kept = ops.runtime_rule_count(found)
-    print(f"reloaded {service} after {seconds_running():.1f} s: {len(found)} socket(s), "
-          + "; ".join(guarded) + f"; kept {kept} runtime rule(s)")  # fmt: skip
+    print(
+        f"reloaded {service} after {seconds_running():.1f} s: {len(found)} socket(s), "
+        + "; ".join(guarded)
+        + f"; kept {kept} runtime rule(s)"
+    )
     return 0
 
 

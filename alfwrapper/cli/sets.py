@@ -39,10 +39,20 @@ def set_parser() -> Parser:
     p.add_argument("verb", choices=list(_SET_VERBS), help="what to do")
     p.add_argument("name", nargs="?", default="", metavar="NAME", help="the set's name")
     p.add_argument("cidrs", nargs="*", metavar="CIDR", help="addresses or subnets (create: FILE)")
-    p.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",
-                   help="add: the entries lapse after this long (default: never)")  # fmt: skip
-    p.add_argument("--size", type=int, default=0, metavar="N",
-                   help="create: the entries each of its maps holds (default 65536)")  # fmt: skip
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="add: the entries lapse after this long (default: never)",
+    )
+    p.add_argument(
+        "--size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="create: the entries each of its maps holds (default 65536)",
+    )
     return p
 
 
@@ -62,20 +72,28 @@ def set_main(argv: Sequence[str]) -> int:  # noqa: C901
     if wants_cidrs and not args.cidrs:
         raise AlfError(f"set {verb} {name}", "no CIDR given", "give one or more", EX_USAGE)
     if not wants_cidrs and args.cidrs and verb != "create":
-        raise AlfError(f"set {verb} {name}", "takes no CIDR", f"alfwrapper set {verb} NAME",
-                       EX_USAGE)  # fmt: skip
+        raise AlfError(
+            f"set {verb} {name}", "takes no CIDR", f"alfwrapper set {verb} NAME", EX_USAGE
+        )
     if args.timeout and verb != "add" or not (args.timeout == 0 or 0.001 <= args.timeout <= 1e8):
-        raise AlfError("--timeout", "is for set add, 0.001 to 100000000 seconds",
-                       "give it to set add", EX_USAGE)  # fmt: skip
+        raise AlfError(
+            "--timeout",
+            "is for set add, 0.001 to 100000000 seconds",
+            "give it to set add",
+            EX_USAGE,
+        )
     if verb == "create":
         if len(args.cidrs) > 1:
             raise AlfError(f"set create {name}", "takes one FILE", "give one list file", EX_USAGE)
         default = sets.list_file(name)
         path = args.cidrs[0] if args.cidrs else str(default) if default.exists() else ""
-        made = sets.create(name, sets.read_list(path) if path else (),
-                           args.size or sets.DEFAULT_SIZE)  # fmt: skip
-        print(f"set {name}: {'created' if made else 'exists already'}"
-              + (f" from {path}" if made and path else ""))  # fmt: skip
+        made = sets.create(
+            name, sets.read_list(path) if path else (), args.size or sets.DEFAULT_SIZE
+        )
+        print(
+            f"set {name}: {'created' if made else 'exists already'}"
+            + (f" from {path}" if made and path else "")
+        )
     elif verb == "add":
         prefixes = parse_cidrs(args.cidrs)
         sets.add(name, prefixes, args.timeout)
@@ -109,18 +127,34 @@ def crowdsec_parser() -> Parser:
             "alfwrapper crowdsec --config /etc/alfwrapper/crowdsec-fleet.toml",
         ),
     )
-    p.add_argument("--config", default="/etc/alfwrapper/crowdsec.toml", metavar="FILE",
-                   help="the bouncer's TOML file (the default: this one)")  # fmt: skip
-    p.add_argument("--key-file", default="", metavar="FILE",
-                   help="read the API key from FILE, not the config's api-key-file (the "
-                   "unit's: its credential)")  # fmt: skip
-    p.add_argument("--sets", default="", metavar="DIR",
-                   help="where the sets' tree is seen (the unit binds it there)")  # fmt: skip
-    p.add_argument("--once", action="store_true",
-                   help="one full resync, then exit: 0, or its error's code")  # fmt: skip
-    p.add_argument("--prepare", action="store_true",
-                   help="make the config's set if it does not exist, and exit (the unit's "
-                   "ExecStartPre=, as root)")  # fmt: skip
+    p.add_argument(
+        "--config",
+        default="/etc/alfwrapper/crowdsec.toml",
+        metavar="FILE",
+        help="the bouncer's TOML file (the default: this one)",
+    )
+    p.add_argument(
+        "--key-file",
+        default="",
+        metavar="FILE",
+        help="read the API key from FILE, not the config's api-key-file (the "
+        "unit's: its credential)",
+    )
+    p.add_argument(
+        "--sets",
+        default="",
+        metavar="DIR",
+        help="where the sets' tree is seen (the unit binds it there)",
+    )
+    p.add_argument(
+        "--once", action="store_true", help="one full resync, then exit: 0, or its error's code"
+    )
+    p.add_argument(
+        "--prepare",
+        action="store_true",
+        help="make the config's set if it does not exist, and exit (the unit's "
+        "ExecStartPre=, as root)",
+    )
     return p
 
 

@@ -48,8 +48,13 @@ def libbpf() -> ctypes.CDLL:
                 [ctypes.c_uint64] if name_ == "bpf_map_update_elem" else []
             )
         lib.bpf_map_delete_elem.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        lib.bpf_map_update_batch.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                             ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
+        lib.bpf_map_update_batch.argtypes = [
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
         lib.bpf_map_get_next_key.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.bpf_obj_get_info_by_fd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.bpf_obj_pin.argtypes = [ctypes.c_int, ctypes.c_char_p]

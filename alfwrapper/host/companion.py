@@ -70,8 +70,9 @@ def check_libraries() -> None:
     import setproctitle  # noqa: F401, PLC0415
 
 
-def spawn(module: str, what: str, args: Sequence[str], keep_fds: Sequence[int],
-          app_pid: int = 0) -> int:  # fmt: skip
+def spawn(
+    module: str, what: str, args: Sequence[str], keep_fds: Sequence[int], app_pid: int = 0
+) -> int:
     """Start ``python3 -m MODULE LABEL... PIDFD READYFD ARGS...``; its pid, once ready.
 
     ``app_pid`` (default: this process, which becomes the application) is the

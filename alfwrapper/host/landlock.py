@@ -96,11 +96,14 @@ def landlock_restrict(
                 rule = _PathBeneath(wanted & _LANDLOCK_FILE_RIGHTS if a_file else wanted, folder)
                 check(
                     LIBC.syscall(
-                        _SYS_LANDLOCK_ADD_RULE, ruleset, _LANDLOCK_RULE_PATH_BENEATH,
-                        ctypes.byref(rule), 0,
+                        _SYS_LANDLOCK_ADD_RULE,
+                        ruleset,
+                        _LANDLOCK_RULE_PATH_BENEATH,
+                        ctypes.byref(rule),
+                        0,
                     ),
                     "landlock_add_rule",
-                )  # fmt: skip
+                )
             finally:
                 os.close(folder)
         prctl(PR_SET_NO_NEW_PRIVS, 1)

@@ -153,9 +153,12 @@ def deny_bpf_syscall(handed_sockets: bool = False) -> None:
                 rules.add_arch(arch)
         rules.add_rule(seccomp.ERRNO(errno.EPERM), "bpf")
         if handed_sockets:
-            rules.add_rule(seccomp.ERRNO(errno.EPERM), "setsockopt",
-                           seccomp.Arg(1, seccomp.EQ, SOL_SOCKET),
-                           seccomp.Arg(2, seccomp.EQ, SO_REUSEPORT))  # fmt: skip
+            rules.add_rule(
+                seccomp.ERRNO(errno.EPERM),
+                "setsockopt",
+                seccomp.Arg(1, seccomp.EQ, SOL_SOCKET),
+                seccomp.Arg(2, seccomp.EQ, SO_REUSEPORT),
+            )
         rules.load()
     except (OSError, RuntimeError, ValueError) as err:
         raise AlfError(

@@ -51,8 +51,10 @@ class RingReader:
                         err = ctypes.get_errno()
                         raise OSError(err, f"ring_buffer__new: {os.strerror(err)}")
                 else:
-                    bpf_check(lib.ring_buffer__add(self._ring, fd, self._callback, index),
-                               "ring_buffer__add")  # fmt: skip
+                    bpf_check(
+                        lib.ring_buffer__add(self._ring, fd, self._callback, index),
+                        "ring_buffer__add",
+                    )
         except PermissionError:
             self.close()
             self._mapped = _MappedRings(map_fds, on_record)
@@ -115,8 +117,9 @@ class _MappedRings:
             for fd in map_fds:
                 size = fdinfo_field(fd, "max_entries")
                 consumer = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-                producer = mmap.mmap(fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ,
-                                     offset=page)  # fmt: skip
+                producer = mmap.mmap(
+                    fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page
+                )
                 self.rings.append((consumer, producer, size))
                 self.epoll.register(fd, select.EPOLLIN)
         except BaseException:

@@ -33,10 +33,12 @@ _RECEIVE = 1 << 16
 def _dump(family: int, protocol: int, seq: int) -> set[int]:
     cookies: set[int] = set()
     body = _REQUEST.pack(family, protocol, 0, ALL_STATES)
-    header = _HEADER.pack(_HEADER.size + len(body), SOCK_DIAG_BY_FAMILY,
-                          NLM_F_REQUEST | NLM_F_DUMP, seq, 0)  # fmt: skip
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC,
-                       NETLINK_SOCK_DIAG) as sock:  # fmt: skip
+    header = _HEADER.pack(
+        _HEADER.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0
+    )
+    with socket.socket(
+        socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG
+    ) as sock:
         sock.sendto(header + body, (0, 0))
         while True:
             data = sock.recv(_RECEIVE)

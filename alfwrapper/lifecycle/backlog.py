@@ -192,11 +192,12 @@ def waiting_connections(sock: socket.socket) -> list[tuple[Endpoint, Endpoint]]:
     with DiagSocket() as diag:
         diag.bind()
         others = [
-            msg for msg in diag.get_sock_stats(
+            msg
+            for msg in diag.get_sock_stats(
                 family=family, states=1 << TCP_LISTEN, protocol=socket.IPPROTO_TCP
             )
             if msg["idiag_sport"] == port and overlaps(msg["idiag_src"])
-        ]  # fmt: skip
+        ]
         if len(others) > 1:  # ours and another
             return []
         for msg in diag.get_sock_stats(

@@ -119,8 +119,10 @@ def _lapi_url(data: dict[str, Any], bad: Bad) -> str:
     (unless insecure-http says to)."""
     url = data.get("lapi-url", Config.url)
     if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 512:
-        raise bad(f"lapi-url {excerpt(str(url))} is not an http(s) URL",
-                  "give the LAPI's URL, e.g. http://127.0.0.1:8080/")  # fmt: skip
+        raise bad(
+            f"lapi-url {excerpt(str(url))} is not an http(s) URL",
+            "give the LAPI's URL, e.g. http://127.0.0.1:8080/",
+        )
     insecure = data.get("insecure-http", False)
     if not isinstance(insecure, bool):
         raise bad(f"insecure-http {excerpt(str(insecure))} is not true or false", "write one")
@@ -154,16 +156,20 @@ def _api_key(data: dict[str, Any], key_file: str, need_key: bool, bad: Bad) -> s
 def _seconds(data: dict[str, Any], bad: Bad) -> dict[str, float]:
     """The config's poll-interval and timeout, each in its range."""
     numbers = {}
-    for option, default, low, high in (("poll-interval", Config.interval, 0.1, 3600.0),
-                                       ("timeout", Config.timeout, 1.0, 600.0)):  # fmt: skip
+    for option, default, low, high in (
+        ("poll-interval", Config.interval, 0.1, 3600.0),
+        ("timeout", Config.timeout, 1.0, 600.0),
+    ):
         value = data.get(option, default)
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or not (low <= value <= high)
         ):
-            raise bad(f"{option} {excerpt(str(value))} is out of range",
-                      f"give {low:g} to {high:g} seconds")  # fmt: skip
+            raise bad(
+                f"{option} {excerpt(str(value))} is out of range",
+                f"give {low:g} to {high:g} seconds",
+            )
         numbers[option] = float(value)
     return numbers
 
@@ -171,13 +177,17 @@ def _seconds(data: dict[str, Any], bad: Bad) -> dict[str, float]:
 def _widest(data: dict[str, Any], bad: Bad) -> tuple[int, int]:
     """The config's widest-ipv4 and widest-ipv6: the widest bans applied."""
     widest = []
-    for option, default, longest in (("widest-ipv4", WIDEST_IPV4, 32),
-                                     ("widest-ipv6", WIDEST_IPV6, 128)):  # fmt: skip
+    for option, default, longest in (
+        ("widest-ipv4", WIDEST_IPV4, 32),
+        ("widest-ipv6", WIDEST_IPV6, 128),
+    ):
         value = data.get(option, default)
         # From 1: a /0 bans every source of every service naming the set, never a ban.
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= longest:
-            raise bad(f"{option} {excerpt(str(value))} is not a prefix length 1 to {longest}",
-                      f"give the widest ban to apply, e.g. {default}; /0 never is")  # fmt: skip
+            raise bad(
+                f"{option} {excerpt(str(value))} is not a prefix length 1 to {longest}",
+                f"give the widest ban to apply, e.g. {default}; /0 never is",
+            )
         widest.append(value)
     return widest[0], widest[1]
 
@@ -229,8 +239,10 @@ def _check_private(path: str, bad: Bad) -> None:
             elif tag == _ACL_OTHER:
                 others |= perm
     if others:
-        raise bad(f"api-key-file {path} is open to others (mode {stat.S_IMODE(info.st_mode):04o})",
-                  f"chmod 600 {path}, as for an ssh private key")  # fmt: skip
+        raise bad(
+            f"api-key-file {path} is open to others (mode {stat.S_IMODE(info.st_mode):04o})",
+            f"chmod 600 {path}, as for an ssh private key",
+        )
 
 
 class Counters(Record, frozen=False):
@@ -344,10 +356,13 @@ def _apply(parsed: Any, config: Config, book: Book, synced: bool, counts: Counte
         # One line a poll, not one a ban: a blocklist of wide ranges would flood the journal.
         shown = ", ".join(map(str, answer.too_wide[:3]))
         more = f" and {len(answer.too_wide) - 3} more" if len(answer.too_wide) > 3 else ""
-        print(f"alfwrapper crowdsec: left out {len(answer.too_wide)} bans wider than "
-              f"/{config.widest[0]} (IPv4) or /{config.widest[1]} (IPv6): {shown}{more} "
-              f"(widest-ipv4 and widest-ipv6 in the config; /0 is never applied)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"alfwrapper crowdsec: left out {len(answer.too_wide)} bans wider than "
+            f"/{config.widest[0]} (IPv4) or /{config.widest[1]} (IPv6): {shown}{more} "
+            f"(widest-ipv4 and widest-ipv6 in the config; /0 is never applied)",
+            file=sys.stderr,
+            flush=True,
+        )
     sets.sweep(config.set, ("ranges",))  # lapsed ranges hide those they are nested in
     if synced:
         changes = book.delta(answer, now)
@@ -387,8 +402,13 @@ def run(config: Config, once: bool = False) -> int:
     sets.create(config.set)  # nothing if it exists
     session = requests.Session()
     # identity: a compressed answer could grow past ANSWER_LIMIT a chunk at a time.
-    session.headers.update({"X-Api-Key": config.key, "User-Agent": "alfwrapper-crowdsec",
-                            "Accept-Encoding": "identity"})  # fmt: skip
+    session.headers.update(
+        {
+            "X-Api-Key": config.key,
+            "User-Agent": "alfwrapper-crowdsec",
+            "Accept-Encoding": "identity",
+        }
+    )
     book, synced, counts = Book.empty(), False, Counters()
     stopping = False
 
@@ -398,21 +418,27 @@ def run(config: Config, once: bool = False) -> int:
 
     if once:
         poll_once(session, config, book, False, counts)
-        print(f"alfwrapper crowdsec: set {config.set} holds the {counts.entries} bans of "
-              f"{config.url}")  # fmt: skip
+        print(
+            f"alfwrapper crowdsec: set {config.set} holds the {counts.entries} bans of {config.url}"
+        )
         return 0
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"alfwrapper crowdsec: keeping set {config.set} equal to the bans of {config.url}, "
-          f"polled every {config.interval:g} s", flush=True)  # fmt: skip
+    print(
+        f"alfwrapper crowdsec: keeping set {config.set} equal to the bans of {config.url}, "
+        f"polled every {config.interval:g} s",
+        flush=True,
+    )
     while not stopping:
         started = time.monotonic()
         counts.polls += 1
         try:
             poll_once(session, config, book, synced, counts)
             if not synced:
-                print(f"alfwrapper crowdsec: in step with {config.url}: {counts.entries} "
-                      f"entries", flush=True)  # fmt: skip
+                print(
+                    f"alfwrapper crowdsec: in step with {config.url}: {counts.entries} entries",
+                    flush=True,
+                )
             synced = True
             counts.last_success, counts.unstored = time.time(), 0
         except Exception as err:  # noqa: BLE001  (said, then a full resync: never a stop)
@@ -430,12 +456,18 @@ def failed(err: Exception, counts: Counters, synced: bool) -> None:
     failure (a LAPI that cannot be reached) the first time, then every 60th poll."""
     counts.failures += 1
     if not isinstance(err, AlfError):
-        err = AlfError("alfwrapper crowdsec", f"{type(err).__name__}: {err}",
-                       "a bug? report it; the next poll resyncs")  # fmt: skip
+        err = AlfError(
+            "alfwrapper crowdsec",
+            f"{type(err).__name__}: {err}",
+            "a bug? report it; the next poll resyncs",
+        )
     counts.unstored = err.unstored if isinstance(err, sets.NotWhole) else 0
     if counts.unstored or synced or counts.failures == 1 or counts.failures % 60 == 0:
-        print(f"alfwrapper crowdsec: {err.line().removeprefix('alfwrapper: ')}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"alfwrapper crowdsec: {err.line().removeprefix('alfwrapper: ')}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def read_metrics(path: str = METRICS) -> dict[str, Any] | None:

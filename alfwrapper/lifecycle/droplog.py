@@ -197,8 +197,9 @@ def main(argv: Sequence[str]) -> int:
         from alfwrapper.host.companion import name_process  # noqa: PLC0415
 
         name_process(f"alfwrapper-log {service}")
-        rings = [(service, spec.rsplit(":", 1)[0], int(spec.rsplit(":", 1)[1]))
-                 for spec in argv[3:]]  # fmt: skip
+        rings = [
+            (service, spec.rsplit(":", 1)[0], int(spec.rsplit(":", 1)[1])) for spec in argv[3:]
+        ]
         from systemd import journal  # noqa: F401, PLC0415  (before giving up root)
 
         bpf_calls.libbpf()

@@ -63,18 +63,27 @@ def check(policy: Policy) -> None:
     for name in sorted(policy.names):
         found = _NAME.match(name)
         if not found or int(found.group(2)) > 65535:
-            raise AlfError(f"rules for socket {name}", "a daemon's own sockets are named by "
-                           "protocol and port", "name them tcp-PORT or udp-PORT "
-                           "(--allow tcp-8080=CIDR)", EX_USAGE)  # fmt: skip
+            raise AlfError(
+                f"rules for socket {name}",
+                "a daemon's own sockets are named by protocol and port",
+                "name them tcp-PORT or udp-PORT (--allow tcp-8080=CIDR)",
+                EX_USAGE,
+            )
     scopes = [policy.rules_for(n) for n in ["", *sorted(policy.names)]]
     if all(rules.empty for rules in scopes):
-        raise AlfError("sockets", "none inherited, none to create, and no rules",
-                       "give rules, and --listen or a socket unit, or let COMMAND bind "
-                       "its own", EX_USAGE)  # fmt: skip
+        raise AlfError(
+            "sockets",
+            "none inherited, none to create, and no rules",
+            "give rules, and --listen or a socket unit, or let COMMAND bind its own",
+            EX_USAGE,
+        )
     if any(rules.knock is not None or rules.interfaces for rules in scopes):
-        raise AlfError("a daemon's own sockets", "cannot be given knock or interface "
-                       "rules yet", "give the daemon its sockets (--listen, a socket "
-                       "unit) for those", EX_USAGE)  # fmt: skip
+        raise AlfError(
+            "a daemon's own sockets",
+            "cannot be given knock or interface rules yet",
+            "give the daemon its sockets (--listen, a socket unit) for those",
+            EX_USAGE,
+        )
 
 
 def prepare(policy: Policy, service: str, argv: list[str]) -> socket.socket:
@@ -91,8 +100,12 @@ def prepare(policy: Policy, service: str, argv: list[str]) -> socket.socket:
 
     missing = state_available()
     if missing:
-        raise AlfError("a daemon's own sockets", f"need pinned state ({missing})",
-                       "mount the BPF file system (/sys/fs/bpf)", EX_OSERR)  # fmt: skip
+        raise AlfError(
+            "a daemon's own sockets",
+            f"need pinned state ({missing})",
+            "mount the BPF file system (/sys/fs/bpf)",
+            EX_OSERR,
+        )
     for name in ["", *sorted(policy.names)]:
         rules = policy.rules_for(name)
         if not rules.empty:
@@ -103,9 +116,12 @@ def prepare(policy: Policy, service: str, argv: list[str]) -> socket.socket:
     os.write(given, pickle.dumps((policy, argv)))
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        companion.spawn("alfwrapper.supervise", "bind supervisor",
-                        [service, str(theirs.fileno()), str(given)],
-                        [theirs.fileno(), given])  # fmt: skip
+        companion.spawn(
+            "alfwrapper.supervise",
+            "bind supervisor",
+            [service, str(theirs.fileno()), str(given)],
+            [theirs.fileno(), given],
+        )
     finally:
         theirs.close()
         os.close(given)
@@ -118,17 +134,24 @@ def hand_over(channel: socket.socket) -> None:
     try:
         listener = notify.install()
     except (OSError, RuntimeError, ValueError) as err:
-        raise AlfError("intercepting the daemon's binds (seccomp)", str(err),
-                       "the unit's SystemCallFilter= must allow seccomp(2); Linux 5.6",
-                       EX_OSERR) from None  # fmt: skip
+        raise AlfError(
+            "intercepting the daemon's binds (seccomp)",
+            str(err),
+            "the unit's SystemCallFilter= must allow seccomp(2); Linux 5.6",
+            EX_OSERR,
+        ) from None
     try:
         socket.send_fds(channel, [b"listener"], [listener])
         channel.settimeout(10)
         if channel.recv(16) != b"taken":
             raise OSError(errno.EPIPE, "the supervisor did not take the listener")
     except OSError as err:
-        raise AlfError("handing the daemon's binds to the supervisor", str(err),
-                       "its own message above says why", EX_OSERR) from None  # fmt: skip
+        raise AlfError(
+            "handing the daemon's binds to the supervisor",
+            str(err),
+            "its own message above says why",
+            EX_OSERR,
+        ) from None
     finally:
         os.close(listener)
         channel.close()
@@ -185,9 +208,12 @@ class Supervisor:
             except Exception as err:  # noqa: BLE001  (the call fails, said; we go on)
                 said = err.line() if isinstance(err, AlfError) else f"{type(err).__name__}: {err}"
                 call_name = "bind" if call.nr == NR_BIND else "listen"
-                print(f"alfwrapper: bind supervisor: {call_name} of process {call.pid} "
-                      f"refused: {said.removeprefix('alfwrapper: ')}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"alfwrapper: bind supervisor: {call_name} of process {call.pid} "
+                    f"refused: {said.removeprefix('alfwrapper: ')}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 result = -((err.errno if isinstance(err, OSError) else 0) or errno.EPERM)
             notify.answer(self.listener, call, result)
 

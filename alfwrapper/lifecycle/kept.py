@@ -82,8 +82,11 @@ def collect_stale_state() -> None:
     try:
         state.store_in_use().gc()
     except (AlfError, OSError) as err:
-        print(f"alfwrapper: note: the state of gone sockets was not removed ({err}); "
-              "`alfwrapper gc` removes it", file=sys.stderr)  # fmt: skip
+        print(
+            f"alfwrapper: note: the state of gone sockets was not removed ({err}); "
+            "`alfwrapper gc` removes it",
+            file=sys.stderr,
+        )
 
 
 def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> None:

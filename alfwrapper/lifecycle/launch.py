@@ -51,8 +51,9 @@ def filter_and_exec(
     sockets, names = [r.sock for r in moved], [r.name for r in moved]
     held = [r.sock for r in records if r.spa]  # open while the application runs, not its
     announce = (lambda: in_force(service, guarded)) if guarded else None
-    confine_and_exec(policy.command, keep_capabilities, sockets, names, diverted, held, channel,
-                     announce)  # fmt: skip
+    confine_and_exec(
+        policy.command, keep_capabilities, sockets, names, diverted, held, channel, announce
+    )
 
 
 def where(record: SocketRecord) -> str:

@@ -136,8 +136,11 @@ def check_spa_sockets(service: str, found: list[Member], rules: dict[int, Socket
         if door and spa is not None and spa.meta.get("made"):
             assert knock is not None
             # At --knock-spa-port, or the port of the first socket of its name.
-            wanted = {knock.spa_port} if knock.spa_port else {
-                f.meta.get("port") for f in found if f.name == m.name}  # fmt: skip
+            wanted = (
+                {knock.spa_port}
+                if knock.spa_port
+                else {f.meta.get("port") for f in found if f.name == m.name}
+            )
             if spa.meta.get("port") not in wanted:
                 raise AlfError(
                     f"reloading {service}",
@@ -386,13 +389,16 @@ def gc() -> list[str]:
 
         unfinished = sets.collect_unfinished()
         if unfinished:
-            lines.append(f"gc: {len(unfinished)} unfinished set folder(s) removed "
-                         f"({', '.join(unfinished)}), in {sets.root()}")  # fmt: skip
+            lines.append(
+                f"gc: {len(unfinished)} unfinished set folder(s) removed "
+                f"({', '.join(unfinished)}), in {sets.root()}"
+            )
     folder = cache.directory()
     if folder is not None:
         pruned = cache.prune(folder, unused_for=cache.GC_UNUSED_SECONDS)
-        lines.append(f"gc: {pruned} program cache entr{'y' if pruned == 1 else 'ies'} "
-                     f"removed, in {folder}")  # fmt: skip
+        lines.append(
+            f"gc: {pruned} program cache entr{'y' if pruned == 1 else 'ies'} removed, in {folder}"
+        )
     return lines
 
 

@@ -135,9 +135,11 @@ def render(unit: str, policy_name: str, environ: Mapping[str, str]) -> str:
     except DoesNotFit:
         raise
     except AlfError as err:
-        print(f"alfwrapper generator: {unit}: {err.line().removeprefix('alfwrapper: ')}; "
-              "every peer is dropped until it is fixed (then systemctl daemon-reload)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"alfwrapper generator: {unit}: {err.line().removeprefix('alfwrapper: ')}; "
+            "every peer is dropped until it is fixed (then systemctl daemon-reload)",
+            file=sys.stderr,
+        )
         return f"{head}: it could not be read, so no peer may connect.\n{DENY_ALL}"
     lines = [f"{head} ({', '.join(files)}).", DENY_ALL.rstrip()]
     lines += [f"IPAddressAllow={' '.join(prefixes[i : i + 8])}" for i in range(0, len(prefixes), 8)]
@@ -152,8 +154,10 @@ def generate(normal: Path, environ: Mapping[str, str]) -> int:
         try:
             text = render(unit, policy_name, environ)
         except DoesNotFit as err:
-            print(f"alfwrapper generator: {unit}: {err.line().removeprefix('alfwrapper: ')}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"alfwrapper generator: {unit}: {err.line().removeprefix('alfwrapper: ')}",
+                file=sys.stderr,
+            )
             continue
         folder = normal / f"{unit}.d"
         folder.mkdir(parents=True, exist_ok=True)

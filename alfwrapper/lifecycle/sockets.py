@@ -139,12 +139,17 @@ def spa_sockets(policy: Policy, records: list[SocketRecord]) -> list[SocketRecor
         if name in inherited:
             door = next(r for r in records if r.name == name)
             if door.sock.type != socket.SOCK_DGRAM:
-                raise AlfError(f"socket {name}", "is not a datagram (UDP) socket",
-                               "give it with ListenDatagram=", EX_USAGE)  # fmt: skip
+                raise AlfError(
+                    f"socket {name}",
+                    "is not a datagram (UDP) socket",
+                    "give it with ListenDatagram=",
+                    EX_USAGE,
+                )
             continue
         first = group[0]
-        host, port = (first.spec.host, first.spec.port) if first.spec else (
-            first.sock.getsockname()[:2])  # fmt: skip
+        host, port = (
+            (first.spec.host, first.spec.port) if first.spec else (first.sock.getsockname()[:2])
+        )
         spa_port = first.rules.knock.spa_port or port  # type: ignore[union-attr]
         served = [r for r in group if r.protocol == "udp" and _port_of(r) == spa_port]
         if served:
@@ -155,8 +160,9 @@ def spa_sockets(policy: Policy, records: list[SocketRecord]) -> list[SocketRecor
                 EX_USAGE,
             )
         spec = ListenSpec("datagram", host, spa_port, name)
-        clash = next((r for r in made if r.spec and (r.spec.host, r.spec.port) == (host,
-                      spa_port)), None)  # fmt: skip
+        clash = next(
+            (r for r in made if r.spec and (r.spec.host, r.spec.port) == (host, spa_port)), None
+        )
         if clash is not None:
             raise AlfError(
                 f"knock-spa for {base}",
@@ -222,7 +228,7 @@ def note_unruled(records: list[SocketRecord]) -> None:
                 "every packet passes until a reload gives it rules"
                 if record.pins
                 else "it is not filtered"
-            )  # fmt: skip
+            )
             print(
                 f"alfwrapper: note: {attach.describe(record.sock)} named "
                 f"{excerpt(record.name)} has no rules: {what}",

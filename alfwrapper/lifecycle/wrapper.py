@@ -66,9 +66,13 @@ def run(
                 # launch.py does for it is confine and exec: one socket, on fd 0, ruled.
                 run = {"command": list(policy.command), "capabilities": keep_capabilities}
                 verdicts.keep(
-                    subnets.allow, subnets.deny, list(policy.command), CONSULTED,
-                    run if on_fd_0 and not record.rules.empty else None, service,
-                )  # fmt: skip
+                    subnets.allow,
+                    subnets.deny,
+                    list(policy.command),
+                    CONSULTED,
+                    run if on_fd_0 and not record.rules.empty else None,
+                    service,
+                )
             if not allowed:
                 return 0  # nothing more is looked at, not even whether COMMAND exists
     from alfwrapper.lifecycle import launch  # noqa: PLC0415  (not for a denied peer)

@@ -209,8 +209,9 @@ class Broker(state.Store):
         from alfwrapper.bpf import compiler, program  # noqa: PLC0415
 
         fd, _ = self.load(rules, where, label, bool(cookies), sock)
-        plan = program.ProgramPlan(rules=rules, text="", defines=(), include_dirs=(), parts=(),
-                                   label=label)  # fmt: skip
+        plan = program.ProgramPlan(
+            rules=rules, text="", defines=(), include_dirs=(), parts=(), label=label
+        )
         return compiler.LoadedFilter(tables=None, fd=fd, plan=plan)
 
 

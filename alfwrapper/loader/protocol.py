@@ -71,8 +71,9 @@ def connect(conn: socket.socket, path: str) -> None:
             return
         except BlockingIOError:
             if time.monotonic() > deadline:
-                raise AlfError(f"the loader ({path})", "its queue stayed full",
-                               "try again", EX_TEMPFAIL) from None  # fmt: skip
+                raise AlfError(
+                    f"the loader ({path})", "its queue stayed full", "try again", EX_TEMPFAIL
+                ) from None
             time.sleep(0.01)
 
 
@@ -80,9 +81,12 @@ def send(conn: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) 
     """One request or answer, its SocketRules values in their wire form (encode_rules)."""
     data = json.dumps(message, default=_on_wire).encode()
     if len(data) > REQUEST_LIMIT:
-        raise AlfError("a request to the loader", f"is {len(data) >> 20} MiB, more than the "
-                       f"{REQUEST_LIMIT >> 20} MiB it takes", "use fewer rules, or run "
-                       "the service with CAP_BPF", EX_DATAERR)  # fmt: skip
+        raise AlfError(
+            "a request to the loader",
+            f"is {len(data) >> 20} MiB, more than the {REQUEST_LIMIT >> 20} MiB it takes",
+            "use fewer rules, or run the service with CAP_BPF",
+            EX_DATAERR,
+        )
     frame = LENGTH.pack(len(data)) + data
     sent = socket.send_fds(conn, [frame[:65536]], list(fds))
     conn.sendall(frame[sent:])
@@ -98,15 +102,20 @@ def receive(
         conn.settimeout(max(0.01, deadline - time.monotonic()))
         data, fds, flags, _ = socket.recv_fds(conn, 65536, max_fds)
         if not data:
-            raise AlfError("the loader", "closed the connection without an answer",
-                           "see journalctl -u alfwrapper-loader", EX_SOFTWARE)  # fmt: skip
+            raise AlfError(
+                "the loader",
+                "closed the connection without an answer",
+                "see journalctl -u alfwrapper-loader",
+                EX_SOFTWARE,
+            )
         if flags & socket.MSG_CTRUNC:
             raise bad_request("too many file descriptors")
         return _message(conn, data, limit, deadline, seconds), fds
     except TimeoutError:
         _close(fds)
-        raise Late("loader request", f"nothing complete arrived within {seconds:.0f} s", "",
-                   EX_DATAERR) from None  # fmt: skip
+        raise Late(
+            "loader request", f"nothing complete arrived within {seconds:.0f} s", "", EX_DATAERR
+        ) from None
     except (ValueError, UnicodeDecodeError) as err:
         _close(fds)
         raise bad_request(f"it is not JSON ({err})") from None
@@ -133,8 +142,9 @@ def _message(
     while len(body) < length:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise Late("loader request", f"not all of it arrived within {seconds:.0f} s",
-                       "", EX_DATAERR)  # fmt: skip
+            raise Late(
+                "loader request", f"not all of it arrived within {seconds:.0f} s", "", EX_DATAERR
+            )
         conn.settimeout(left)
         chunk = conn.recv(min(1 << 20, length - len(body)))
         if not chunk:
@@ -296,8 +306,10 @@ def _hex(d: dict[str, Any], slot: _Slot) -> bytes:
 
 def _map_settings(d: dict[str, Any], slot: _Slot) -> tuple[MapSetting, ...]:
     sets = request_field(d, slot.key, list, [])
-    if not all(isinstance(s, list) and len(s) == 3 and all(isinstance(x, str) and
-               len(x) < 4096 for x in s) for s in sets):  # fmt: skip
+    if not all(
+        isinstance(s, list) and len(s) == 3 and all(isinstance(x, str) and len(x) < 4096 for x in s)
+        for s in sets
+    ):
         raise bad_request(f"'{slot.where}' must be [map, key, value] strings")
     return tuple(MapSetting(map=m, key=k, value=v) for m, k, v in sets)
 

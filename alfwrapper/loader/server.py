@@ -107,8 +107,11 @@ MAP_TYPES = frozenset({
 
 # Those whose values are data (not fds: a program array's or an array of maps' value,
 # written, names an fd of whoever makes the call): the ones an "fd" request may write.
-DATA_MAP_TYPES = MAP_TYPES - {bpf_calls.BPF_MAP_TYPE_PROG_ARRAY, bpf_calls.BPF_MAP_TYPE_RINGBUF,
-                              bpf_calls.BPF_MAP_TYPE_ARRAY_OF_MAPS}  # fmt: skip
+DATA_MAP_TYPES = MAP_TYPES - {
+    bpf_calls.BPF_MAP_TYPE_PROG_ARRAY,
+    bpf_calls.BPF_MAP_TYPE_RINGBUF,
+    bpf_calls.BPF_MAP_TYPE_ARRAY_OF_MAPS,
+}
 
 
 PROG_ARRAY = bpf_calls.BPF_MAP_TYPE_PROG_ARRAY
@@ -214,9 +217,10 @@ def _accept_all(
 
 
 def _busy_answer(why: str) -> bytes:
-    data = json.dumps({"error": {"what": "the loader", "why": why, "hint": "try again",
-                                 "code": EX_TEMPFAIL}})  # fmt: skip
-    return LENGTH.pack(len(data)) + data.encode()  # fmt: skip
+    data = json.dumps(
+        {"error": {"what": "the loader", "why": why, "hint": "try again", "code": EX_TEMPFAIL}}
+    )
+    return LENGTH.pack(len(data)) + data.encode()
 
 
 BUSY = _busy_answer("busy with too many connections of yours")
@@ -238,8 +242,13 @@ def _fork_worker(listener: socket.socket, conn: socket.socket, who: Caller, limi
                 try:
                     limits.memory.enter(who.person, limits.map_memory)
                 except OSError as err:
-                    _refuse(conn, "loader", f"cannot count your memory ({err})",
-                            "the administrator: see the loader's log", EX_SOFTWARE)  # fmt: skip
+                    _refuse(
+                        conn,
+                        "loader",
+                        f"cannot count your memory ({err})",
+                        "the administrator: see the loader's log",
+                        EX_SOFTWARE,
+                    )
                     raise
             serve_one(conn, who, limits)
         except BaseException:  # noqa: BLE001  (a child never returns to the loop)
@@ -290,10 +299,18 @@ def _compile_apart(conn: socket.socket, who: Caller, limits: Limits) -> bool:
         if error is not None:
             _refuse(conn, error.what, error.why, error.hint, error.exit_code)
             return True
-        how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-               else f"exit status {os.waitstatus_to_exitcode(status)}")  # fmt: skip
-        _refuse(conn, "compiling the filter", f"the compiler ended without an answer ({how})",
-                "check the filter's asm statements and includes", EX_DATAERR)  # fmt: skip
+        how = (
+            f"killed by signal {os.WTERMSIG(status)}"
+            if os.WIFSIGNALED(status)
+            else f"exit status {os.waitstatus_to_exitcode(status)}"
+        )
+        _refuse(
+            conn,
+            "compiling the filter",
+            f"the compiler ended without an answer ({how})",
+            "check the filter's asm statements and includes",
+            EX_DATAERR,
+        )
     return True
 
 
@@ -314,8 +331,12 @@ def _refused_by(now: tuple[int, int], before: tuple[int, int], limits: Limits) -
     if now[0] > before[0]:
         return quota_reached(limits)
     if now[1] > before[1]:
-        return AlfError("the loader", f"{OTHERS}: the memory of all of them is in use",
-                        "try again later, or ask the administrator", EX_TEMPFAIL)  # fmt: skip
+        return AlfError(
+            "the loader",
+            f"{OTHERS}: the memory of all of them is in use",
+            "try again later, or ask the administrator",
+            EX_TEMPFAIL,
+        )
     return None
 
 
@@ -368,8 +389,9 @@ def serve_one(conn: socket.socket, who: Caller, limits: Limits) -> None:
         if error is not None and isinstance(err, OSError) and err.errno in _REFUSED:
             _refuse(conn, error.what, error.why, error.hint, error.exit_code)
         else:
-            _refuse(conn, "loader", f"internal error: {type(err).__name__}", "report it",
-                    EX_SOFTWARE)  # fmt: skip
+            _refuse(
+                conn, "loader", f"internal error: {type(err).__name__}", "report it", EX_SOFTWARE
+            )
     finally:
         for fd in fds:
             try:
@@ -712,9 +734,14 @@ def compile_readable() -> list[str]:
     from alfwrapper.bpf import program  # noqa: PLC0415
     from alfwrapper.host import kernel_headers  # noqa: PLC0415
 
-    paths = {str(program.filter_dir()), str(Path(__file__).resolve().parents[1]), "/usr/src",
-             "/sys/devices/system/cpu/possible", f"/proc/{os.getpid()}/fd",
-             f"/proc/{os.getpid()}/fdinfo"}  # fmt: skip
+    paths = {
+        str(program.filter_dir()),
+        str(Path(__file__).resolve().parents[1]),
+        "/usr/src",
+        "/sys/devices/system/cpu/possible",
+        f"/proc/{os.getpid()}/fd",
+        f"/proc/{os.getpid()}/fdinfo",
+    }
     tree = kernel_headers.find()
     for extra in (tree.source, *tree.include) if tree and tree.source else ():
         paths.add(str(extra))
@@ -757,20 +784,44 @@ def confine(tree: state.Store, custom: bool) -> None:
 
 def add_options(p: argparse.ArgumentParser) -> None:
     """The loader's options, on the parser the command line gives (cli.systemd.loader_parser)."""
-    p.add_argument("--listen", metavar="PATH", default="",
-                   help="listen here instead of on the socket systemd passes")  # fmt: skip
-    p.add_argument("--max-programs", type=int, default=DEFAULT_PROGRAMS, metavar="N",
-                   help=f"per user (default {DEFAULT_PROGRAMS})")  # fmt: skip
-    p.add_argument("--max-map-memory", type=int, default=DEFAULT_MAP_MEMORY >> 20, metavar="MIB",
-                   help=f"per user, in MiB (default {DEFAULT_MAP_MEMORY >> 20})")  # fmt: skip
-    p.add_argument("--pins", metavar="DIR", default=str(state.USERS_ROOT),
-                   help=f"where {state.USERS_ROOT} is seen (the unit binds it there)")  # fmt: skip
-    p.add_argument("--sets", metavar="DIR", default=str(state.SETS_ROOT),
-                   help=f"where {state.SETS_ROOT} is seen (the unit binds it there, "
-                        "read-only)")  # fmt: skip
-    p.add_argument("--prepare", action="store_true",
-                   help=f"as root, before the loader starts: make {state.ROOT}, "
-                        f"{state.USERS_ROOT} and {state.SETS_ROOT}")  # fmt: skip
+    p.add_argument(
+        "--listen",
+        metavar="PATH",
+        default="",
+        help="listen here instead of on the socket systemd passes",
+    )
+    p.add_argument(
+        "--max-programs",
+        type=int,
+        default=DEFAULT_PROGRAMS,
+        metavar="N",
+        help=f"per user (default {DEFAULT_PROGRAMS})",
+    )
+    p.add_argument(
+        "--max-map-memory",
+        type=int,
+        default=DEFAULT_MAP_MEMORY >> 20,
+        metavar="MIB",
+        help=f"per user, in MiB (default {DEFAULT_MAP_MEMORY >> 20})",
+    )
+    p.add_argument(
+        "--pins",
+        metavar="DIR",
+        default=str(state.USERS_ROOT),
+        help=f"where {state.USERS_ROOT} is seen (the unit binds it there)",
+    )
+    p.add_argument(
+        "--sets",
+        metavar="DIR",
+        default=str(state.SETS_ROOT),
+        help=f"where {state.SETS_ROOT} is seen (the unit binds it there, read-only)",
+    )
+    p.add_argument(
+        "--prepare",
+        action="store_true",
+        help=f"as root, before the loader starts: make {state.ROOT}, "
+        f"{state.USERS_ROOT} and {state.SETS_ROOT}",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

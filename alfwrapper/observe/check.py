@@ -311,7 +311,10 @@ def main(  # noqa: C901
             EX_CONFIG,
         )
     if not as_json:
-        print("ok: the wrapper would start with this policy" if not unloaded else
-              "ok as far as checked: the rules are valid; whether their programs load was "
-              "not checked (the warning above says why)")  # fmt: skip
+        print(
+            "ok: the wrapper would start with this policy"
+            if not unloaded
+            else "ok as far as checked: the rules are valid; whether their programs load was "
+            "not checked (the warning above says why)"
+        )
     return 0

@@ -101,9 +101,7 @@ class Finding(Record):
 
 def known(argv: Sequence[str]) -> Daemon | None:
     name, args = os.path.basename(argv[0]), " ".join(argv[1:])
-    return next(
-        (d for d in KNOWN if d.program == name and re.search(d.option, args)), None
-    )  # fmt: skip
+    return next((d for d in KNOWN if d.program == name and re.search(d.option, args)), None)
 
 
 def own_sockets(program: str, path: str, inetd: bool, native: str = "") -> Finding:
@@ -114,17 +112,26 @@ def own_sockets(program: str, path: str, inetd: bool, native: str = "") -> Findi
     if native and not inetd:
         return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}; or, {native}")
     if inetd:
-        return Finding(False, f"{program} {HOW[OWN]}, not its connection on fd 0: start it "
-                       "with no socket (leave out --inetd)")  # fmt: skip
+        return Finding(
+            False,
+            f"{program} {HOW[OWN]}, not its connection on fd 0: start it "
+            "with no socket (leave out --inetd)",
+        )
     with open(path, "rb") as exe:
         head = exe.read(5)
     if head[:4] == b"\x7fELF" and head[4:5] == b"\x01":
-        return Finding(False, f"{program} {HOW[OWN]}, and is a 32-bit executable, whose "
-                       "binds alfwrapper refuses: use its 64-bit build")  # fmt: skip
+        return Finding(
+            False,
+            f"{program} {HOW[OWN]}, and is a 32-bit executable, whose "
+            "binds alfwrapper refuses: use its 64-bit build",
+        )
     release = tuple(int(n) for n in re.findall(r"\d+", os.uname().release)[:2])
     if release < _INTERCEPTION_KERNEL:
-        return Finding(False, f"{program} {HOW[OWN]}, which alfwrapper intercepts on Linux "
-                       "5.6 and later only: this is " + os.uname().release)  # fmt: skip
+        return Finding(
+            False,
+            f"{program} {HOW[OWN]}, which alfwrapper intercepts on Linux "
+            "5.6 and later only: this is " + os.uname().release,
+        )
     return Finding(True, f"{program} {HOW[OWN]}: {INTERCEPTED}")
 
 
@@ -211,6 +218,6 @@ def examine(argv: Sequence[str], inetd: bool, no_capabilities: bool) -> list[Fin
                 False,
                 f"{path} is set-user-ID or set-group-ID: no_new_privs keeps exec "
                 "from granting that",
-            )  # fmt: skip
+            )
         )
     return findings

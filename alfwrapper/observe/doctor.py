@@ -77,10 +77,15 @@ def platform_check(os_release: str, release: str, systemd: str | None) -> Check:
     if tested and version in tested[1]:
         if systemd == tested[2]:
             return Check(True, f"{text}: a platform the tests run on")
-        return Check(True, f"{text}: a platform the tests run on (the units under "
-                     f"systemd {tested[2]} as PID 1)")  # fmt: skip
-    return Check(True, f"{text}: not a platform the tests run on (Debian 12 and 13, each "
-                 "with its own kernel or 6.18), so nothing is claimed")  # fmt: skip
+        return Check(
+            True,
+            f"{text}: a platform the tests run on (the units under systemd {tested[2]} as PID 1)",
+        )
+    return Check(
+        True,
+        f"{text}: not a platform the tests run on (Debian 12 and 13, each "
+        "with its own kernel or 6.18), so nothing is claimed",
+    )
 
 
 def systemd_version() -> str | None:
@@ -91,8 +96,9 @@ def systemd_version() -> str | None:
     import subprocess  # noqa: PLC0415
 
     try:
-        out = subprocess.run(["systemctl", "--version"], capture_output=True, text=True,
-                             timeout=10).stdout  # fmt: skip
+        out = subprocess.run(
+            ["systemctl", "--version"], capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     match = re.match(r"systemd (\d+)", out)
@@ -116,8 +122,11 @@ def check_jit() -> Check:
     if value is None and os.path.exists("/proc/sys/net/core/bpf_jit_enable"):
         return Check(True, "BPF JIT: only root may read net.core.bpf_jit_enable")
     if value is None and os.path.isdir("/proc/sys/net/core"):
-        return Check(True, "BPF JIT: the host's setting applies (net.core.bpf_jit_enable "
-                     "is not shown inside a network namespace)")  # fmt: skip
+        return Check(
+            True,
+            "BPF JIT: the host's setting applies (net.core.bpf_jit_enable "
+            "is not shown inside a network namespace)",
+        )
     if value is None:
         return Check(False, "cannot read net.core.bpf_jit_enable: is /proc mounted?")
     if value == "0":
@@ -209,8 +218,10 @@ def check_headers() -> Check:
     release = platform.release()
     found = kernel_headers.find(release)
     if found is None:
-        return Check(False, f"no kernel headers for {release} ({kernel_headers.searched()}): "
-                     f"{kernel_headers.HINT}")  # fmt: skip
+        return Check(
+            False,
+            f"no kernel headers for {release} ({kernel_headers.searched()}): {kernel_headers.HINT}",
+        )
     if not found.exact:
         return Check(
             True,

@@ -254,14 +254,21 @@ def _spa(
     from alfwrapper.policy import spa  # noqa: PLC0415
 
     if rules.knock is None or not rules.knock.spa:
-        raise AlfError("--spa-datagram", f"socket {name or 'unknown'} has no knock-spa",
-                       "give --knock-spa with --knock-secret or --knock-spa-key",
-                       EX_USAGE)  # fmt: skip
+        raise AlfError(
+            "--spa-datagram",
+            f"socket {name or 'unknown'} has no knock-spa",
+            "give --knock-spa with --knock-secret or --knock-spa-key",
+            EX_USAGE,
+        )
     try:
         raw = bytes.fromhex(args.spa_datagram)
     except ValueError:
-        raise AlfError("--spa-datagram", "is not hexadecimal", "give the datagram's bytes "
-                       "as hexadecimal digits", EX_USAGE) from None  # fmt: skip
+        raise AlfError(
+            "--spa-datagram",
+            "is not hexadecimal",
+            "give the datagram's bytes as hexadecimal digits",
+            EX_USAGE,
+        ) from None
     door = policy.rules_for(f"{name}{SPA_SUFFIX}")
     spec = {s.name: s for s in policy.listens}.get(name)
     port = rules.knock.spa_port or args.port or (spec.port if spec else 1)
@@ -272,8 +279,9 @@ def _spa(
         since = loaded.tables[b"knock_spa_since"]
         since[since.Key(0)] = since.Leaf(0)
         counts = loaded.tables[b"knock_spa_counts"]
-        frame = udp_frame(source.family, source.value, raw, args.source_port,
-                          _SERVER[source.family], port)  # fmt: skip
+        frame = udp_frame(
+            source.family, source.value, raw, args.source_port, _SERVER[source.family], port
+        )
         prog_test_run(loaded.fd, frame)
         said = next(v for i, v in enumerate(SPA_VERDICTS) if sum(counts.per_cpu(counts.Key(i))))
         opened = (fields.address or str(source).rsplit("/", 1)[0]) if fields else ""
@@ -304,17 +312,27 @@ def main_service(service: str, args: argparse.Namespace, build: Any) -> int:
     from alfwrapper.lifecycle import service as running  # noqa: PLC0415
 
     if args.spa_datagram is not None:
-        raise AlfError("--spa-datagram", "is for explain --policy", "give --policy NAME "
-                       "instead of the service", EX_USAGE)  # fmt: skip
+        raise AlfError(
+            "--spa-datagram",
+            "is for explain --policy",
+            "give --policy NAME instead of the service",
+            EX_USAGE,
+        )
     sources = [parse_source(text) for text in args.sources]
     # Its sockets whose process runs (a socket of a namespace since deleted is not known
     # to be gone, and keeps its rules until collected: not the one in force).
-    found = [m for m in running.members(service, args.socket, gone=False)
-             if state.alive(m.meta.get("pid"))
-             and (args.socket or not m.name.endswith(SPA_SUFFIX))]  # fmt: skip
+    found = [
+        m
+        for m in running.members(service, args.socket, gone=False)
+        if state.alive(m.meta.get("pid")) and (args.socket or not m.name.endswith(SPA_SUFFIX))
+    ]
     if not found:
-        raise AlfError(f"explaining {service}", "none of its sockets' processes runs",
-                       "is it running? start it", EX_USAGE)  # fmt: skip
+        raise AlfError(
+            f"explaining {service}",
+            "none of its sockets' processes runs",
+            "is it running? start it",
+            EX_USAGE,
+        )
     rules = rules_in_force(service, found, build)
     judged: dict[int, tuple[compiler.LoadedFilter, dict[str, int]]] = {}
     for text, source in zip(args.sources, sources, strict=True):
@@ -326,10 +344,15 @@ def main_service(service: str, args: argparse.Namespace, build: Any) -> int:
             str(member.meta.get("address", "::")),
             port,
             member.name,
-        )  # fmt: skip
+        )
         socket_rules = rules[id(member)]
-        where = {"service": service, "socket": member.name, "protocol": protocol,
-                 "address": spec.host, "port": port}  # fmt: skip
+        where = {
+            "service": service,
+            "socket": member.name,
+            "protocol": protocol,
+            "address": spec.host,
+            "port": port,
+        }
         if socket_rules.empty and not running.runtime_rule_count([member]):
             verdict = Verdict(True, None, "the socket has no rules and is not filtered")
         else:
@@ -407,9 +430,12 @@ def receiver(service: str, found: list[Any], source: Prefix, args: argparse.Name
 
     fitting = [m for m in chosen if takes(m)]
     if not fitting:
-        raise AlfError(f"explaining {service}", f"socket {names[0]} takes no IPv"
-                       f"{source.family} packets", "give an address of the other family",
-                       EX_USAGE)  # fmt: skip
+        raise AlfError(
+            f"explaining {service}",
+            f"socket {names[0]} takes no IPv{source.family} packets",
+            "give an address of the other family",
+            EX_USAGE,
+        )
     return fitting[0]
 
 
@@ -450,8 +476,7 @@ def _load_like(
         Pins(str(member.pins.dir), str(member.pins.service_dir)),
         member.program_label(),
     )
-    plan = replace(plan, pinned=tuple(p for p in plan.pinned if p[0] in _BORROWED),
-                   borrowed=True)  # fmt: skip
+    plan = replace(plan, pinned=tuple(p for p in plan.pinned if p[0] in _BORROWED), borrowed=True)
     app = int(str(member.meta.get("pid", 0)) or 0)
     with running.service_netns(service, member.meta.get("netns"), app):
         indexes = interfaces.resolve(list(rules.interfaces)) if rules.interfaces else {}
@@ -472,14 +497,19 @@ def copy_knock_state(loaded: compiler.LoadedFilter, member: Any, source: Prefix)
     width = 4 if source.family == 4 else 16
     key = bytes([source.family, 0, 0, 0]) + source.value.to_bytes(width, "big").ljust(16, b"\0")
     if len(key) != key_size:  # knocking.c's struct knock_key changed without this
-        raise AlfError("explain", f"a knock key of {key_size} bytes", "a bug: report it",
-                       EX_SOFTWARE)  # fmt: skip
+        raise AlfError(
+            "explain", f"a knock key of {key_size} bytes", "a bug: report it", EX_SOFTWARE
+        )
     path = member.pins.service_dir / folders[0] / "state"
     try:
         shared = bpf_calls.obj_get(str(path), read_only=True)
     except OSError as err:
-        raise AlfError(f"knock state {path}", err.strerror or str(err),
-                       "is the service running? run as root", EX_NOPERM) from None  # fmt: skip
+        raise AlfError(
+            f"knock state {path}",
+            err.strerror or str(err),
+            "is the service running? run as root",
+            EX_NOPERM,
+        ) from None
     try:
         value = bpf_calls.map_lookup(shared, key, value_size)
     finally:

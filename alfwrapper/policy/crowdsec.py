@@ -99,8 +99,9 @@ def _general_duration_ns(text: str) -> int:
         number, unit = match.groups()
         whole, _, fraction = number.partition(".")
         scale = _UNIT_NS[unit]
-        total += int(whole or 0) * scale + (int(fraction) * scale // 10 ** len(fraction)
-                                            if fraction else 0)  # fmt: skip
+        total += int(whole or 0) * scale + (
+            int(fraction) * scale // 10 ** len(fraction) if fraction else 0
+        )
         at = match.end()
     if at != len(body) or not body:
         raise ValueError(f"duration {excerpt(repr(text))} is not Go's duration text")
@@ -347,9 +348,11 @@ class Book(Record, frozen=False):
         by ``now`` left out)."""
         held: dict[Prefix, int] = {}
         decisions, owners = self.decisions, self.owners
-        chosen = owners.items() if networks is None else [
-            (network, owners[network]) for network in networks if network in owners
-        ]  # fmt: skip
+        chosen = (
+            owners.items()
+            if networks is None
+            else [(network, owners[network]) for network in networks if network in owners]
+        )
         for network, ids in chosen:
             if isinstance(ids, int):
                 until = decisions[ids].until

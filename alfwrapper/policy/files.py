@@ -211,8 +211,7 @@ class Policy(Record):
             if guarded.knock is not None and guarded.knock.spa:
                 # The SPA socket: the same rules up to knocking, which checks datagrams
                 # there; no developer's filter (nothing passes it to one).
-                return replace(guarded, knock=replace(guarded.knock, verifier=True),
-                               custom=None)  # fmt: skip
+                return replace(guarded, knock=replace(guarded.knock, verifier=True), custom=None)
         every, own = self.scope(None), self.scope(name)
         chosen = (every, own) if name in self.names else (every,)
         allow: list[Sequence[Prefix]] = []
@@ -307,8 +306,9 @@ def _switch(entry: Entry) -> bool:
         return SWITCHES[value.lower()]
     if isinstance(value, bool):
         return value
-    raise entry.error(f"{excerpt(str(value))} is not yes or no",
-                      f"write {entry.key} = true (or false)")  # fmt: skip
+    raise entry.error(
+        f"{excerpt(str(value))} is not yes or no", f"write {entry.key} = true (or false)"
+    )
 
 
 def _prefix(entry: Entry, text: str) -> Prefix:
@@ -635,12 +635,14 @@ def read_policy_file(path: Path, layer: int) -> tuple[list[Entry], list[ListenSp
     entries = where.entries(top, None, ())
     sockets = data.get("socket", {})
     if not isinstance(sockets, dict):
-        raise where.fail(("socket",), "socket must be a table of named sockets",
-                         "write [socket.NAME]")  # fmt: skip
+        raise where.fail(
+            ("socket",), "socket must be a table of named sockets", "write [socket.NAME]"
+        )
     for name, table in sockets.items():
         if not isinstance(table, dict):
-            raise where.fail(("socket", name), f"socket.{name} must be a table",
-                             f"write [socket.{name}]")  # fmt: skip
+            raise where.fail(
+                ("socket", name), f"socket.{name} must be a table", f"write [socket.{name}]"
+            )
         # The table names the socket, rules or not; errors about the name point here.
         entries.append(Entry(SCOPE, name, "", where.origin("socket", name), layer))
         entries += where.entries(table, name, ("socket", name))
@@ -718,8 +720,9 @@ class _PolicyText(Record, kw_only=True):
                 )
             address, name = table.get("address"), table.get("name", "unknown")
             if not isinstance(address, str) or not isinstance(name, str):
-                raise self.fail(keys, "address and name must be strings",
-                                'write address = "[::]:8080"')  # fmt: skip
+                raise self.fail(
+                    keys, "address and name must be strings", 'write address = "[::]:8080"'
+                )
             try:
                 spec = parse_listen("stream" if kind == "listen" else "datagram", address)
             except AlfError as err:

@@ -234,8 +234,12 @@ class PrefixList(Sequence[Prefix]):
         if self._items is not None:
             yield from self._items
             return
-        columns = (self.family.tolist(), self.high.tolist(), self.low.tolist(),
-                   self.length.tolist())  # fmt: skip
+        columns = (
+            self.family.tolist(),
+            self.high.tolist(),
+            self.low.tolist(),
+            self.length.tolist(),
+        )
         for family, high, low, length in zip(*columns, strict=True):
             yield Prefix(family, high << 64 | low, length)
 
@@ -259,9 +263,10 @@ class PrefixList(Sequence[Prefix]):
         self._settle()
         if self._items is not None and self._columns is None:  # a few, as they were given
             return PrefixList.of(
-                p for p in self._items
+                p
+                for p in self._items
                 if p.family == family and (p.value ^ value) >> (width - p.length) == 0
-            )  # fmt: skip
+            )
         import numpy as np  # noqa: PLC0415
 
         shift = width - self.length.astype(np.int64)
@@ -414,8 +419,9 @@ def _picked(column: Array, index: Any, count: int) -> Array:
     import numpy as np  # noqa: PLC0415
 
     if column.strides == (0,):
-        return np.broadcast_to(column[:1].reshape(()) if len(column) else
-                               np.array(0, column.dtype), (count,))  # fmt: skip
+        return np.broadcast_to(
+            column[:1].reshape(()) if len(column) else np.array(0, column.dtype), (count,)
+        )
     return column[index]
 
 
@@ -493,10 +499,12 @@ _NOTE_FORMAT = b"1"
 _NOTE_LIMIT = 8192
 # The parser's code (and numpy's, which parses in bulk): an upgrade misses.
 _PARSER = cachedir.code_identity(
-    [os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-     for name in ("prefix_list.py", "prefixes.py")],
+    [
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+        for name in ("prefix_list.py", "prefixes.py")
+    ],
     ("numpy",),
-)  # fmt: skip
+)
 
 
 def _origin(path: str, ident: Identity) -> str:
@@ -576,8 +584,12 @@ LINE_LIMIT = 4096  # bytes in a line, comment included: a CIDR needs at most 43
 
 def _too_long(origin: str, number: int, start: bytes | str) -> AlfError:
     text = start[:41].decode(errors="replace") if isinstance(start, bytes) else start
-    return AlfError(f"{origin}:{number}", f"the line {excerpt(text)} is longer than "
-                    f"{LINE_LIMIT} bytes", "write one CIDR per line", EX_DATAERR)  # fmt: skip
+    return AlfError(
+        f"{origin}:{number}",
+        f"the line {excerpt(text)} is longer than {LINE_LIMIT} bytes",
+        "write one CIDR per line",
+        EX_DATAERR,
+    )
 
 
 def parse_rule_bytes(data: bytes, origin: str, few: int = SMALL_RULES) -> PrefixList:
@@ -625,8 +637,9 @@ def parse_rule_lines(lines: Iterable[str], origin: str, first: int = 1) -> list[
         try:
             prefixes.append(parse_prefix(text))
         except ValueError as err:
-            raise AlfError(f"{origin}:{number}", str(err), "fix or remove that line",
-                           EX_DATAERR) from None  # fmt: skip
+            raise AlfError(
+                f"{origin}:{number}", str(err), "fix or remove that line", EX_DATAERR
+            ) from None
     return prefixes
 
 
@@ -682,8 +695,9 @@ def _parse_chunk(chunk: bytes, first: int, origin: str) -> tuple[PrefixList, int
     has_length = count == 5
     at = np.minimum(first_token + 4, last)
     given = value[at]
-    ok &= ~has_length | ((char[np.minimum(first_token + 3, last)] == 47) & token_ok[at]
-                         & (given <= 32))  # fmt: skip
+    ok &= ~has_length | (
+        (char[np.minimum(first_token + 3, last)] == 47) & token_ok[at] & (given <= 32)
+    )
     length = np.where(has_length, given, 32).astype(np.uint8)
     host = np.uint64(0xFFFFFFFF) >> length.astype(np.uint64)
     ok &= (octets & host) == 0

@@ -133,8 +133,12 @@ def _host_record(family: int) -> dict[str, object]:
     six = [("hi", ">u8", addr), ("lo", ">u8", addr + 8)]
     words = [("addr", ">u4", addr)] if family == 4 else six
     fields = [("length", "u1", offsets["length"]), ("family", "u1", offsets["family"]), *words]
-    return {"names": [f[0] for f in fields], "formats": [f[1] for f in fields],
-            "offsets": [f[2] for f in fields], "itemsize": SET_HOST.size}  # fmt: skip
+    return {
+        "names": [f[0] for f in fields],
+        "formats": [f[1] for f in fields],
+        "offsets": [f[2] for f in fields],
+        "itemsize": SET_HOST.size,
+    }
 
 
 def put(name: str, fds: Maps, prefixes: Sequence[Prefix], expiry: int) -> None:
@@ -180,8 +184,12 @@ def _grow(name: str, fds: Maps, more: int) -> None:
     keys, values, held = bpf_calls.map_items(old, SET_HOST.size, SET_EXPIRY.size)
     wanted = held + more
     if wanted > MOST_SIZE:
-        raise AlfError(f"set {name}", f"{wanted} whole addresses are more than a set holds "
-                       f"({MOST_SIZE})", "remove entries, or split the set", EX_CONFIG)  # fmt: skip
+        raise AlfError(
+            f"set {name}",
+            f"{wanted} whole addresses are more than a set holds ({MOST_SIZE})",
+            "remove entries, or split the set",
+            EX_CONFIG,
+        )
     size = min(MOST_SIZE, max(2 * room, 1 << (wanted - 1).bit_length()))
     new = new_map(name, "hosts", size)
     switched = False
@@ -367,8 +375,12 @@ class NotWhole(AlfError):
     larger map); every other one was put in.  ``unstored``: how many."""
 
     def __init__(self, first: AlfError, unstored: int) -> None:
-        super().__init__(first.what, f"{unstored} entries could not be stored: {first.why}",
-                         first.hint, first.exit_code)  # fmt: skip
+        super().__init__(
+            first.what,
+            f"{unstored} entries could not be stored: {first.why}",
+            first.hint,
+            first.exit_code,
+        )
         self.unstored = unstored
 
 

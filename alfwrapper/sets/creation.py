@@ -52,16 +52,18 @@ def create(name: str, prefixes: Sequence[Prefix] = (), size: int = DEFAULT_SIZE)
     (the older way) could be listed and yet have no hosts map to add to."""
     where = folder(name)
     if not 1 <= size <= MOST_SIZE:
-        raise AlfError(f"set {name}", f"size {size} is out of range", f"give 1 to {MOST_SIZE}",
-                       EX_USAGE)  # fmt: skip
+        raise AlfError(
+            f"set {name}", f"size {size} is out of range", f"give 1 to {MOST_SIZE}", EX_USAGE
+        )
     make_tree()
     if not (where / "hosts").exists() and _make(name, prefixes, size):
         return True
     state.trusted_dir(where, create=False)
     with locked(where) as at:
         if not (where / "hosts").exists():  # destroyed since
-            raise AlfError(f"set {name}", "was removed while it was made", "make it again",
-                           EX_TEMPFAIL)  # fmt: skip
+            raise AlfError(
+                f"set {name}", "was removed while it was made", "make it again", EX_TEMPFAIL
+            )
         try:
             if not all((where / r).exists() for r in ("sieve", "hosts_at")):
                 _complete(name, at)  # an older alfwrapper's set
@@ -103,8 +105,12 @@ def _build(name: str, prefixes: Sequence[Prefix], size: int, temp: Path, at: int
     made: Maps = {}
     whole = sum(1 for p in prefixes if p.length == FAMILY_BITS[p.family])
     if whole > MOST_SIZE:
-        raise AlfError(f"set {name}", f"{whole} whole addresses are more than a set holds "
-                       f"({MOST_SIZE})", "split them into sets", EX_USAGE)  # fmt: skip
+        raise AlfError(
+            f"set {name}",
+            f"{whole} whole addresses are more than a set holds ({MOST_SIZE})",
+            "split them into sets",
+            EX_USAGE,
+        )
     try:
         made = new_set_maps(name, max(size, whole))  # room for them all: no growing here
         put(name, made, prefixes, 0)
@@ -164,8 +170,11 @@ def _complete(name: str, at: int) -> None:
         else:
             fds["hosts_at"] = new_map(name, "hosts_at", 1, inner=fds["hosts"])
             bpf_map_put_fd(fds["hosts_at"], 0, fds["hosts"])
-        fds["sieve"] = (open_role(name, "sieve") if os.path.exists(pin_path(at, "sieve"))
-                        else new_map(name, "sieve", size))  # fmt: skip
+        fds["sieve"] = (
+            open_role(name, "sieve")
+            if os.path.exists(pin_path(at, "sieve"))
+            else new_map(name, "sieve", size)
+        )
         resieve(fds)
         for role in ("sieve", "hosts_at"):
             if not os.path.exists(pin_path(at, role)):

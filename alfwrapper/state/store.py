@@ -57,10 +57,11 @@ def socket_unit_restart() -> str:
 
     try:
         out = subprocess.run(
-            ["systemctl", *manager, "show", "--property=TriggeredBy", "--value",
-             f"{unit}.service"],
-            capture_output=True, text=True, timeout=5,
-        )  # fmt: skip
+            ["systemctl", *manager, "show", "--property=TriggeredBy", "--value", f"{unit}.service"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         named = [u for u in out.stdout.split() if u.endswith(".socket")]
         if out.returncode == 0 and named:
             sockets = named
@@ -253,9 +254,13 @@ class Store:
         # Its queue is not judged yet (Store.take).
         write_meta(
             state,
-            {"pid": pid or os.getpid(), "netns": socket_netns_cookie(sock), "service": service,
-             "judged": False},
-        )  # fmt: skip
+            {
+                "pid": pid or os.getpid(),
+                "netns": socket_netns_cookie(sock),
+                "service": service,
+                "judged": False,
+            },
+        )
         return state, dispatch
 
     def check_pins(self, where: SocketState) -> str:

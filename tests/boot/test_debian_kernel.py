@@ -110,10 +110,12 @@ def test_the_loaders_quota_counts_what_a_user_holds(qemu_guest: Guest) -> None:
     g.run("id alfcheck >/dev/null 2>&1 || useradd -m alfcheck")
     g.put(HOARD, "/var/tmp/hoard.py")
     dropin = "/etc/systemd/system/alfwrapper-loader.service.d"
-    g.run(f"mkdir -p {dropin} && printf '[Service]\\nExecStart=\\nExecStart=/usr/bin/alfwrapper "
-          f"loader {loader_arguments()} --max-map-memory {QUOTA}\\n' "
-          f"> {dropin}/quota.conf && systemctl daemon-reload && "
-          "systemctl restart alfwrapper-loader.socket")  # fmt: skip
+    g.run(
+        f"mkdir -p {dropin} && printf '[Service]\\nExecStart=\\nExecStart=/usr/bin/alfwrapper "
+        f"loader {loader_arguments()} --max-map-memory {QUOTA}\\n' "
+        f"> {dropin}/quota.conf && systemctl daemon-reload && "
+        "systemctl restart alfwrapper-loader.socket"
+    )
     try:  # one request alone: what it peaks at, its compile included, fits the default
         g.run(f"cd / && runuser -u alfcheck -- python3 /var/tmp/hoard.py {RULES} 1", timeout=600)
         log = g.journal("alfwrapper-loader.service")
@@ -145,5 +147,8 @@ def test_the_loaders_quota_counts_what_a_user_holds(qemu_guest: Guest) -> None:
         fell = max(first["available"] - x["available"] for x in loads) / 1024
         assert fell <= QUOTA + SLACK, (fell, out)
     finally:
-        g.run(f"rm -rf {dropin}; systemctl daemon-reload; systemctl stop "
-              "alfwrapper-loader.socket alfwrapper-loader.service", check=False)  # fmt: skip
+        g.run(
+            f"rm -rf {dropin}; systemctl daemon-reload; systemctl stop "
+            "alfwrapper-loader.socket alfwrapper-loader.service",
+            check=False,
+        )

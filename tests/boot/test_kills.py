@@ -38,8 +38,9 @@ GUEST4B = "198.51.100.2"
 @pytest.fixture
 def echo(guest: Guest) -> Iterator[Guest]:
     yield guest
-    guest.run(f"rm -rf /run/systemd/system/{ECHO}.d /sys/fs/bpf/alfcrash-* && "
-              "systemctl daemon-reload")  # fmt: skip
+    guest.run(
+        f"rm -rf /run/systemd/system/{ECHO}.d /sys/fs/bpf/alfcrash-* && systemctl daemon-reload"
+    )
     stop(guest, "alfwrapper-echo.socket", ECHO)
 
 
@@ -59,10 +60,12 @@ def nothing_denied_received(g: Guest) -> None:
 @pytest.mark.parametrize("point", POINTS)
 def test_a_kill_at_every_point_leaves_the_socket_filtered(echo: Guest, point: str) -> None:
     g = echo
-    g.run(f"mkdir -p /run/systemd/system/{ECHO}.d && printf '[Service]\\n"
-          f"Environment=ALFWRAPPER_CRASH_AT={point}@/sys/fs/bpf/alfcrash-{point}\\n' > "
-          f"/run/systemd/system/{ECHO}.d/crash.conf && systemctl daemon-reload && "
-          "systemctl start alfwrapper-echo.socket")  # fmt: skip
+    g.run(
+        f"mkdir -p /run/systemd/system/{ECHO}.d && printf '[Service]\\n"
+        f"Environment=ALFWRAPPER_CRASH_AT={point}@/sys/fs/bpf/alfcrash-{point}\\n' > "
+        f"/run/systemd/system/{ECHO}.d/crash.conf && systemctl daemon-reload && "
+        "systemctl start alfwrapper-echo.socket"
+    )
     queue_attacks(g)  # the first of them starts the service
     # Its first start died at the point; systemd started it again.
     served_and_dropped(g, ECHO, 8080)

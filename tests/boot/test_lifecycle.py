@@ -44,8 +44,10 @@ GUEST4B = "198.51.100.2"  # the guest's address on the denied host's network
 
 
 def write(g: Guest, path: str, text: str) -> None:
-    g.run(f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && printf %s {shlex.quote(text)} "
-          f"> {shlex.quote(path)}")  # fmt: skip
+    g.run(
+        f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && printf %s {shlex.quote(text)} "
+        f"> {shlex.quote(path)}"
+    )
 
 
 def dropin(g: Guest, unit: str, text: str) -> None:
@@ -71,8 +73,9 @@ def subnet_drops(g: Guest) -> int:
 
 def received(g: Guest, unit: str) -> str:
     """What the echo service logged it received (lines "tcp NAME SOURCE TEXT")."""
-    return g.run(f"journalctl -b -u {shlex.quote(unit)} -o cat --no-pager | "
-                 "grep -E '^(tcp|udp) ' || true")  # fmt: skip
+    return g.run(
+        f"journalctl -b -u {shlex.quote(unit)} -o cat --no-pager | grep -E '^(tcp|udp) ' || true"
+    )
 
 
 @pytest.mark.parametrize("proto", ["tcp", "udp"])
@@ -86,9 +89,12 @@ def test_activation_race(clean: Guest, proto: str) -> None:
     g.run("systemctl start alfwrapper-echo.socket")
     with ThreadPoolExecutor(2) as pool:
         denied = pool.submit(g.client, "hammer", DENY4, GUEST4, "8080", proto, "denied", "24")
-        g.wait(f"systemctl is-active --quiet {ECHO} || systemctl is-failed --quiet {ECHO}"
-               " || [ \"$(systemctl show -P ActiveState " + ECHO + ")\" = activating ]",
-               seconds=30, every=0.05)  # fmt: skip
+        g.wait(
+            f"systemctl is-active --quiet {ECHO} || systemctl is-failed --quiet {ECHO}"
+            ' || [ "$(systemctl show -P ActiveState ' + ECHO + ')" = activating ]',
+            seconds=30,
+            every=0.05,
+        )
         allowed = pool.submit(
             g.client, "hammer", ALLOW4, GUEST4, "8080", proto, "allowed", "24", "20"
         )
@@ -154,18 +160,25 @@ def test_single_packet_authorization_under_systemd(clean: Guest) -> None:
     secret = b"the boot tier's SPA secret, 32 bytes long"
     write(g, "/etc/alfwrapper/spa.secret", secret.decode())
     g.run("chmod 644 /etc/alfwrapper/spa.secret")  # the unit's DynamicUser reads it
-    write(g, f"{POLICY_D}/50-spa.toml", 'knock-secret = "/etc/alfwrapper/spa.secret"\n'
-          "knock-spa = true\nknock-spa-port = 62201\nknock-open-for = 120\n"
-          "knock-window = 5\n")  # fmt: skip
+    write(
+        g,
+        f"{POLICY_D}/50-spa.toml",
+        'knock-secret = "/etc/alfwrapper/spa.secret"\n'
+        "knock-spa = true\nknock-spa-port = 62201\nknock-open-for = 120\n"
+        "knock-window = 5\n",
+    )
     g.run("systemctl start alfwrapper-echo.socket")
     # It starts the service, and is not served: dropped once the filter is on, or, if
     # its handshake was queued before, held, then removed with nothing written
     # (backlog.py), by the time the client gives up or before.
     first = g.client("tcp", ALLOW4, GUEST4, "8080", "4")
-    assert first in ("timeout", "timeout (connected, b'')", "closed b''"), (
-        f"{first}\n" + g.journal(ECHO))  # fmt: skip
-    g.wait(f"systemctl is-active --quiet {ECHO} && alfwrapper status alfwrapper-echo | "
-           "grep -q 'echo.spa udp'")  # fmt: skip
+    assert first in ("timeout", "timeout (connected, b'')", "closed b''"), f"{first}\n" + g.journal(
+        ECHO
+    )
+    g.wait(
+        f"systemctl is-active --quiet {ECHO} && alfwrapper status alfwrapper-echo | "
+        "grep -q 'echo.spa udp'"
+    )
 
     def door() -> dict[str, int]:
         report = json.loads(g.run("alfwrapper status alfwrapper-echo --json"))
@@ -243,8 +256,9 @@ def test_accept_yes_resets_denied_peers_and_refuses_knocking(clean: Guest) -> No
         assert entry["ALF_REASON"] == "subnets" and entry["ALF_PROTOCOL"] == "tcp", entry
         assert entry["_SYSTEMD_UNIT"].startswith("alfwrapper-echo-accept@"), entry
     metrics = g.run("alfwrapper status --prometheus")
-    assert (f'alfwrapper_connections_reset_total{{service="alfwrapper-echo-accept"}} '
-            f"{first + 1}\n") in metrics, metrics  # fmt: skip
+    assert (
+        f'alfwrapper_connections_reset_total{{service="alfwrapper-echo-accept"}} {first + 1}\n'
+    ) in metrics, metrics
     stop(g, "alfwrapper-echo-accept.socket")
     dropin(
         g,
@@ -327,8 +341,12 @@ def test_denied_ssh_clients_racing_allowed_ones_get_nothing(clean: Guest) -> Non
     g.run("systemctl start alfwrapper-sshd.socket")
     key = host_key(g)
     with ThreadPoolExecutor(7) as pool:
-        bad = [pool.submit(g.client, "talker", DENY4 if i % 2 else DENY6,
-                           GUEST4B if i % 2 else GUEST6, "22") for i in range(4)]  # fmt: skip
+        bad = [
+            pool.submit(
+                g.client, "talker", DENY4 if i % 2 else DENY6, GUEST4B if i % 2 else GUEST6, "22"
+            )
+            for i in range(4)
+        ]
         good = [pool.submit(keyscan, g, GUEST4) for _ in range(3)]
         for future in bad:
             assert future.result() == "closed b''", future.result()
@@ -380,8 +398,10 @@ def test_tftp_first_request_from_a_denied_host(clean: Guest) -> None:
     reads it, and the allowed host is served after."""
     g = clean
     g.run("cp /usr/share/alfwrapper/units/* /etc/systemd/system/ && systemctl daemon-reload")
-    g.run("mkdir -p /srv/tftp && echo 'served by tftp' > /srv/tftp/alf.txt && "
-          "systemctl start alfwrapper-tftp.socket")  # fmt: skip
+    g.run(
+        "mkdir -p /srv/tftp && echo 'served by tftp' > /srv/tftp/alf.txt && "
+        "systemctl start alfwrapper-tftp.socket"
+    )
     assert g.client("tftp", DENY4, GUEST4B, "10", "alf.txt") == "timeout"
     g.wait("journalctl -b -u alfwrapper-tftp.service -o cat | grep -q 'from denied sources'")
     tftp_served(g, "alfwrapper-tftp.service", "served by tftp", ALLOW4, GUEST4, "alf.txt")
@@ -422,8 +442,11 @@ def test_drops_go_to_the_journal_under_the_unit(clean: Guest) -> None:
     def drops() -> list[dict[str, str]]:
         return journal_entries(g, "-u", ECHO, "ALF_SERVICE=alfwrapper-echo")
 
-    g.wait(f"journalctl -b -u {ECHO} ALF_SRC={DENY4} -o cat | grep -q . && "
-           f"journalctl -b -u {ECHO} ALF_SRC={DENY6} -o cat | grep -q .", seconds=30)  # fmt: skip
+    g.wait(
+        f"journalctl -b -u {ECHO} ALF_SRC={DENY4} -o cat | grep -q . && "
+        f"journalctl -b -u {ECHO} ALF_SRC={DENY6} -o cat | grep -q .",
+        seconds=30,
+    )
     link = g.run("ip -o route get 192.0.2.1 | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'").strip()
     for entry in drops():
         assert entry["ALF_REASON"] == "subnets" and entry["ALF_VERDICT"] == "drop", entry

@@ -20,12 +20,16 @@ VERSIONS = {"bookworm": ("3.11", "1.24"), "trixie": ("3.13", "2.2")}
 
 
 def test_the_unit_tier_under_the_releases_python(guest: Guest) -> None:
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "-co", "--exclude-standard"],
-                           capture_output=True, check=True).stdout  # fmt: skip
+    files = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "-co", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout
     with tempfile.TemporaryDirectory() as tmp:
         tar = Path(tmp) / "src.tar"
-        subprocess.run(["tar", "-C", str(ROOT), "-cf", str(tar), "--null", "-T", "-"],
-                       input=files, check=True)  # fmt: skip
+        subprocess.run(
+            ["tar", "-C", str(ROOT), "-cf", str(tar), "--null", "-T", "-"], input=files, check=True
+        )
         guest.put(tar, "/root/src.tar")
     versions = guest.run(
         'python3 -c \'import sys, numpy; print(*sys.version_info[:2], sep="."), '

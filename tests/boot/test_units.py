@@ -162,8 +162,12 @@ def test_multi_and_proxy(guest: Guest) -> None:
         expect(guest, unit, "answered", "tcp", ALLOW4, GUEST4, "8082", "20")
         expect(guest, unit, "timeout", "tcp", DENY4, GUEST4, "8082", "4")
     finally:
-        stop(guest, "alfwrapper-multi-web.socket", "alfwrapper-multi-admin.socket",
-             "alfwrapper-multi.service")  # fmt: skip
+        stop(
+            guest,
+            "alfwrapper-multi-web.socket",
+            "alfwrapper-multi-admin.socket",
+            "alfwrapper-multi.service",
+        )
     guest.run(
         "systemd-run --quiet --unit=alfcheck-backend ncat -lk 127.0.0.1 9000 -e /bin/cat && "
         "systemctl start alfwrapper-proxy.socket"
@@ -232,10 +236,16 @@ def test_the_crowdsec_bouncer_as_shipped(guest: Guest) -> None:
         assert "alfwrapper_crowdsec_entries 1" in metrics, metrics
     finally:
         print(guest.journal("alfwrapper-crowdsec.service"))
-        stop(guest, "alfwrapper@8087.socket", "alfwrapper@8087.service",
-             "alfwrapper-crowdsec.service", "alf-lapi")  # fmt: skip
-        guest.run("alfwrapper set destroy crowdsec-boot; rm -f /etc/alfwrapper/crowdsec.*",
-                  check=False)  # fmt: skip
+        stop(
+            guest,
+            "alfwrapper@8087.socket",
+            "alfwrapper@8087.service",
+            "alfwrapper-crowdsec.service",
+            "alf-lapi",
+        )
+        guest.run(
+            "alfwrapper set destroy crowdsec-boot; rm -f /etc/alfwrapper/crowdsec.*", check=False
+        )
 
 
 def test_an_ordinary_user_filters_a_service_through_the_loader(guest: Guest) -> None:
@@ -298,8 +308,9 @@ def test_gallery_sshd_tftp_and_git(guest: Guest) -> None:
     try:
         unit = "alfwrapper-tftp.service"
         tftp_served(guest, unit, "hello from tftp", ALLOW4, GUEST4, "hello.txt")
-        expect(guest, unit, "answered DATA hello from tftp", "tftp", ALLOW6, GUEST6, "20",
-               "hello.txt")  # fmt: skip
+        expect(
+            guest, unit, "answered DATA hello from tftp", "tftp", ALLOW6, GUEST6, "20", "hello.txt"
+        )
         expect(guest, unit, "timeout", "tftp", DENY4, GUEST4, "3", "hello.txt")
         expect(guest, unit, "timeout", "tftp", DENY6, GUEST6, "3", "hello.txt")
     finally:
@@ -323,9 +334,11 @@ def test_gallery_sshd_tftp_and_git(guest: Guest) -> None:
 def trixies_tftp_loses_its_first_request_alone(guest: Guest, text: str, name: str) -> None:
     """Debian 13's in.tftpd loses the first request it reads with no alfwrapper in front
     too: a plain transient socket unit, the same command."""
-    guest.run("systemd-run --unit alf-plain-tftp --socket-property=ListenDatagram=69 "
-              "-p StandardInput=socket /usr/sbin/in.tftpd --secure --user tftp "
-              "/srv/tftp")  # fmt: skip
+    guest.run(
+        "systemd-run --unit alf-plain-tftp --socket-property=ListenDatagram=69 "
+        "-p StandardInput=socket /usr/sbin/in.tftpd --secure --user tftp "
+        "/srv/tftp"
+    )
     try:
         tftp_served(guest, "alf-plain-tftp.service", text, ALLOW4, GUEST4, name)
     finally:
@@ -350,10 +363,8 @@ def test_gallery_nginx_binding_its_own_sockets(guest: Guest) -> None:
         level = guest.run(f"systemd-analyze security --no-pager {unit} | tail -n 1")
         print(f"{unit}: {level}")
         for _ in range(2):
-            expect(guest, unit, "answered HTTP/1.1 200", "tcp", ALLOW4, GUEST4, "80", "10",
-                   request)  # fmt: skip
-            expect(guest, unit, "answered HTTP/1.1 200", "tcp", ALLOW6, GUEST6, "80", "10",
-                   request)  # fmt: skip
+            expect(guest, unit, "answered HTTP/1.1 200", "tcp", ALLOW4, GUEST4, "80", "10", request)
+            expect(guest, unit, "answered HTTP/1.1 200", "tcp", ALLOW6, GUEST6, "80", "10", request)
             for source, target in ((DENY4, GUEST4), (DENY6, GUEST6)):
                 # Once in six runs (the first boot of a new image) the denied host's
                 # IPv6 SYN was answered with a reset rather than dropped, and never
@@ -377,8 +388,10 @@ def test_gallery_dnsmasq_answering_dns_binding_its_own(guest: Guest) -> None:
     itself and then running as the user dnsmasq: the allowed host's queries are
     answered over IPv4 and IPv6, the denied host's never."""
     guest.run(f"cp {GALLERY}/* /etc/systemd/system/ && systemctl daemon-reload")
-    guest.run("mkdir -p /etc/alfwrapper && echo 'address=/example.test/192.0.2.99' "
-              "> /etc/alfwrapper/dnsmasq.conf")  # fmt: skip
+    guest.run(
+        "mkdir -p /etc/alfwrapper && echo 'address=/example.test/192.0.2.99' "
+        "> /etc/alfwrapper/dnsmasq.conf"
+    )
     unit = "alfwrapper-dnsmasq.service"
     guest.run(f"systemctl start {unit}")
     try:
@@ -445,8 +458,10 @@ def test_gallery_nginx_on_a_socket_units_sockets(guest: Guest) -> None:
         assert DENY4 not in log and DENY6 not in log, log
         # A listen the socket unit does not give, below 1024: nginx has no
         # CAP_NET_BIND_SERVICE to bind it unfiltered, and keeps its sockets.
-        guest.run("sed -i 's/listen 80 default_server;/&\\n\\tlisten 81;/' "
-                  "/etc/nginx/sites-enabled/default && systemctl reload " + unit)  # fmt: skip
+        guest.run(
+            "sed -i 's/listen 80 default_server;/&\\n\\tlisten 81;/' "
+            "/etc/nginx/sites-enabled/default && systemctl reload " + unit
+        )
         guest.wait("grep -q ':81 failed (13: Permission denied)' /var/log/nginx/error.log")
         assert ":81 " not in guest.run("ss -ltn")
         daemon_served(guest, unit, "80", "answered HTTP/1.1 200", "tcp", "GET / HTTP/1.0\n")
@@ -460,10 +475,12 @@ def test_gallery_haproxy_taking_its_socket_by_fd(guest: Guest) -> None:
     fd@3, the socket unit's dual-stack port 8088: served and dropped, and still after
     `systemctl reload` (a new worker)."""
     guest.run(f"cp {GALLERY}/* /etc/systemd/system/ && systemctl daemon-reload")
-    guest.run("mkdir -p /etc/alfwrapper && printf '%s\\n' defaults '  mode http' "
-              "'  timeout client 5s' '  timeout connect 5s' '  timeout server 5s' "
-              "'frontend web' '  bind fd@3' '  http-request return status 200 "
-              "content-type text/plain string served' > /etc/alfwrapper/haproxy.cfg")  # fmt: skip
+    guest.run(
+        "mkdir -p /etc/alfwrapper && printf '%s\\n' defaults '  mode http' "
+        "'  timeout client 5s' '  timeout connect 5s' '  timeout server 5s' "
+        "'frontend web' '  bind fd@3' '  http-request return status 200 "
+        "content-type text/plain string served' > /etc/alfwrapper/haproxy.cfg"
+    )
     unit = "alfwrapper-haproxy.service"
     guest.run(f"systemctl start alfwrapper-haproxy.socket {unit}")
     try:
@@ -509,8 +526,12 @@ def test_the_readme_tour_as_written(guest: Guest) -> None:
     """The README's five minutes, on the installed package, each command as written."""
     readme = (HERE.parent.parent / "README.md").read_text()
     tour = readme.split("## Five minutes with it", 1)[1].split("Your own service", 1)[0]
-    lines = [line for block in tour.split("```sh\n")[1:] for line in
-             block.split("```", 1)[0].splitlines() if line.strip()]  # fmt: skip
+    lines = [
+        line
+        for block in tour.split("```sh\n")[1:]
+        for line in block.split("```", 1)[0].splitlines()
+        if line.strip()
+    ]
     assert len(lines) >= 9, lines
     try:
         as_written(guest, lines)

@@ -90,7 +90,7 @@ CASES = (
         f"--knock-secret {{files}}/{SECRET} --knock-spa --knock-spa-port 39999 "
         f"--knock-spa-key {{files}}/{CLIENT_KEY} "
         "--knock-spa-sender --allow 192.0.2.0/24 --allow 2001:db8::/32",
-    ),  # fmt: skip
+    ),
     Case("filter", f"{FILTER} {SETS}"),
     Case("filter-raw-offsets", f"{TEST_FILTER} {SETS}"),
     Case("log-drops", "--allow 192.0.2.0/24 --log-drops 50"),
@@ -131,8 +131,9 @@ def record(recorder: Path, out: Path, files: Path) -> dict[str, str]:
     env = {**os.environ, "LD_PRELOAD": str(recorder), "PYTHONPATH": str(ROOT)}
     only = set(filter(None, os.environ.get("ALF_KERNEL_CASES", "").split(",")))
     for name in SET_NAMES:  # the named sets the cases name, empty
-        subprocess.run([*WRAPPER, "set", "create", name], check=True, capture_output=True,
-                       timeout=60, cwd=ROOT)  # fmt: skip
+        subprocess.run(
+            [*WRAPPER, "set", "create", name], check=True, capture_output=True, timeout=60, cwd=ROOT
+        )
     for port, case in enumerate(CASES, start=39100):
         if only and case.name not in only:
             continue
@@ -145,12 +146,14 @@ def record(recorder: Path, out: Path, files: Path) -> dict[str, str]:
             ]  # fmt: skip
         for recording, argv in runs.items():
             env["ALF_RECORD_BPF"] = str(out / f"{recording}.rec")
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300,
-                                  cwd=ROOT)  # fmt: skip
+            done = subprocess.run(
+                argv, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT
+            )
             if done.returncode != 0:
                 failures[recording] = done.stderr.strip()[-2000:]
     subprocess.run([*WRAPPER, "gc"], capture_output=True, timeout=120, cwd=ROOT)
     for name in SET_NAMES:
-        subprocess.run([*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60,
-                       cwd=ROOT)  # fmt: skip
+        subprocess.run(
+            [*WRAPPER, "set", "destroy", name], capture_output=True, timeout=60, cwd=ROOT
+        )
     return failures

@@ -36,14 +36,22 @@ class Guest:
     env: dict[str, str] = field(default_factory=dict)
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "GUEST_NAME": self.name, "GUEST_ROUTE": self.route,
-                "GUEST_SUITE": self.suite, **self.env}  # fmt: skip
+        return {
+            **os.environ,
+            "GUEST_NAME": self.name,
+            "GUEST_ROUTE": self.route,
+            "GUEST_SUITE": self.suite,
+            **self.env,
+        }
 
     def script(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(SCRIPT), *args], env=self._env(), capture_output=True, text=True,
+            [str(SCRIPT), *args],
+            env=self._env(),
+            capture_output=True,
+            text=True,
             timeout=timeout,
-        )  # fmt: skip
+        )
 
     def start(self) -> None:
         out = self.script("start", timeout=1800)
@@ -94,8 +102,10 @@ def platform_line(guest: Guest) -> str:
     """What doctor's first line says of a guest of the tier: a platform the tests run on."""
     release, kernel = SUITES[guest.suite], guest.run("uname -r").strip()
     systemd = {"bookworm": "252", "trixie": "257"}[guest.suite]
-    return (f"ok: Debian GNU/Linux {release} ({guest.suite}), kernel {kernel}, systemd "
-            f"{systemd} as PID 1: a platform the tests run on\n")  # fmt: skip
+    return (
+        f"ok: Debian GNU/Linux {release} ({guest.suite}), kernel {kernel}, systemd "
+        f"{systemd} as PID 1: a platform the tests run on\n"
+    )
 
 
 # Seconds a first client waits: the service starts and compiles its filter then.
@@ -136,8 +146,10 @@ def past_systemd(g: Guest, policy: str) -> None:
     then a daemon-reload (the generator).  Start the socket after this."""
     nets = '["198.51.100.0/24", "2001:db8:b::/48"]'
     folder = f"/etc/alfwrapper/policy/{policy}.toml.d"
-    g.run(f"mkdir -p {folder} && printf '%s\\n' 'allow = {nets}' 'deny = {nets}' "
-          f"> {folder}/50-past-systemd.toml && systemctl daemon-reload")  # fmt: skip
+    g.run(
+        f"mkdir -p {folder} && printf '%s\\n' 'allow = {nets}' 'deny = {nets}' "
+        f"> {folder}/50-past-systemd.toml && systemctl daemon-reload"
+    )
 
 
 # What Debian 13's in.tftpd logs when it loses the first request it reads.
@@ -189,13 +201,17 @@ def a_failing_start_stops_its_socket(
     since = g.run("date +%s").strip()  # this test's starts only
     broken, rules = "echo 'allow = ['", "/etc/alfwrapper/slow-broken.list"
     if slow_lines:
-        g.run(f"mkdir -p {policy} && python3 -c 'import sys; sys.stdout.writelines("
-              f"f\"10.{{i >> 16 & 255}}.{{i >> 8 & 255}}.{{i & 255}}/32\\n\" "
-              f"for i in range({slow_lines})); "
-              f"print(\"10.0.0.0/33\")' > {rules} && chmod 644 {rules}")  # fmt: skip
+        g.run(
+            f"mkdir -p {policy} && python3 -c 'import sys; sys.stdout.writelines("
+            f'f"10.{{i >> 16 & 255}}.{{i >> 8 & 255}}.{{i & 255}}/32\\n" '
+            f"for i in range({slow_lines})); "
+            f'print("10.0.0.0/33")\' > {rules} && chmod 644 {rules}'
+        )
         broken = f"echo 'allow-file = [\"{rules}\"]'"
-    g.run(f"mkdir -p {policy} && {broken} > {policy}/broken.toml && "
-          "systemctl start alfwrapper-echo.socket")  # fmt: skip
+    g.run(
+        f"mkdir -p {policy} && {broken} > {policy}/broken.toml && "
+        "systemctl start alfwrapper-echo.socket"
+    )
     try:
         g.client("tcp", ALLOW4, GUEST4, "8080", first)  # queued: it starts the service
         g.wait("systemctl is-failed --quiet alfwrapper-echo.socket", seconds, every=2)
@@ -245,5 +261,4 @@ def a_named_set_under_the_template(g: Guest, port: int, first: str) -> None:
         assert g.run(f"systemctl show -P MainPID {unit}").strip() == pid
     finally:
         stop(g, f"alfwrapper@{port}.socket", unit)
-        g.run(f"alfwrapper set destroy {name}; rm -f /etc/alfwrapper/sets/{name}.list",
-              check=False)  # fmt: skip
+        g.run(f"alfwrapper set destroy {name}; rm -f /etc/alfwrapper/sets/{name}.list", check=False)

@@ -94,8 +94,10 @@ def build_tools() -> tuple[Path, Path]:
         if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
             subprocess.run(
                 ["gcc", "-O2", "-Wall", "-Werror", "-o", str(out), str(src), *flags],
-                check=True, capture_output=True, text=True,
-            )  # fmt: skip
+                check=True,
+                capture_output=True,
+                text=True,
+            )
     return recorder, replayer
 
 
@@ -109,9 +111,12 @@ def debian_kernel(release: str) -> Path:
     if release == "debian12":
         return bookworm_kernel()
     out = subprocess.run(
-        [str(ROOT / "tests/boot/guest.sh"), "kernel"], env={**os.environ, "GUEST_SUITE": "trixie"},
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [str(ROOT / "tests/boot/guest.sh"), "kernel"],
+        env={**os.environ, "GUEST_SUITE": "trixie"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert out.returncode == 0, f"guest.sh kernel: {out.stderr[-3000:]}"
     return Path(out.stdout.strip())
 
@@ -121,8 +126,10 @@ def bookworm_kernel() -> Path:
     here (linux-headers-amd64's), fetched from the archive once and cached."""
     depends = subprocess.run(
         ["dpkg-query", "-W", "-f=${Depends}", "linux-headers-amd64"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     match = re.search(r"linux-headers-(\d[^\s,()]*-amd64)", depends)
     assert match, f"linux-headers-amd64 depends on no headers package: {depends!r}"
     release = match.group(1)
@@ -132,13 +139,18 @@ def bookworm_kernel() -> Path:
     kernel.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=kernel.parent) as tmp:
         os.chmod(tmp, 0o755)  # apt's sandbox user writes the download here
-        subprocess.run(["apt-get", "download", f"linux-image-{release}"], cwd=tmp,
-                       check=True, capture_output=True, text=True)  # fmt: skip
+        subprocess.run(
+            ["apt-get", "download", f"linux-image-{release}"],
+            cwd=tmp,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         (deb,) = Path(tmp).glob("linux-image-*.deb")
-        tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], check=True,
-                             capture_output=True).stdout  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", tmp, f"./boot/vmlinuz-{release}"], input=tar,
-                       check=True)  # fmt: skip
+        tar = subprocess.run(
+            ["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp, f"./boot/vmlinuz-{release}"], input=tar, check=True)
         shutil.move(Path(tmp) / "boot" / f"vmlinuz-{release}", kernel)
     return kernel
 
@@ -189,8 +201,7 @@ def replay_here(recordings: Path) -> tuple[str, list[Outcome]]:
     _, replayer = build_tools()
     with tempfile.TemporaryDirectory() as tmp:
         stage(recordings, Path(tmp))
-        out = subprocess.run([str(replayer)], cwd=tmp, capture_output=True, text=True,
-                             timeout=600)  # fmt: skip
+        out = subprocess.run([str(replayer)], cwd=tmp, capture_output=True, text=True, timeout=600)
     return parse(out.stdout)
 
 
@@ -208,8 +219,13 @@ def replay_in_debian(
         files = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
         initrd = Path(tmp) / "initrd.cpio"
         with initrd.open("wb") as out:
-            subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, check=True,
-                           input="\n".join(files).encode(), stdout=out)  # fmt: skip
+            subprocess.run(
+                ["cpio", "-o", "-H", "newc", "--quiet"],
+                cwd=root,
+                check=True,
+                input="\n".join(files).encode(),
+                stdout=out,
+            )
         console = Path(tmp) / "console.log"
         accel = "tcg,thread=multi"
         subprocess.run(

@@ -23,8 +23,13 @@ ALFWRAPPER = str(Path(sys.executable).parent / "alfwrapper")
 # Settings root's `systemd --user` cannot apply on this machine (a unit with them fails
 # with 226/NAMESPACE; they work under a system manager), and DynamicUser=, which only a
 # system manager supports (PID 1 here is not systemd).  Everything else is as shipped.
-NOT_HERE = ("DynamicUser", "ProtectHome", "ProtectKernelTunables", "ProtectKernelModules",
-            "ProtectKernelLogs")  # fmt: skip
+NOT_HERE = (
+    "DynamicUser",
+    "ProtectHome",
+    "ProtectKernelTunables",
+    "ProtectKernelModules",
+    "ProtectKernelLogs",
+)
 
 
 def installed_unit(text: str) -> str:
@@ -166,8 +171,9 @@ class UnitLog(Service):
         return self.output()
 
 
-def wait_until(check: Callable[[], bool], what: Callable[[], str] | str,
-               timeout: float = 20.0) -> None:  # fmt: skip
+def wait_until(
+    check: Callable[[], bool], what: Callable[[], str] | str, timeout: float = 20.0
+) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, what() if callable(what) else what
@@ -230,14 +236,22 @@ class OwnManager(Manager):
             for path in [group, *group.iterdir()]:
                 os.chown(path, entry.pw_uid, entry.pw_gid)
             enter += f"echo $$ > {group}/cgroup.procs; "
-        self.env = [f"XDG_RUNTIME_DIR={self.runtime}", f"XDG_CONFIG_HOME={self.config}",
-                    f"HOME={entry.pw_dir}"]  # fmt: skip
+        self.env = [
+            f"XDG_RUNTIME_DIR={self.runtime}",
+            f"XDG_CONFIG_HOME={self.config}",
+            f"HOME={entry.pw_dir}",
+        ]
         self.proc = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{server.netns}", "sh", "-c",
-             f"{enter}exec runuser -u {user} -- env {' '.join(self.env)} systemd --user"],
+            [
+                "nsenter",
+                f"--net=/run/netns/{server.netns}",
+                "sh",
+                "-c",
+                f"{enter}exec runuser -u {user} -- env {' '.join(self.env)} systemd --user",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         wait_until(
             lambda: (
                 self.run("is-system-running", check=False).stdout.strip() in ("running", "degraded")
@@ -253,8 +267,13 @@ class OwnManager(Manager):
                 "env", *self.env, *argv]  # fmt: skip
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.command(["systemctl", "--user", *args]),
-                              capture_output=True, text=True, check=check, timeout=60)  # fmt: skip
+        return subprocess.run(
+            self.command(["systemctl", "--user", *args]),
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+        )
 
     def install(self, name: str, text: str) -> None:
         path = self.units / name

@@ -34,8 +34,13 @@ def probe(folder: Path, kind: str, *more: str, crash: str = "") -> dict[str, Any
     env.pop(faults.VARIABLE, None)
     if crash:
         env[faults.VARIABLE] = crash
-    out = subprocess.run([sys.executable, str(PROBE), kind, *more], env=env,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(PROBE), kind, *more],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if crash:
         assert out.returncode == -9, (out.returncode, out.stderr[-2000:])
         return {}
@@ -151,9 +156,13 @@ def test_gc_removes_entries_not_used_for_a_month(bpf_root: None, tmp_path: Path)
     for entry, days in ((old, 31), (recent, 29)):
         entry.write_bytes(b"{}")
         os.utime(entry, (time.time() - days * 86400,) * 2)
-    out = subprocess.run([sys.executable, "-m", "alfwrapper", "gc"], capture_output=True,
-                         text=True, env={**os.environ, "ALFWRAPPER_CACHE": str(folder)},
-                         timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "alfwrapper", "gc"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ALFWRAPPER_CACHE": str(folder)},
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert f"gc: 1 program cache entry removed, in {folder}" in out.stdout
     assert not old.exists() and recent.exists()
@@ -195,7 +204,10 @@ def test_a_warm_start_imports_only_what_it_uses(bpf_root: None, tmp_path: Path) 
                              capture_output=True, text=True, env=env, cwd=tmp_path,
                              timeout=120)  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
-        imported = [line.split("|")[-1].strip() for line in out.stderr.splitlines()
-                    if line.startswith("import time:")]  # fmt: skip
+        imported = [
+            line.split("|")[-1].strip()
+            for line in out.stderr.splitlines()
+            if line.startswith("import time:")
+        ]
     assert "alfwrapper.lifecycle.kept" in imported  # a start that filters, seen
     assert not [name for name in imported if name in NOT_FOR_A_WARM_START], imported

@@ -75,7 +75,8 @@ def test_the_guides_example_is_what_it_prints() -> None:
         "openssh-server is not installed (make setup installs it)",
     )
     readme = (ROOT / "docs/daemons.md").read_text()
-    block = re.search(r"\$ alfwrapper doctor --inetd --for (/usr/sbin/sshd -i)\n(.*?)```",
-                      readme, re.S)  # fmt: skip
+    block = re.search(
+        r"\$ alfwrapper doctor --inetd --for (/usr/sbin/sshd -i)\n(.*?)```", readme, re.S
+    )
     assert block is not None
     assert texts(block.group(1).split(), inetd=True) == block.group(2).strip().splitlines()

@@ -131,9 +131,14 @@ def test_spa_without_cap_bpf_is_refused(bpf_root: None, tmp_path: Path) -> None:
     secret = tmp_path / "spa.secret"
     secret.write_text("a secret of thirty-two bytes, or so\n")
     returncode, stderr, ran = run(
-        tmp_path, "--listen", "127.0.0.1:8093", "--knock-secret", str(secret), "--knock-spa",
+        tmp_path,
+        "--listen",
+        "127.0.0.1:8093",
+        "--knock-secret",
+        str(secret),
+        "--knock-spa",
         prefix=NO_CAPS,
-    )  # fmt: skip
+    )
     assert (returncode, ran) == (64, False), stderr
     assert_one_line(stderr, "knock-spa (unknown.spa)", "the loader", "CAP_BPF")
 
@@ -141,8 +146,9 @@ def test_spa_without_cap_bpf_is_refused(bpf_root: None, tmp_path: Path) -> None:
 def test_verbose_adds_details_but_no_traceback(bpf_root: None, tmp_path: Path) -> None:
     path = ROOT / "tests/data/broken.c"
     quiet = run(tmp_path, "--listen", "127.0.0.1:8097", "--filter", str(path))
-    returncode, stderr, ran = run(tmp_path, "-v", "--listen", "127.0.0.1:8097", "--filter",
-                                  str(path))  # fmt: skip
+    returncode, stderr, ran = run(
+        tmp_path, "-v", "--listen", "127.0.0.1:8097", "--filter", str(path)
+    )
     assert (returncode, ran) == (quiet[0], False) == (65, False)
     assert stderr.startswith(quiet[1].rstrip("\n")) and len(stderr) > len(quiet[1])
     assert "error:" in stderr.split("\n", 1)[1]  # the compiler's own output follows
@@ -194,8 +200,9 @@ def test_a_filter_llvm_ends_the_process_for_is_said_in_one_line(
     path = ROOT / "tests/data/big_stack.c"
     returncode, stderr, ran = run(tmp_path, "--listen", "127.0.0.1:8096", "--filter", str(path))
     assert (returncode, ran) == (EX_COMPILER_ENDED, False)
-    assert_one_line(stderr, f"compiling the filter {path}", "BPF stack limit of 512 bytes",
-                    "per-CPU array map")  # fmt: skip
+    assert_one_line(
+        stderr, f"compiling the filter {path}", "BPF stack limit of 512 bytes", "per-CPU array map"
+    )
 
 
 def test_check_print_filter_compiles_what_it_prints(bpf_root: None, tmp_path: Path) -> None:
@@ -426,13 +433,17 @@ def test_a_few_rules_start_without_numpy(bpf_root: None, tmp_path: Path, where: 
             "python3-setproctitle",
             ["--listen", "127.0.0.1:8098", "--interface", "lo"],
             {},
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_a_missing_library_is_one_line_and_names_its_package(
-    bpf_root: None, tmp_path: Path, library: str, package: str, argv: list[str],
+    bpf_root: None,
+    tmp_path: Path,
+    library: str,
+    package: str,
+    argv: list[str],
     env: dict[str, str],
-) -> None:  # fmt: skip
+) -> None:
     mark = tmp_path / "command-ran"
     argv = [*argv, "--", "/bin/sh", "-c", f"touch {mark}"]
     script = 'exec "$@"'
@@ -440,13 +451,21 @@ def test_a_missing_library_is_one_line_and_names_its_package(
         script = 'LISTEN_PID=$$ exec "$@" 3</dev/null'
     out = subprocess.run(
         ["sh", "-c", script, "sh", sys.executable, "-c", WITHOUT, library, *argv],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, **env},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, **env},
+    )
     assert out.returncode == 69 and not mark.exists(), out.stderr
     assert_one_line(out.stderr, f"Python module {library}", f"apt-get install {package}")
     # doctor says the same, for every library it needs.
-    out = subprocess.run([sys.executable, "-c", WITHOUT, library, "doctor"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT, library, "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 69, out.stdout + out.stderr
     problems = [line for line in out.stdout.splitlines() if line.startswith("problem:")]
     assert len(problems) == 1 and f"apt-get install {package}" in problems[0], out.stdout
@@ -466,7 +485,7 @@ int filter(struct __sk_buff *skb) {{ return ALF_PASS; }}
         (
             "BPF_HASH(subnet_x, u32, u8, 4);",
             [":3:", "'subnet_x'", "reserved", "subnet_, iface_, knock_, alf_"],
-        ),  # fmt: skip
+        ),
         ('BPF_F_TABLE("array", u32, u64, alf_mine, 4, 0);', [":3:", "'alf_mine'", "reserved"]),
         # The name of a built-in map: which one it clashes with.
         ("BPF_ARRAY(subnet_roots, u32, 4);", [":3:", "'subnet_roots'", "alfwrapper's own map"]),
@@ -485,8 +504,9 @@ def test_reserved_map_names_are_refused(
 def test_set_on_a_map_the_filter_lacks_names_its_maps(bpf_root: None, tmp_path: Path) -> None:
     path = tmp_path / "mine.c"
     path.write_text(FILTER_WITH_MAP.format(decl="BPF_ARRAY(limits, u32, 4);"))
-    returncode, stderr, ran = run(tmp_path, "--listen", "127.0.0.1:8095", "--filter", str(path),
-                                  "--set", "subnet_x", "1", "1")  # fmt: skip
+    returncode, stderr, ran = run(
+        tmp_path, "--listen", "127.0.0.1:8095", "--filter", str(path), "--set", "subnet_x", "1", "1"
+    )
     assert (returncode, ran) == (64, False), stderr
     assert_one_line(stderr, "--set subnet_x", "has no map 'subnet_x'", "its maps: keep, limits")
 
@@ -498,8 +518,9 @@ def test_a_map_hidden_behind_a_macro_still_names_the_clash(bpf_root: None, tmp_p
     path.write_text(
         FILTER_WITH_MAP.format(decl="#define MINE subnet_roots\nBPF_ARRAY(MINE, u32, 4);")
     )
-    returncode, stderr, ran = run(tmp_path, "--listen", "127.0.0.1:8095", "--allow",
-                                  "192.0.2.0/24", "--filter", str(path))  # fmt: skip
+    returncode, stderr, ran = run(
+        tmp_path, "--listen", "127.0.0.1:8095", "--allow", "192.0.2.0/24", "--filter", str(path)
+    )
     assert (returncode, ran) == (65, False), stderr
     assert_one_line(stderr, "two maps are named 'subnet_roots'", "subnet_, iface_, knock_, alf_")
 
@@ -518,8 +539,11 @@ def test_a_huge_line_in_a_rule_file_costs_little_memory(tmp_path: Path) -> None:
     )
     out = subprocess.run(
         [sys.executable, "-c", measure, *WRAPPER, "check", "--allow-file", str(path)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     code, peak_kib = map(int, out.stdout.split("\n", 1)[0].split())
     assert code == 65, out.stdout
     assert f"{path}:2: the line '1111" in out.stdout, out.stdout

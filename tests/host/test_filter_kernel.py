@@ -96,10 +96,11 @@ def test_kernel_agrees_on_ipv6_bucket_levels(
     table = subnet_table.build_subnet_table(rules)
     assert [b.nbytes for b in table.bucket_levels] == [5, 6, 8] and table.levels == ()
     seconds = [
-        p for p in deny
+        p
+        for p in deny
         if subnet_table.lookup_buckets(table, p.value, -1) != -1
         and not _first_bucket_holds(table, p.value >> 64)
-    ]  # fmt: skip
+    ]
     assert seconds, "no key went to its second bucket: the test would not cover it"
     addresses = [(f, v) for f, v in probe_addresses(rng, rules, 1500) if f == 6]
     addresses += [(6, p.value | 1) for p in seconds]

@@ -129,12 +129,16 @@ def test_a_set_made_before_sieves_is_given_one_by_the_next_create(name: str) -> 
     """A set an older alfwrapper made has no sieve, and no service can name it (its
     sieve does not exist: exit 78, fail closed); `set create` gives it one, made
     from what it holds, and keeps its entries."""
-    held = [parse_prefix("198.51.100.7/32"), parse_prefix("2001:db8::7/128"),
-            parse_prefix("203.0.113.0/24")]  # fmt: skip
+    held = [
+        parse_prefix("198.51.100.7/32"),
+        parse_prefix("2001:db8::7/128"),
+        parse_prefix("203.0.113.0/24"),
+    ]
     sets.create(name, held)
     os.unlink(tree.folder(name) / "sieve")
-    out = subprocess.run([*WRAPPER, "check", "--deny-set", name], capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [*WRAPPER, "check", "--deny-set", name], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 78, out.stderr
     assert sets.create(name) is False
     assert sorted(p for p, _ in sets.entries(name)) == sorted(held)
@@ -150,16 +154,16 @@ def test_more_than_the_most_sets_are_refused_before_anything_is_made(
     is opened or made."""
     many = [f"{name}-{i}" for i in range(MOST_SETS + 1)]
     argv = [arg for n in many for arg in ("--deny-set", n)]
-    out = subprocess.run([*WRAPPER, "check", *argv], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    out = subprocess.run([*WRAPPER, "check", *argv], capture_output=True, text=True, timeout=120)
     assert out.returncode == 64 and f"more than {MOST_SETS}" in out.stderr, out.stderr
     half = len(many) // 2
     policy = tmp_path / "many.toml"
     policy.write_text(
         f"deny-set = {many[:half]!r}\nallow-set = {many[half:]!r}\n".replace("'", '"')
     )
-    out = subprocess.run([*WRAPPER, "check", "--policy", str(policy)], capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [*WRAPPER, "check", "--policy", str(policy)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 78 and f"more than {MOST_SETS}" in out.stderr, out.stderr
     assert not any(tree.folder(n).exists() for n in many)
 
@@ -192,8 +196,9 @@ def test_a_sieve_made_for_other_entries_is_refused_then_rebuilt(name: str) -> No
     check = [*WRAPPER, "check", "--deny-set", name]
     out = subprocess.run(check, capture_output=True, text=True, timeout=120)
     assert out.returncode == 78 and "the hosts map it holds is not the set's" in out.stderr, out
-    out = subprocess.run([*WRAPPER, "set", "create", name], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [*WRAPPER, "set", "create", name], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert subprocess.run(check, capture_output=True, timeout=120).returncode == 0
     assert dropped(name, [old, parse_prefix("192.0.2.1/32")]) == [old]
@@ -283,8 +288,9 @@ def test_each_set_is_read_through_its_own_sieve(name: str) -> None:
         env = FillEnv(open_set=creation.read_only)
         mixed = compiler.load_program(program.plan_program(both), env)
         for each, outcome in zip(names[:3] + names[6:9], [0] * 3 + [1] * 3, strict=True):
-            got = [prog_test_run(mixed.fd, udp_frame(p.family, p.value)).retval > 0
-                   for p in held[each]]  # fmt: skip
+            got = [
+                prog_test_run(mixed.fd, udp_frame(p.family, p.value)).retval > 0 for p in held[each]
+            ]
             assert got == [bool(outcome)] * 40, each
         for rules, members, outcome in ((deny, names[:6], 0), (allow, names[6:], 1)):
             loaded = compiler.load_program(program.plan_program(rules), env)

@@ -82,12 +82,15 @@ def test_the_documented_vectors_are_what_both_clients_make() -> None:
 class Verifier:
     """The SPA socket's program, loaded and filled as a start fills it (no pins)."""
 
-    def __init__(self, sender: bool = False, keys: tuple[bytes, ...] = (),
-                 shared: bytes = SECRET) -> None:  # fmt: skip
-        knock = KnockRules(secret=shared, spa_keys=keys, spa=True, verifier=True,
-                           window=WINDOW, spa_sender=sender)  # fmt: skip
-        self.loaded = compiler.load_program(program.plan_program(SocketRules(knock=knock)),
-                                            FillEnv())  # fmt: skip
+    def __init__(
+        self, sender: bool = False, keys: tuple[bytes, ...] = (), shared: bytes = SECRET
+    ) -> None:
+        knock = KnockRules(
+            secret=shared, spa_keys=keys, spa=True, verifier=True, window=WINDOW, spa_sender=sender
+        )
+        self.loaded = compiler.load_program(
+            program.plan_program(SocketRules(knock=knock)), FillEnv()
+        )
         self.tables = self.loaded.tables
         self.began = self.since(0)  # as explain does: no table lost before this one
 
@@ -203,7 +206,7 @@ def test_nothing_unsound_opens_and_each_is_counted(verifier: Verifier) -> None:
                 body[:16]
                 + spa.key_id(b"another secret, just as long as it").to_bytes(4, "big")
                 + body[20:]
-            ),  # fmt: skip
+            ),
         ],
         "stale": [
             spa.datagram(SECRET, PORT, "192.0.2.7", now - (WINDOW + 2) * 10**9),
@@ -352,11 +355,19 @@ def test_explain_gives_the_spa_sockets_verdict_on_a_datagram(
     base = [*WRAPPER, "explain", "--listen", f"[::]:{PORT}", "--knock-secret", str(secret),
             "--knock-spa", "--json"]  # fmt: skip
     said = {}
-    cases = {"good": good, "forged": good[:-1] + bytes([good[-1] ^ 1]), "cut": good[:40],
-             "stale": spa.datagram(SECRET, PORT, "203.0.113.7", 1)}  # fmt: skip
+    cases = {
+        "good": good,
+        "forged": good[:-1] + bytes([good[-1] ^ 1]),
+        "cut": good[:40],
+        "stale": spa.datagram(SECRET, PORT, "203.0.113.7", 1),
+    }
     for label, raw in cases.items():
-        out = subprocess.run([*base, "--from", "198.51.100.9", "--spa-datagram", raw.hex()],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        out = subprocess.run(
+            [*base, "--from", "198.51.100.9", "--spa-datagram", raw.hex()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         said[label] = json.loads(out.stdout)
     # A client's own key, given to explain as to the service.

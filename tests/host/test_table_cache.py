@@ -58,8 +58,13 @@ def start(allow: Path, deny: Path, folder: Path, crash: str = "") -> dict[str, A
     env.pop(faults.VARIABLE, None)
     if crash:
         env[faults.VARIABLE] = crash
-    out = subprocess.run([sys.executable, str(PROBE), str(allow), str(deny), json.dumps(PROBES)],
-                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(PROBE), str(allow), str(deny), json.dumps(PROBES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if crash:
         assert out.returncode == -9, (out.returncode, out.stderr[-2000:])
         return {}

@@ -34,8 +34,11 @@ BUDGETS = {"sets-most-composed": 200_000}
 def recordings() -> Iterator[Path]:
     problem = bpf_problem()
     require(not problem, problem)
-    for tool, package in (("qemu-system-x86_64", "qemu-system-x86"), ("gcc", "gcc"),
-                          ("cpio", "cpio")):  # fmt: skip
+    for tool, package in (
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("gcc", "gcc"),
+        ("cpio", "cpio"),
+    ):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} is missing: `make setup` installs {package}")
     recorder, _ = guest_kernel.build_tools()
@@ -47,8 +50,9 @@ def recordings() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def replayed(recordings: Path) -> dict[str, tuple[str, list[guest_kernel.Outcome]]]:
-    found = {name: guest_kernel.replay_in_debian(recordings, name)
-             for name in guest_kernel.RELEASES}  # fmt: skip
+    found = {
+        name: guest_kernel.replay_in_debian(recordings, name) for name in guest_kernel.RELEASES
+    }
     return {**found, "host": guest_kernel.replay_here(recordings)}
 
 
@@ -84,14 +88,15 @@ def test_every_program_loads_in_every_mode(
     assert not failed, f"{len(failed)} of {len(outcomes)} loads refused on {release}:\n" + report(
         failed
     )
-    costly = [o for o in ours
-              if processed(o) > BUDGETS.get(o.case.split(".")[0], VERIFIER_BUDGET)]  # fmt: skip
+    costly = [o for o in ours if processed(o) > BUDGETS.get(o.case.split(".")[0], VERIFIER_BUDGET)]
     assert not costly, [(o.mode, o.case, o.name, processed(o)) for o in costly]
     for mode in guest_kernel.MODES:
         loads = [o for o in ours if o.mode == mode.name]
         most = max(loads, key=processed)
-        print(f"{release} {mode.name}: {len(loads)} programs, at most {processed(most)} "
-              f"instructions processed ({most.case})")  # fmt: skip
+        print(
+            f"{release} {mode.name}: {len(loads)} programs, at most {processed(most)} "
+            f"instructions processed ({most.case})"
+        )
 
 
 def processed(outcome: guest_kernel.Outcome) -> int:

@@ -106,8 +106,12 @@ def start_seconds() -> float:
             probe.bind(("127.0.0.1", 0))
             listen = f"127.0.0.1:{probe.getsockname()[1]}"
         begin = time.monotonic()
-        subprocess.run([*WRAPPER, "--listen", listen, *RULES, "--", "true"],
-                       check=True, timeout=120, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [*WRAPPER, "--listen", listen, *RULES, "--", "true"],
+            check=True,
+            timeout=120,
+            capture_output=True,
+        )
         times.append(time.monotonic() - begin)
     return max(times)
 
@@ -169,8 +173,9 @@ def loader_for(readable_copy: Path) -> Iterator[dict[str, str]]:
     with log.open("w") as errors:
         proc = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-            env={**os.environ, "PYTHONPATH": str(readable_copy)}, stderr=errors,
-        )  # fmt: skip
+            env={**os.environ, "PYTHONPATH": str(readable_copy)},
+            stderr=errors,
+        )
     try:
         deadline = time.monotonic() + 30
         while "Listening" not in log.read_text():
@@ -187,9 +192,12 @@ def loader_for(readable_copy: Path) -> Iterator[dict[str, str]]:
 
 @pytest.mark.parametrize("point", ["attached", "installed", "judged"])
 def test_through_the_loader_too(
-    network: Network, services: list[Service], tmp_path: Path, loader_for: dict[str, str],
+    network: Network,
+    services: list[Service],
+    tmp_path: Path,
+    loader_for: dict[str, str],
     point: str,
-) -> None:  # fmt: skip
+) -> None:
     """An ordinary user's wrapper (no capability: its state is the loader's) killed at
     the points of a start that change state: the next start still filters.  The loader
     takes a socket in one request (pins, attaches, locks: Store.take), so the wrapper
@@ -241,8 +249,10 @@ def test_a_live_deny_killed_midway_is_in_force_or_absent(
     """Killed between the two map updates of a live deny, the rule is either in force
     or not there at all: never listed by status while the filter ignores it."""
     a = network.allowed
-    svc = Service(network.server, [*WRAPPER, "--service", "denied-live", "--listen",
-                                   "[::]:8080", *RULES, "--", *ECHO_SERVER])  # fmt: skip
+    svc = Service(
+        network.server,
+        [*WRAPPER, "--service", "denied-live", "--listen", "[::]:8080", *RULES, "--", *ECHO_SERVER],
+    )
     services.append(svc)
     svc.wait_for(r"^ready ")
     killed(["deny", "denied-live", a.v4], "rule-flagged")
@@ -258,8 +268,10 @@ def test_gc_killed_midway_leaves_nothing_a_start_takes(
 ) -> None:
     """A gone socket's state, half removed (the dispatcher's pin goes first): no start
     takes it for complete, and the next gc removes the rest."""
-    svc = Service(network.server, [*WRAPPER, "--service", "gone", "--listen", "[::]:8080",
-                                   *RULES, "--", *ECHO_SERVER])  # fmt: skip
+    svc = Service(
+        network.server,
+        [*WRAPPER, "--service", "gone", "--listen", "[::]:8080", *RULES, "--", *ECHO_SERVER],
+    )
     services.append(svc)
     svc.wait_for(r"^ready ")
     from alfwrapper import state  # noqa: PLC0415
@@ -269,8 +281,9 @@ def test_gc_killed_midway_leaves_nothing_a_start_takes(
     services.remove(svc)
     killed(["gc"], "removing")
     assert where.dir.exists() and not (where.dir / "dispatch").exists()
-    assert subprocess.run([*WRAPPER, "gc"], capture_output=True, timeout=120,
-                          cwd=ROOT).returncode == 0  # fmt: skip
+    assert (
+        subprocess.run([*WRAPPER, "gc"], capture_output=True, timeout=120, cwd=ROOT).returncode == 0
+    )
     assert not where.dir.exists()
 
 
@@ -289,8 +302,12 @@ def test_a_restart_killed_while_it_inherits_runtime_rules_loses_none(
     assert subprocess.run([*WRAPPER, "deny", "inheriting", a.v4, a.v6], timeout=60).returncode == 0
     svc.stop()
     services.remove(svc)
-    dead = subprocess.run(network.server.command(argv), capture_output=True, timeout=120,
-                          env={**os.environ, faults.VARIABLE: "rule-inherited"})  # fmt: skip
+    dead = subprocess.run(
+        network.server.command(argv),
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, faults.VARIABLE: "rule-inherited"},
+    )
     assert dead.returncode == -9, dead.stderr
     svc = Service(network.server, argv)
     services.append(svc)

@@ -67,8 +67,9 @@ class Lapi:
 
     def start(self) -> None:
         log = open(self.folder / "lapi.log", "ab")
-        self.proc = subprocess.Popen(["crowdsec", "-c", str(self.config), "-no-cs"],
-                                     stdout=log, stderr=log)  # fmt: skip
+        self.proc = subprocess.Popen(
+            ["crowdsec", "-c", str(self.config), "-no-cs"], stdout=log, stderr=log
+        )
         log.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -86,8 +87,9 @@ class Lapi:
             self.proc.wait(20)
 
     def cscli(self, *argv: str) -> str:
-        out = subprocess.run(["cscli", "-c", str(self.config), *argv], capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            ["cscli", "-c", str(self.config), *argv], capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 0, (argv, out.stderr)
         return out.stdout
 
@@ -197,8 +199,9 @@ def test_bans_reach_a_service_and_survive_restarts(
         bouncer.start()
         until(lambda: not held(name, a.v6), 30, "the resync after a crash")
         check_policy(svc, served=[Probe(a, "tcp", 6, 8080)], dropped=[Probe(a, "tcp", 4, 8080)])
-        metrics = subprocess.run([*WRAPPER, "status", "--prometheus"], capture_output=True,
-                                 text=True, timeout=60).stdout  # fmt: skip
+        metrics = subprocess.run(
+            [*WRAPPER, "status", "--prometheus"], capture_output=True, text=True, timeout=60
+        ).stdout
         assert "alfwrapper_crowdsec_resyncs_total 1" in metrics, metrics  # the new bouncer's
         assert "alfwrapper_crowdsec_entries 1" in metrics, metrics
     finally:
@@ -213,8 +216,12 @@ def test_a_wrong_key_is_said_and_changes_nothing(lapi: Lapi, tmp_path: Path) -> 
     config = tmp_path / "bouncer.toml"
     config.write_text(bouncer_config(lapi, key, name, 0.2, f"{tmp_path}/m"))
     try:
-        out = subprocess.run(["timeout", "-s", "INT", "3", *WRAPPER, "crowdsec", "--config",
-                              str(config)], capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            ["timeout", "-s", "INT", "3", *WRAPPER, "crowdsec", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "refused the bouncer's key (check api-key-file)" in out.stderr, out.stderr
         assert out.stderr.count("\n") == 1, out.stderr  # said once, not every poll
         assert sets.entries(name) == []
@@ -275,8 +282,9 @@ def test_a_ban_of_everyone_is_left_out_and_counted(lapi: Lapi, tmp_path: Path) -
         until(counted, 15, "the metrics file counting the wide bans")
         assert len(sets.entries(name)) == 1  # the /32 alone: nothing of the wide ones
         assert not held(name, "198.51.100.1") and not held(name, "2001:db8::1")
-        metrics = subprocess.run([*WRAPPER, "status", "--prometheus"], capture_output=True,
-                                 text=True, timeout=60).stdout  # fmt: skip
+        metrics = subprocess.run(
+            [*WRAPPER, "status", "--prometheus"], capture_output=True, text=True, timeout=60
+        ).stdout
         assert "alfwrapper_crowdsec_decisions_too_wide_total 3" in metrics, metrics
         assert "alfwrapper_crowdsec_entries 1" in metrics, metrics
     finally:
@@ -310,8 +318,9 @@ def test_status_reads_no_fifo_or_link_the_bouncers_user_plants(
     counters = json.dumps({"polls": 4242, "entries": 7})
 
     def status() -> str:
-        out = subprocess.run([*WRAPPER, "status", "--prometheus"], capture_output=True,
-                             text=True, timeout=20)  # fmt: skip
+        out = subprocess.run(
+            [*WRAPPER, "status", "--prometheus"], capture_output=True, text=True, timeout=20
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -422,8 +431,10 @@ def test_a_million_bans_then_one_more_reach_the_service(
     count = 1_000_000
 
     def ban(i: int, value: str) -> str:
-        return (f'{{"id":{i},"origin":"crowdsec","scope":"Ip","type":"ban","value":"{value}",'
-                f'"duration":"4h","scenario":"test"}}')  # fmt: skip
+        return (
+            f'{{"id":{i},"origin":"crowdsec","scope":"Ip","type":"ban","value":"{value}",'
+            f'"duration":"4h","scenario":"test"}}'
+        )
 
     many = [ban(i + 1, f"2001:db8:1:{i >> 16:x}:{i & 0xFFFF:x}::1") for i in range(count - 1)]
     startup = ('{"new":[' + ",".join([*many, ban(count, b.v4)]) + '],"deleted":null}').encode()
@@ -433,8 +444,11 @@ def test_a_million_bans_then_one_more_reach_the_service(
         def do_GET(self) -> None:
             query = parse_qs(urlsplit(self.path).query)
             empty = b'{"new":null,"deleted":null}'
-            body = startup if query.get("startup") == ["true"] else (
-                answers.pop() if answers else empty)  # fmt: skip
+            body = (
+                startup
+                if query.get("startup") == ["true"]
+                else (answers.pop() if answers else empty)
+            )
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

@@ -72,8 +72,9 @@ def test_explain_follows_runtime_rules_sets_and_reloads(
     assert cli("set", "create", set_name).returncode == 0
     denied = tmp_path / "deny.txt"
     denied.write_text("203.0.113.0/24\n")
-    svc = start_echo(network, services, "explained", "--deny-set", set_name,
-                     "--deny-file", str(denied))  # fmt: skip
+    svc = start_echo(
+        network, services, "explained", "--deny-set", set_name, "--deny-file", str(denied)
+    )
     probes = all_probes(a, 8080, 8081) + all_probes(b, 8080, 8081)
     said = agree(svc, "explained", probes)
     assert all(v["verdict"] == "pass" for v in said.values()), said

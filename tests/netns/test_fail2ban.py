@@ -56,7 +56,7 @@ def test_fail2ban_bans_and_unbans_through_alfwrapper(
             f"action = alfwrapper[service={service}]\n"
             if mode == "runtime"
             else f"action = alfwrapper-set[set={named}]\n"
-        )  # fmt: skip
+        )
     )
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     server = subprocess.Popen(
@@ -80,8 +80,9 @@ def test_fail2ban_bans_and_unbans_through_alfwrapper(
         check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
         # A reload of the service (fail2ban knows nothing of it) keeps the ban, and so
         # does a restart (new sockets, and a gc while it is down).
-        reloaded = subprocess.run([*WRAPPER, "reload", service], capture_output=True,
-                                  text=True, timeout=120)  # fmt: skip
+        reloaded = subprocess.run(
+            [*WRAPPER, "reload", service], capture_output=True, text=True, timeout=120
+        )
         assert reloaded.returncode == 0, reloaded.stderr
         check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
         svc.stop()
@@ -91,8 +92,13 @@ def test_fail2ban_bans_and_unbans_through_alfwrapper(
         services.append(svc)
         svc.wait_for(r"^ready ")
         check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 4, 8080)])
-        out = subprocess.run([*client, "set", "app", "unbanip", "198.51.100.2"], env=env,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [*client, "set", "app", "unbanip", "198.51.100.2"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         deadline = time.monotonic() + 30
         while banned():

@@ -50,8 +50,10 @@ def receive(host_command: list[str], address: str, port: int) -> str:
     )
     out = subprocess.run(
         [*host_command, sys.executable, "-c", code, address, str(port)],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return out.stdout.strip()
 
 
@@ -108,8 +110,9 @@ def test_a_peer_gone_before_the_filter_starts_nothing(
         "s.close()\n"
     )
     for host in (network.denied, network.allowed):
-        subprocess.run(host.command([sys.executable, "-c", resetter, host.server_v4]),
-                       check=True, timeout=30)  # fmt: skip
+        subprocess.run(
+            host.command([sys.executable, "-c", resetter, host.server_v4]), check=True, timeout=30
+        )
     wait_until(
         lambda: svc.errors().count("a peer that has already reset it denied and reset") == 2,
         svc.errors,
@@ -130,8 +133,11 @@ HEAVY = ("bcc", "numpy", "pyroute2", "tomllib", "alfwrapper.bpf", "alfwrapper.st
 
 def imports(errors: str) -> list[str]:
     """The modules that -X importtime says were imported."""
-    return [line.rsplit("|", 1)[-1].strip() for line in errors.splitlines()
-            if line.startswith("import time:")]  # fmt: skip
+    return [
+        line.rsplit("|", 1)[-1].strip()
+        for line in errors.splitlines()
+        if line.startswith("import time:")
+    ]
 
 
 def test_a_connection_is_judged_without_bcc(
@@ -175,10 +181,19 @@ def test_a_connection_is_judged_without_bcc(
     # Nor numpy: a few rules judge a peer as the Prefix objects they were parsed into.
     assert not [m for m in imported if m == "numpy" or m.startswith("numpy.")], imported
     # The same addresses through `alfwrapper explain`: the kernel's verdicts.
-    for source, verdict in ((a.v4, "passed"), (a.v6, "passed"), (b.v4, "dropped"),
-                            (b.v6, "dropped"), ("192.0.2.7", "dropped")):  # fmt: skip
-        out = subprocess.run([*WRAPPER, "explain", *rules, "--from", source],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    for source, verdict in (
+        (a.v4, "passed"),
+        (a.v6, "passed"),
+        (b.v4, "dropped"),
+        (b.v6, "dropped"),
+        ("192.0.2.7", "dropped"),
+    ):
+        out = subprocess.run(
+            [*WRAPPER, "explain", *rules, "--from", source],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.stdout.startswith(verdict), (source, out.stdout, out.stderr)
 
 
@@ -235,8 +250,13 @@ def test_a_kept_verdict_resets_a_denied_peer_and_follows_every_file(
     for address in (b.server_v4, b.server_v6):  # the kept verdict: nothing else imported
         kept = denied(address)
         assert "alfwrapper.lifecycle.verdicts" in kept, kept
-        assert not [m for m in kept if m.startswith(("alfwrapper.cli", "alfwrapper.policy",
-                    "argparse", "alfwrapper.lifecycle.backlog"))], kept  # fmt: skip
+        assert not [
+            m
+            for m in kept
+            if m.startswith(
+                ("alfwrapper.cli", "alfwrapper.policy", "argparse", "alfwrapper.lifecycle.backlog")
+            )
+        ], kept
     served(a, a.server_v4)
     served(a, a.server_v6)
     assert svc.errors().count("connection from") == 4  # the same note, each time
@@ -315,8 +335,7 @@ def test_a_kept_verdict_follows_a_release_switched_by_symlink(
         before = len(svc.errors())
         got = receive(b.command([]), b.server_v4, 7104)
         assert got in (repr(""), repr("<ConnectionResetError>")), got
-        wait_until(lambda before=before: "denied and reset" in svc.errors()[before:],
-                   svc.errors)  # fmt: skip
+        wait_until(lambda before=before: "denied and reset" in svc.errors()[before:], svc.errors)
     assert receive(a.command([]), a.server_v4, 7104) == repr("served\n")
 
 
@@ -362,8 +381,13 @@ def test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does(
     def from_kept(address: str) -> str:
         got, imported = served(address)
         assert "alfwrapper.lifecycle.handover" in imported, imported
-        assert not [m for m in imported if m.startswith(("alfwrapper.cli", "alfwrapper.policy",
-                    "argparse", "alfwrapper.lifecycle.launch"))], imported  # fmt: skip
+        assert not [
+            m
+            for m in imported
+            if m.startswith(
+                ("alfwrapper.cli", "alfwrapper.policy", "argparse", "alfwrapper.lifecycle.launch")
+            )
+        ], imported
         return got
 
     # A denied peer's full start keeps the verdict; the next allowed peer is started
@@ -388,8 +412,10 @@ def test_a_kept_verdict_starts_an_allowed_peers_command_as_the_full_start_does(
     # the entry; the peer is judged in full and gets the same as before.
     entry = next(cache.glob("verdict-*"))
     sound = entry.read_bytes()
-    for forged in ({"command": ["/bin/sh", "-c", "echo forged"], "capabilities": True},
-                   {"command": [str(program)], "capabilities": True}):  # fmt: skip
+    for forged in (
+        {"command": ["/bin/sh", "-c", "echo forged"], "capabilities": True},
+        {"command": [str(program)], "capabilities": True},
+    ):
         body = marshal.loads(sound[32:])
         if body["exec"] == forged:
             continue  # the capabilities the unit gave are kept anyway: nothing forged
@@ -446,8 +472,11 @@ def test_a_kept_denial_writes_nothing_to_the_peer(
 def run_with_stdin(stdin: socket.socket, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*WRAPPER, "--service", f"inetd-{uuid.uuid4().hex[:6]}", *argv],
-        stdin=stdin.fileno(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        stdin=stdin.fileno(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_what_fd_0_may_be() -> None:

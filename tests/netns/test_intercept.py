@@ -27,8 +27,9 @@ BINDER = [sys.executable, str(PROGRAMS / "binder.py")]
 RULES = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]
 
 
-def daemon(network: Network, services: list[Service], *command: str,
-           ready: str = r"^ready") -> Service:  # fmt: skip
+def daemon(
+    network: Network, services: list[Service], *command: str, ready: str = r"^ready"
+) -> Service:
     svc = Service(network.server, [*WRAPPER, "--service", "bindself", *RULES, "--", *command])
     services.append(svc)
     svc.wait_for(ready)
@@ -47,8 +48,7 @@ def test_a_daemon_that_binds_its_own_sockets_is_filtered(
     """The echo server binding TCP 8080 and UDP 8081 itself (as nginx or a DNS server
     does), dual-stack: the allowed host is served on both, over IPv4 and IPv6; the
     denied host's packets never reach it."""
-    svc = daemon(network, services, "env", "ECHO_BIND=web=tcp:8080,dns=udp:8081",
-                 *ECHO_SERVER)  # fmt: skip
+    svc = daemon(network, services, "env", "ECHO_BIND=web=tcp:8080,dns=udp:8081", *ECHO_SERVER)
     allowed_in_denied_out(svc, network, 8080, 8081)
 
 
@@ -68,9 +68,11 @@ def test_a_listen_without_bind_is_filtered(network: Network, services: list[Serv
     """listen(2) on an unbound socket binds it to a port the kernel picks: filtered too."""
     svc = daemon(network, services, *BINDER, "autobind")
     (port,) = bound(svc)
-    check_policy(svc, served=[Probe(network.allowed, "tcp", 6, port)],
-                 dropped=[Probe(network.denied, "tcp", 4, port),
-                          Probe(network.denied, "tcp", 6, port)])  # fmt: skip
+    check_policy(
+        svc,
+        served=[Probe(network.allowed, "tcp", 6, port)],
+        dropped=[Probe(network.denied, "tcp", 4, port), Probe(network.denied, "tcp", 6, port)],
+    )
 
 
 def test_forked_workers_binding_each_their_own_are_filtered(
@@ -84,8 +86,11 @@ def test_forked_workers_binding_each_their_own_are_filtered(
         time.sleep(0.1)
     ports = bound(svc)
     assert sorted(ports) == list(range(9300, 9340)), svc.output()
-    check_policy(svc, served=[Probe(network.allowed, "udp", 4, 9300 + i) for i in (0, 39)],
-                 dropped=[Probe(network.denied, "udp", 4, p) for p in ports])  # fmt: skip
+    check_policy(
+        svc,
+        served=[Probe(network.allowed, "udp", 4, 9300 + i) for i in (0, 39)],
+        dropped=[Probe(network.denied, "udp", 4, p) for p in ports],
+    )
 
 
 def test_io_uring_and_the_32_bit_entry_points_are_refused(
@@ -99,8 +104,9 @@ def test_io_uring_and_the_32_bit_entry_points_are_refused(
     source = PROGRAMS / "bind32.c"
     binary = tmp_path / "bind32"
     subprocess.run(["gcc", "-O1", "-o", str(binary), str(source)], check=True, timeout=120)
-    svc32 = Service(network.server, [*WRAPPER, "--service", "bind32", *RULES, "--", str(binary),
-                                     "9400"])  # fmt: skip
+    svc32 = Service(
+        network.server, [*WRAPPER, "--service", "bind32", *RULES, "--", str(binary), "9400"]
+    )
     services.append(svc32)
     svc32.wait_for(r"^done")
     assert re.search(r"^socketcall bind -1 1$", svc32.output(), re.M), svc32.output()
@@ -116,8 +122,9 @@ def test_with_its_supervisor_killed_the_daemon_binds_nothing(
     """SIGKILL to the supervisor: the daemon's next bind fails (ENOSYS), and nothing
     listens on its port."""
     svc = daemon(network, services, *BINDER, "after-signal", "9500", ready=r"^waiting")
-    found = subprocess.run(["pgrep", "-f", "alfwrapper-bind bindself"], capture_output=True,
-                           text=True, check=False)  # fmt: skip
+    found = subprocess.run(
+        ["pgrep", "-f", "alfwrapper-bind bindself"], capture_output=True, text=True, check=False
+    )
     pids = [int(p) for p in found.stdout.split()]
     assert len(pids) == 1, found
     os.kill(pids[0], signal.SIGKILL)
@@ -193,8 +200,12 @@ def http_get(host: object, address: str, port: int) -> str:
         f"try: print(urllib.request.urlopen({url!r}, timeout=2).read().decode().strip())\n"
         "except Exception as err: print('timeout' if 'timed out' in str(err) else err)\n"
     )
-    out = subprocess.run(host.command([sys.executable, "-c", code]),  # type: ignore[attr-defined]
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    out = subprocess.run(
+        host.command([sys.executable, "-c", code]),  # type: ignore[attr-defined]
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return out.stdout.strip().replace("::ffff:", "")  # IPv4 on a dual-stack socket
 
 
@@ -210,8 +221,10 @@ def test_debians_nginx_binding_its_own_sockets_and_a_reload_adding_one(
     conf = tmp_path / "nginx.conf"
     listen = "listen [::]:8080 ipv6only=off;"
     conf.write_text(NGINX_CONF.format(folder=tmp_path, listens=listen))
-    svc = Service(network.server, [*WRAPPER, "--service", "nginx", *RULES, "--",
-                                   "/usr/sbin/nginx", "-c", str(conf)])  # fmt: skip
+    svc = Service(
+        network.server,
+        [*WRAPPER, "--service", "nginx", *RULES, "--", "/usr/sbin/nginx", "-c", str(conf)],
+    )
     services.append(svc)
     a, b = network.allowed, network.denied
     deadline = time.monotonic() + 20
@@ -223,13 +236,20 @@ def test_debians_nginx_binding_its_own_sockets_and_a_reload_adding_one(
     assert http_get(b, b.server_v6, 8080) == "timeout"
     # alfwrapper's reload first, with rules for a socket nginx has not bound yet: the
     # supervisor gives that socket the reload's rules when nginx binds it.
-    out = subprocess.run([*WRAPPER, "reload", "nginx", *RULES, "--deny", f"tcp-8082={a.v4}"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [*WRAPPER, "reload", "nginx", *RULES, "--deny", f"tcp-8082={a.v4}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     more = listen + " listen [::]:8082 ipv6only=off;"
     conf.write_text(NGINX_CONF.format(folder=tmp_path, listens=more))
-    subprocess.run(network.server.command(["/usr/sbin/nginx", "-c", str(conf), "-s", "reload"]),
-                   check=True, timeout=30)  # fmt: skip
+    subprocess.run(
+        network.server.command(["/usr/sbin/nginx", "-c", str(conf), "-s", "reload"]),
+        check=True,
+        timeout=30,
+    )
     deadline = time.monotonic() + 20
     while http_get(a, a.server_v6, 8082) != f"served {a.v6}" and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -265,20 +285,31 @@ def test_an_operator_runs_a_daemons_own_sockets_as_any_others(
     assert out.returncode == 0, out.stderr
     names = {s["name"] for s in json.loads(out.stdout)["services"][0]["sockets"]}
     assert names == {"tcp-8080", "udp-8081"}, names
-    check_policy(svc, served=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 6, 8081),
-                              Probe(b, "udp", 4, 8081)],
-                 dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)])  # fmt: skip
+    check_policy(
+        svc,
+        served=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 6, 8081), Probe(b, "udp", 4, 8081)],
+        dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)],
+    )
     assert cli("deny", "bindops", a.v4).returncode == 0
-    said = json.loads(cli("explain", "bindops", "--from", a.v4, "--port", "8080",
-                          "--protocol", "tcp", "--json").stdout)  # fmt: skip
+    said = json.loads(
+        cli(
+            "explain", "bindops", "--from", a.v4, "--port", "8080", "--protocol", "tcp", "--json"
+        ).stdout
+    )
     assert said["verdict"] == "drop", said
-    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)],
-                 dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 4, 8081)])  # fmt: skip
+    check_policy(
+        svc,
+        served=[Probe(a, "tcp", 6, 8080)],
+        dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 4, 8081)],
+    )
     # A reload that takes the denied host's subnet off the UDP socket's rules.
     out = cli("reload", "bindops", *RULES)
     assert out.returncode == 0 and "kept 2 runtime rule" in out.stdout, out
-    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)],
-                 dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "udp", 4, 8081)])  # fmt: skip
+    check_policy(
+        svc,
+        served=[Probe(a, "tcp", 6, 8080)],
+        dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "udp", 4, 8081)],
+    )
 
 
 # --- Debian's daemons that bind their own sockets, each under alfwrapper as it ships ---
@@ -342,22 +373,26 @@ def needs(program: str) -> None:
         pytest.fail(f"{program} is missing: `make setup` installs it")
 
 
-def test_debians_redis_binding_its_own(network: Network, services: list[Service],
-                                       tmp_path: Path) -> None:  # fmt: skip
+def test_debians_redis_binding_its_own(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
     needs("/usr/bin/redis-server")
     gallery(network, services, "redis", ["/usr/bin/redis-server", "--port", "6379", "--bind",
             "* -::*", "--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir",
             str(tmp_path)], 6379, b"PING\r\n", b"+PONG")  # fmt: skip
 
 
-def test_debians_haproxy_binding_its_own(network: Network, services: list[Service],
-                                         tmp_path: Path) -> None:  # fmt: skip
+def test_debians_haproxy_binding_its_own(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
     needs("/usr/sbin/haproxy")
     conf = tmp_path / "haproxy.cfg"
-    conf.write_text("defaults\n  mode http\n  timeout client 5s\n  timeout connect 5s\n"
-                    "  timeout server 5s\nfrontend web\n  bind :::8091 v4v6\n"
-                    "  http-request return status 200 content-type text/plain "
-                    'string "served"\n')  # fmt: skip
+    conf.write_text(
+        "defaults\n  mode http\n  timeout client 5s\n  timeout connect 5s\n"
+        "  timeout server 5s\nfrontend web\n  bind :::8091 v4v6\n"
+        "  http-request return status 200 content-type text/plain "
+        'string "served"\n'
+    )
     gallery(network, services, "haproxy", ["/usr/sbin/haproxy", "-db", "-f", str(conf)], 8091,
             b"GET / HTTP/1.0\r\n\r\n", b"HTTP/1.1 200")  # fmt: skip
 
@@ -390,8 +425,9 @@ DocumentRoot {folder}
 """
 
 
-def test_debians_apache_binding_its_own(network: Network, services: list[Service],
-                                        tmp_path: Path) -> None:  # fmt: skip
+def test_debians_apache_binding_its_own(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
     """Apache's event MPM: its parent binds, its children (www-data) serve."""
     needs("/usr/sbin/apache2")
     conf = tmp_path / "apache.conf"
@@ -452,10 +488,12 @@ def test_haproxy_takes_the_wrappers_sockets_by_fd(
     """HAProxy's `bind fd@3`, `bind fd@4`: the wrapper's sockets, in the order given."""
     needs("/usr/sbin/haproxy")
     conf = tmp_path / "haproxy.cfg"
-    conf.write_text("defaults\n  mode http\n  timeout client 5s\n  timeout connect 5s\n"
-                    "  timeout server 5s\nfrontend web\n  bind fd@3\n  bind fd@4\n"
-                    "  http-request return status 200 content-type text/plain "
-                    'string "served"\n')  # fmt: skip
+    conf.write_text(
+        "defaults\n  mode http\n  timeout client 5s\n  timeout connect 5s\n"
+        "  timeout server 5s\nfrontend web\n  bind fd@3\n  bind fd@4\n"
+        "  http-request return status 200 content-type text/plain "
+        'string "served"\n'
+    )
     gallery(network, services, "haproxy-fd", ["/usr/sbin/haproxy", "-W", "-db", "-f",
             str(conf)], 8094, b"GET / HTTP/1.0\r\n\r\n", b"HTTP/1.1 200",
             sockets=("--listen", "[::]:8094", "--listen", "0.0.0.0:8095"))  # fmt: skip
@@ -485,8 +523,12 @@ def test_debians_postgresql_as_its_own_user(network: Network, services: list[Ser
     try:
         os.chown(data, postgres.pw_uid, postgres.pw_gid)
         initdb = POSTGRES[-1].with_name("initdb")
-        subprocess.run(["runuser", "-u", "postgres", "--", str(initdb), "-D", str(data / "db"),
-                        "-A", "trust"], check=True, capture_output=True, timeout=120)  # fmt: skip
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", str(initdb), "-D", str(data / "db"), "-A", "trust"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         command = ["runuser", "-u", "postgres", "--", str(POSTGRES[-1]), "-D", str(data / "db"),
                    "-p", "5433", "-c", "listen_addresses=*", "-k", str(data)]  # fmt: skip
         ssl_request = (8).to_bytes(4, "big") + (80877103).to_bytes(4, "big")
@@ -507,17 +549,22 @@ def test_a_restart_takes_its_own_rules_not_an_earlier_runs_reload(
     run's reload."""
     a = network.allowed
     bind = "ECHO_BIND=dns=udp:8081"
-    first = Service(network.server, [*WRAPPER, "--service", "bindstale", *RULES, "--", "env",
-                                     bind, *ECHO_SERVER])  # fmt: skip
+    first = Service(
+        network.server,
+        [*WRAPPER, "--service", "bindstale", *RULES, "--", "env", bind, *ECHO_SERVER],
+    )
     services.append(first)
     first.wait_for(r"^ready")
     out = cli("reload", "bindstale", *RULES, "--deny", f"udp-8081={a.v4}")
     assert out.returncode == 0, out.stderr
     first.proc.kill()
     first.proc.wait(timeout=30)
-    second = Service(network.server, [*WRAPPER, "--service", "bindstale", *RULES, "--", "env",
-                                      bind, *ECHO_SERVER])  # fmt: skip
+    second = Service(
+        network.server,
+        [*WRAPPER, "--service", "bindstale", *RULES, "--", "env", bind, *ECHO_SERVER],
+    )
     services.append(second)
     second.wait_for(r"^ready")
-    check_policy(second, served=[Probe(a, "udp", 4, 8081)],
-                 dropped=[Probe(network.denied, "udp", 4, 8081)])  # fmt: skip
+    check_policy(
+        second, served=[Probe(a, "udp", 4, 8081)], dropped=[Probe(network.denied, "udp", 4, 8081)]
+    )

@@ -80,8 +80,11 @@ def test_runtime_rules_outlive_a_restart_with_new_sockets(
     svc = start(network, services, "relive", "--deny", "203.0.113.0/24")
     assert cli("deny", "relive", a.v4).returncode == 0
     assert cli("deny", "relive", "--socket", "dns", a.v6).returncode == 0
-    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)],
-                 dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 6, 8081)])  # fmt: skip
+    check_policy(
+        svc,
+        served=[Probe(a, "tcp", 6, 8080)],
+        dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 6, 8081)],
+    )
     svc.stop()
     services.remove(svc)
     for argv in (["status", "relive"], ["gc"]):
@@ -94,9 +97,13 @@ def test_runtime_rules_outlive_a_restart_with_new_sockets(
     check_policy(
         svc,
         served=[Probe(a, "tcp", 6, 8080), Probe(b, "tcp", 6, 8080), Probe(b, "udp", 4, 8081)],
-        dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 4, 8081), Probe(a, "udp", 6, 8081),
-                 Probe(b, "tcp", 4, 8080)],
-    )  # fmt: skip
+        dropped=[
+            Probe(a, "tcp", 4, 8080),
+            Probe(a, "udp", 4, 8081),
+            Probe(a, "udp", 6, 8081),
+            Probe(b, "tcp", 4, 8080),
+        ],
+    )
     # Once the new sockets hold the rules, the gone ones' state goes.
     assert cli("gc").returncode == 0
     shown = cli("show", "relive").stdout
@@ -166,8 +173,11 @@ def test_pins_are_out_of_reach_of_the_application(
     paths = [str(folder / n) for n in ("slot", "counters", "runtime", "dispatch")]
     out = subprocess.run(
         [*NO_CAPS, sys.executable, "-c", probe, *paths],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert "OPENED" not in out.stdout and "LISTED" not in out.stdout, out.stdout + out.stderr
     assert out.stdout.count(" 13") == 5, out.stdout  # EACCES, every time
 

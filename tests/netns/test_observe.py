@@ -224,8 +224,7 @@ def test_prometheus_file_is_written_whole(
 def test_drop_log_under_a_flood(network: Network, services: list[Service]) -> None:
     a, b = network.allowed, network.denied
     rate = 50
-    svc = start(network, services, "flooded", "--allow", "192.0.2.0/24",
-                "--log-drops", str(rate))  # fmt: skip
+    svc = start(network, services, "flooded", "--allow", "192.0.2.0/24", "--log-drops", str(rate))
     send(b, 1, "first")
     first = cli("log", "flooded")
     assert first.returncode == 0, first.stderr
@@ -235,11 +234,12 @@ def test_drop_log_under_a_flood(network: Network, services: list[Service]) -> No
     # 100,000 denied datagrams, while the allowed host is served.
     begin = time.monotonic()
     flood = subprocess.Popen(
-        b.command([sys.executable, str(ATTACKER), "udpflood", b.server_v4, "8081", "100000",
-                   "flood"]),
+        b.command(
+            [sys.executable, str(ATTACKER), "udpflood", b.server_v4, "8081", "100000", "flood"]
+        ),
         stdout=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     check_policy(svc, served=[Probe(a, "udp", 4, 8081), Probe(a, "tcp", 4, 8080)], dropped=[])
     sent = flood.communicate(timeout=120)[0].split()
     elapsed = time.monotonic() - begin

@@ -133,8 +133,11 @@ def test_watcher_is_small_named_and_exits_with_the_application(
     assert shown.stdout.strip() == "alfwrapper-watch watched1", shown.stdout
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "libbcc" not in maps and "libLLVM" not in maps and "libclang" not in maps
-    rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text()
-               .splitlines() if line.startswith("VmRSS:"))  # fmt: skip
+    rss = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmRSS:")
+    )
     print(f"interface watcher RSS: {rss / 1024:.1f} MiB")
     assert rss < 48 * 1024, f"{rss} KiB"
     svc.stop()
@@ -227,8 +230,12 @@ def test_knock_through_a_port_randomising_nat(network: Network, services: list[S
     )
     subprocess.run(a.command(nat), input=rules, text=True, check=True, capture_output=True)
     try:
-        out = subprocess.run(a.command([*WRAPPER, "knock", a.server_v4, "8080", "--sequence", SEQ]),
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            a.command([*WRAPPER, "knock", a.server_v4, "8080", "--sequence", SEQ]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0 and "knocked" in out.stdout, out.stderr
         assert "a NAT that rewrites source ports" in out.stderr, out.stderr
         check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080)])
@@ -247,8 +254,9 @@ def test_a_knocked_source_stays_admitted_across_a_restart(
     from alfwrapper import state  # noqa: PLC0415
 
     a = network.allowed
-    argv = wrapped("--service", "knockpin", "--listen", "[::]:8080", "--knock", SEQ,
-                   "--knock-open-for", "60")  # fmt: skip
+    argv = wrapped(
+        "--service", "knockpin", "--listen", "[::]:8080", "--knock", SEQ, "--knock-open-for", "60"
+    )
     svc = start(network, services, argv)
     folder = state.store_in_use().sockets_of("knockpin")[0].service_dir
     assert sorted(p.name for p in folder.glob("knock-*/*")) == ["state", "used"]

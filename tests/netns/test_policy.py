@@ -235,17 +235,19 @@ def add_sources(host: Host, v4: list[str], v6: list[str]) -> None:
 def connect_from(host: Host, source: str) -> str:
     target = host.server_v4 if ":" not in source else host.server_v6
     out = subprocess.run(
-        host.command([sys.executable, str(CLIENT), "tcp", target, "8080", f"from-{source}", "1.5",
-                      source]),
+        host.command(
+            [sys.executable, str(CLIENT), "tcp", target, "8080", f"from-{source}", "1.5", source]
+        ),
         capture_output=True,
         text=True,
         timeout=60,
-    )  # fmt: skip
+    )
     return out.stdout.strip()
 
 
-def test_explain_agrees_with_real_traffic(network: Network, services: list[Service],
-                                          tmp_path: Path) -> None:  # fmt: skip
+def test_explain_agrees_with_real_traffic(
+    network: Network, services: list[Service], tmp_path: Path
+) -> None:
     a, b, server = network.allowed, network.denied, network.server
     c = Host(f"{server.netns}c")
     ip("netns", "add", c.netns)
@@ -282,8 +284,9 @@ def test_explain_agrees_with_real_traffic(network: Network, services: list[Servi
         for source, line in zip(mine, out.stdout.splitlines(), strict=True):
             explained[source] = json.loads(line)
     with ThreadPoolExecutor(8) as pool:
-        real = dict(zip([s for _, s in pairs], pool.map(lambda p: connect_from(*p), pairs),
-                        strict=True))  # fmt: skip
+        real = dict(
+            zip([s for _, s in pairs], pool.map(lambda p: connect_from(*p), pairs), strict=True)
+        )
     wrong = {
         s: (explained[s], real[s])
         for s in real

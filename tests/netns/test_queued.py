@@ -133,8 +133,11 @@ def test_two_listeners_on_one_port_judge_their_own_queues(
         assert wait_line(proc) in ("sent", "connected")
     go.touch()
     svc.wait_for(r"^ready ", timeout=60)
-    check_policy(svc, served=[Probe(a, "tcp", 4, 8080), Probe(a, "tcp", 6, 8080)],
-                 dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)])  # fmt: skip
+    check_policy(
+        svc,
+        served=[Probe(a, "tcp", 4, 8080), Probe(a, "tcp", 6, 8080)],
+        dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)],
+    )
     assert "EVIL" not in svc.output() and not seen_from(svc, b.v4, b.v6), svc.output()
 
 
@@ -145,8 +148,9 @@ def test_allowed_clients_arriving_during_the_start_hide_no_reset_connection(
     a second all through it.  Those arrivals are counted after the listing, so they can
     only make the wrapper remove more: no denied byte reaches the application."""
     a, b = network.allowed, network.denied
-    act = Activation(network, services, tmp_path, ["--allow", "192.0.2.0/24",
-                                                   "--allow", "2001:db8:a::/48"])  # fmt: skip
+    act = Activation(
+        network, services, tmp_path, ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]
+    )
     for i in range(3):
         for address in (b.server_v4, b.server_v6):
             assert wait_line(attack(b, "tcp", "rst", address, "8080", f"EVIL-{i}")) == "sent"
@@ -166,8 +170,9 @@ def test_a_developer_filter_is_not_judged_on_made_up_headers(
     application (a test run on made-up headers would pass it: the queue is removed);
     one sent after the start is dropped by the filter itself."""
     a = network.allowed
-    act = Activation(network, services, tmp_path,
-                     ["--filter", str(ROOT / "tests/data/no_options.c")])  # fmt: skip
+    act = Activation(
+        network, services, tmp_path, ["--filter", str(ROOT / "tests/data/no_options.c")]
+    )
     queued = attack(a, "raw", "4", a.v4, a.server_v4, "udp", "8081", "EVIL-OPT-Q", "ipopt")
     assert wait_line(queued) == "sent"
     act.start()

@@ -29,9 +29,12 @@ LISTS = Path("/etc/alfwrapper/sets")
 
 def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*WRAPPER, *argv], capture_output=True, text=True, timeout=120,
+        [*WRAPPER, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, **env} if env else None,
-    )  # fmt: skip
+    )
 
 
 def ok(*argv: str) -> str:
@@ -49,8 +52,9 @@ def set_name(bpf_root: None) -> Iterator[str]:
     (LISTS / f"{name}.list").unlink(missing_ok=True)
 
 
-def start(network: Network, services: list[Service], service: str, port: int,
-          *options: str) -> Service:  # fmt: skip
+def start(
+    network: Network, services: list[Service], service: str, port: int, *options: str
+) -> Service:
     return start_echo(network, services, service, *options, port=port)
 
 
@@ -108,17 +112,25 @@ def test_allow_sets(network: Network, services: list[Service], set_name: str) ->
     # Allow sets alone: only their entries pass; a deny rule still wins over them.
     only = start(network, services, f"{set_name}-only", 8080, "--allow-set", set_name,
                  "--deny", "2001:db8:b::/48")  # fmt: skip
-    check_policy(only, served=[Probe(b, "tcp", 4, 8080), Probe(b, "udp", 4, 8081)],
-                 dropped=all_probes(a, 8080, 8081) + [Probe(b, "tcp", 6, 8080)])  # fmt: skip
+    check_policy(
+        only,
+        served=[Probe(b, "tcp", 4, 8080), Probe(b, "udp", 4, 8081)],
+        dropped=all_probes(a, 8080, 8081) + [Probe(b, "tcp", 6, 8080)],
+    )
     ok("set", "add", set_name, a.v6, "2001:db8:b::/48")
-    check_policy(only, served=[Probe(a, "tcp", 6, 8080)],
-                 dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)])  # fmt: skip
+    check_policy(
+        only,
+        served=[Probe(a, "tcp", 6, 8080)],
+        dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)],
+    )
     # Beside allow rules: either lets a source in.
     both = start(network, services, f"{set_name}-both", 9090, "--allow-set", set_name,
                  "--allow", "192.0.2.0/24")  # fmt: skip
-    check_policy(both, served=[Probe(a, "tcp", 4, 9090), Probe(b, "tcp", 4, 9090),
-                               Probe(a, "tcp", 6, 9090)],
-                 dropped=[])  # fmt: skip
+    check_policy(
+        both,
+        served=[Probe(a, "tcp", 4, 9090), Probe(b, "tcp", 4, 9090), Probe(a, "tcp", 6, 9090)],
+        dropped=[],
+    )
     ok("set", "del", set_name, b.v4)
     check_policy(both, served=[Probe(a, "tcp", 4, 9090)], dropped=[Probe(b, "tcp", 4, 9090)])
 
@@ -128,8 +140,9 @@ def test_a_deny_set_wins_over_a_runtime_allow(
 ) -> None:
     a = network.allowed
     ok("set", "create", set_name)
-    svc = start(network, services, f"{set_name}-rt", 8080, "--deny-set", set_name,
-                "--allow", "192.0.2.0/24")  # fmt: skip
+    svc = start(
+        network, services, f"{set_name}-rt", 8080, "--deny-set", set_name, "--allow", "192.0.2.0/24"
+    )
     ok("allow", f"{set_name}-rt", "2001:db8:a::/48")
     ok("set", "add", set_name, a.v4, a.v6)
     check_policy(svc, served=[], dropped=all_probes(a, 8080))
@@ -137,8 +150,10 @@ def test_a_deny_set_wins_over_a_runtime_allow(
 
 def test_set_errors(network: Network, services: list[Service], set_name: str) -> None:
     # A start naming a set that does not exist: one line, exit 78, no application.
-    svc = Service(network.server, [*WRAPPER, "--listen", "[::]:8080", "--deny-set", set_name,
-                                   "--", *ECHO_SERVER])  # fmt: skip
+    svc = Service(
+        network.server,
+        [*WRAPPER, "--listen", "[::]:8080", "--deny-set", set_name, "--", *ECHO_SERVER],
+    )
     services.append(svc)
     assert svc.proc.wait(60) == 78, svc.errors()
     assert svc.errors().count("\n") == 1 and f"named set {set_name}: does not exist" in (
@@ -153,9 +168,12 @@ def test_set_errors(network: Network, services: list[Service], set_name: str) ->
         (["set", "add", "x", "192.0.2.1", "--timeout", "nan"], 64, "--timeout"),
         (["--deny-set", "a.b", "--", "true"], 64, "is not a set name"),
         (["check", "--deny-set", set_name], 78, "does not exist"),
-        (["check", "--allow-set", "x", "--allow", "192.0.2.0/24", "--deny", "192.0.2.1"], 64,
-         "not both"),
-    ):  # fmt: skip
+        (
+            ["check", "--allow-set", "x", "--allow", "192.0.2.0/24", "--deny", "192.0.2.1"],
+            64,
+            "not both",
+        ),
+    ):
         out = cli(*argv)
         assert out.returncode == code, (argv, out.stderr)
         assert needle in out.stderr and len(out.stderr.splitlines()) == 1, (argv, out.stderr)
@@ -187,8 +205,9 @@ def test_a_crash_while_a_set_is_made_leaves_no_half_set(
     assert "created from" in ok("set", "create", set_name, str(listed))
     assert not tree.making(set_name).exists() and set_name in ok("set", "list").split()
     svc = start(network, services, f"{set_name}-c", 8080, "--deny-set", set_name)
-    check_policy(svc, served=all_probes(network.denied, 8080),
-                 dropped=all_probes(network.allowed, 8080))  # fmt: skip
+    check_policy(
+        svc, served=all_probes(network.denied, 8080), dropped=all_probes(network.allowed, 8080)
+    )
 
 
 def test_a_failed_create_leaves_no_set(set_name: str, tmp_path: Path) -> None:
@@ -225,8 +244,13 @@ def test_a_set_is_made_once_takes_lapsed_room_and_then_grows(set_name: str) -> N
     ok("set", "add", set_name, "192.0.2.3", "192.0.2.4", "2001:db8::3")  # full: it grows
     assert room(set_name) >= 5
     listed = ok("set", "list", set_name).split()
-    assert listed == ["192.0.2.2/32", "192.0.2.3/32", "192.0.2.4/32", "2001:db8::2/128",
-                      "2001:db8::3/128"], listed  # fmt: skip
+    assert listed == [
+        "192.0.2.2/32",
+        "192.0.2.3/32",
+        "192.0.2.4/32",
+        "2001:db8::2/128",
+        "2001:db8::3/128",
+    ], listed
     assert not (SETS / set_name / tree.GROWN).exists()
 
 
@@ -253,8 +277,11 @@ def test_a_set_grows_while_a_service_uses_it(
     listed.write_text("".join(f"2001:db8:e:{i:x}::1\n" for i in range(20000)) + f"{a.v6}\n")
     sets.assign(set_name, {p: 0 for p in sets.read_list(str(listed))})
     assert room(set_name) >= 20001
-    check_policy(svc, served=[*all_probes(b, 8080, 8081), Probe(a, "tcp", 4, 8080)],
-                 dropped=[Probe(a, "tcp", 6, 8080), Probe(a, "udp", 6, 8081)])  # fmt: skip
+    check_policy(
+        svc,
+        served=[*all_probes(b, 8080, 8081), Probe(a, "tcp", 4, 8080)],
+        dropped=[Probe(a, "tcp", 6, 8080), Probe(a, "udp", 6, 8081)],
+    )
     assert svc.proc.pid == pid and svc.proc.poll() is None
 
 
@@ -278,11 +305,17 @@ def test_a_kill_while_a_set_grows_loses_no_entry(
     # gone from the map the programs read, and the grown pin is gone.
     ok("set", "del", set_name, b.v6)
     assert not (SETS / set_name / tree.GROWN).exists()
-    check_policy(svc, served=[*all_probes(a, 8080, 8081), Probe(b, "tcp", 6, 8080)],
-                 dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "udp", 4, 8081)])  # fmt: skip
+    check_policy(
+        svc,
+        served=[*all_probes(a, 8080, 8081), Probe(b, "tcp", 6, 8080)],
+        dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "udp", 4, 8081)],
+    )
     ok("set", "add", set_name, a.v4)
-    check_policy(svc, served=[Probe(a, "tcp", 6, 8080)],
-                 dropped=[Probe(b, "tcp", 4, 8080), Probe(a, "tcp", 4, 8080)])  # fmt: skip
+    check_policy(
+        svc,
+        served=[Probe(a, "tcp", 6, 8080)],
+        dropped=[Probe(b, "tcp", 4, 8080), Probe(a, "tcp", 4, 8080)],
+    )
     listed = ok("set", "list", set_name).split()
     assert listed == [f"{a.v4}/32", f"{b.v4}/32"], listed
 
@@ -307,8 +340,9 @@ def test_a_list_into_a_closed_pipe_ends_quietly(set_name: str, tmp_path: Path) -
     listed = tmp_path / "list"
     listed.write_text("".join(f"2001:db8:{i:x}::1\n" for i in range(20000)))
     ok("set", "create", set_name, str(listed), "--size", "20000")
-    lister = subprocess.Popen([*WRAPPER, "set", "list", set_name], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)  # fmt: skip
+    lister = subprocess.Popen(
+        [*WRAPPER, "set", "list", set_name], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert lister.stdout is not None and lister.stderr is not None
     head = subprocess.run(["head", "-1"], stdin=lister.stdout, capture_output=True, timeout=120)
     lister.stdout.close()
@@ -394,8 +428,11 @@ def test_a_change_to_a_set_waits_for_its_lock(set_name: str) -> None:
     fd = os.open(SETS / set_name, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        adding = subprocess.Popen([*WRAPPER, "set", "add", set_name, "192.0.2.9"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        adding = subprocess.Popen(
+            [*WRAPPER, "set", "add", set_name, "192.0.2.9"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         time.sleep(1.5)
         assert adding.poll() is None, "the add did not wait for the set's lock"
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -420,8 +457,12 @@ def test_no_filter_may_write_into_a_set(set_name: str, tmp_path: Path) -> None:
     import grp  # noqa: PLC0415
 
     group = grp.getgrnam("alfwrapper-sets").gr_gid
-    for path, mode in ((SETS, 0o710), (SETS / set_name, 0o710), (SETS / set_name / "hosts", 0o640),
-                       (SETS / set_name / "ranges", 0o640)):  # fmt: skip
+    for path, mode in (
+        (SETS, 0o710),
+        (SETS / set_name, 0o710),
+        (SETS / set_name / "hosts", 0o640),
+        (SETS / set_name / "ranges", 0o640),
+    ):
         info = path.stat()
         assert (info.st_mode & 0o777, info.st_gid) == (mode, group), (path, oct(info.st_mode))
 
@@ -446,9 +487,12 @@ def test_the_trees_owner_cannot_turn_roots_make_elsewhere(
     (victim / "hosts").write_text("root's\n")
     moved = SETS / f"{set_name}-moved"
     made = subprocess.Popen(
-        [*WRAPPER, "set", "create", set_name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, faults.PAUSE_VARIABLE: point},
-    )  # fmt: skip
+        [*WRAPPER, "set", "create", set_name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, faults.PAUSE_VARIABLE: point},
+    )
     try:
         deadline = time.monotonic() + 60
         while not _stopped(made.pid):

@@ -80,8 +80,9 @@ def send_raw(host: Host, datagrams: list[bytes], port: int = 8080, count: int = 
 
 
 def status(service: str, *how: str) -> str:
-    out = subprocess.run([*WRAPPER, "status", service, *how], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [*WRAPPER, "status", service, *how], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -101,10 +102,11 @@ def spa_table(service: str) -> tuple[int, int, int]:
     fd = bpf_calls.obj_get(_pins(service, "spa_since")[0], True)
     try:
         since, widest, made = (
-            int.from_bytes(bpf_calls.map_lookup(fd, i.to_bytes(4, "little"), 8) or bytes(8),
-                           "little")
+            int.from_bytes(
+                bpf_calls.map_lookup(fd, i.to_bytes(4, "little"), 8) or bytes(8), "little"
+            )
             for i in (0, 1, 2)
-        )  # fmt: skip
+        )
     finally:
         os.close(fd)
     return since, widest, made
@@ -169,9 +171,12 @@ def test_port_sequences_fail_behind_that_nat(
 ) -> None:
     """As docs/knocking.md says: each knock leaves the NAT from a port of its choosing."""
     svc = start(network, services, wrapped("--listen", "[::]:8080", "--knock", SEQ))
-    out = subprocess.run(laptop.command([*WRAPPER, "knock", laptop.server_v4, "8080",
-                                         "--sequence", SEQ]),
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        laptop.command([*WRAPPER, "knock", laptop.server_v4, "8080", "--sequence", SEQ]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     check_policy(svc, served=[], dropped=[Probe(laptop, "tcp", 4, 8080)])
 
@@ -269,8 +274,9 @@ def test_a_flood_of_forgeries_and_replays_keeps_no_one_out(
     fd = bpf_calls.obj_get(_pins("spaflood", "spa_seen")[0], True)
     try:
         assert bpf_calls.map_shape(fd)[3] == 65536
-        taken = sum(bpf_calls.map_lookup(fd, i.to_bytes(4, "little"), 8) != bytes(8)
-                    for i in range(65536))  # fmt: skip
+        taken = sum(
+            bpf_calls.map_lookup(fd, i.to_bytes(4, "little"), 8) != bytes(8) for i in range(65536)
+        )
     finally:
         os.close(fd)
     assert taken == counts["accepted"], (taken, counts)
@@ -351,15 +357,22 @@ def test_a_reload_revokes_one_clients_key_and_leaves_the_others_door_open(
     send_raw(b, [spa.datagram(BOB.strip(), 8080, b.v4)])
     both = [Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)]
     check_policy(svc, served=both, dropped=[])
-    out = subprocess.run(network.server.command([*WRAPPER, "reload", "sparevoke", *argv[2:],
-                                                 "--knock-spa-key", str(carol)]),
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        network.server.command(
+            [*WRAPPER, "reload", "sparevoke", *argv[2:], "--knock-spa-key", str(carol)]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     check_policy(svc, served=both, dropped=[])  # what was opened stays open
     before = spa_counts("sparevoke")
     send_raw(b, [spa.datagram(BOB.strip(), 8080, "198.51.100.99")])
-    send_raw(a, [spa.datagram(ALICE.strip(), 8080, "192.0.2.99"),
-                 spa.datagram(CAROL, 8080, "192.0.2.98")])  # fmt: skip
+    send_raw(
+        a,
+        [spa.datagram(ALICE.strip(), 8080, "192.0.2.99"), spa.datagram(CAROL, 8080, "192.0.2.98")],
+    )
     after = spa_counts("sparevoke")
     assert after["bad_mac"] - before["bad_mac"] == 1, (before, after)
     assert after["accepted"] - before["accepted"] == 2, (before, after)
@@ -427,24 +440,25 @@ def test_spa_without_pinned_state_is_refused(bpf_root: None, secret: Path, tmp_p
     state: a start that cannot pin (no BPF file system here) is refused, and the
     application never starts."""
     mark = tmp_path / "ran"
-    script = (
-        "mount -t tmpfs none /sys/fs/bpf && exec "
-        + " ".join(
-            [
-                *WRAPPER,
-                "--listen",
-                "127.0.0.1:8094",
-                "--knock-secret",
-                str(secret),
-                "--knock-spa",
-                "--",
-                "touch",
-                str(mark),
-            ]
-        )  # fmt: skip
+    script = "mount -t tmpfs none /sys/fs/bpf && exec " + " ".join(
+        [
+            *WRAPPER,
+            "--listen",
+            "127.0.0.1:8094",
+            "--knock-secret",
+            str(secret),
+            "--knock-spa",
+            "--",
+            "touch",
+            str(mark),
+        ]
     )
-    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 64 and not mark.exists(), out.stderr
     assert out.stderr.count("\n") == 1 and "cannot keep" in out.stderr, out.stderr
 
@@ -461,14 +475,21 @@ def test_sockets_of_one_name_share_one_spa_socket(
             str(secret), *SPA]  # fmt: skip
     for extra, needle in (
         ([], "would go to the service's own UDP socket"),
-        (["--listen", "[::]:8081", "--name", "b", "--knock-spa-port", "62201"],
-         "would share udp port 62201"),
-    ):  # fmt: skip
-        out = subprocess.run(network.server.command([*WRAPPER, *both, *extra, "--", "true"]),
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        (
+            ["--listen", "[::]:8081", "--name", "b", "--knock-spa-port", "62201"],
+            "would share udp port 62201",
+        ),
+    ):
+        out = subprocess.run(
+            network.server.command([*WRAPPER, *both, *extra, "--", "true"]),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 64 and needle in out.stderr, out.stderr
-    svc = start(network, services, wrapped("--service", "spaboth", *both,
-                                           "--knock-spa-port", "62201"))  # fmt: skip
+    svc = start(
+        network, services, wrapped("--service", "spaboth", *both, "--knock-spa-port", "62201")
+    )
     assert "ready fds=0,1,2,3,4,5 names=unknown:unknown" in svc.output(), svc.output()
     probes = [Probe(a, "tcp", 4, 8080), Probe(a, "udp", 4, 8080)]
     check_policy(svc, served=[], dropped=probes)
@@ -517,21 +538,27 @@ def test_the_service_takes_a_datagram_once_whichever_spa_socket_it_reaches(
     wait_for_the_door("spaone", most=10)
     taken = spa.datagram(SECRET.strip(), 8080, None)  # opens its sender
     send_raw(a, [taken])
-    copy = ("import socket\n"
-            "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
-            f"s.sendto(bytes.fromhex({taken.hex()!r}), ({b.server_v6!r}, 8080))\n")  # fmt: skip
+    copy = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+        f"s.sendto(bytes.fromhex({taken.hex()!r}), ({b.server_v6!r}, 8080))\n"
+    )
     subprocess.run(b.command([sys.executable, "-c", copy]), check=True, timeout=60)
     check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 6, 8080)])
     out = subprocess.run(
-        network.server.command([*WRAPPER, "reload", "spaone", *argv[2:], "--knock-open-for",
-                                "admin=3"]),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        network.server.command(
+            [*WRAPPER, "reload", "spaone", *argv[2:], "--knock-open-for", "admin=3"]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     subprocess.run(b.command([sys.executable, "-c", copy]), check=True, timeout=60)
     check_policy(svc, served=[], dropped=[Probe(b, "tcp", 6, 8080)])
-    out = subprocess.run([*WRAPPER, "status", "spaone", "--json"], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [*WRAPPER, "status", "spaone", "--json"], capture_output=True, text=True, timeout=60
+    )
     sockets = json.loads(out.stdout)["services"][0]["sockets"]
     spa_of = {s["name"]: s["spa"] for s in sockets if s["name"].endswith(".spa")}
     assert (spa_of["web.spa"]["accepted"], spa_of["admin.spa"]["accepted"]) == (1, 0), spa_of
@@ -547,16 +574,21 @@ def test_a_reload_keeps_an_spa_socket_one_and_where_it_is(
     named as an SPA socket whose name has no knock-spa is refused at start (exit 64),
     before the application starts."""
     a = network.allowed
-    argv = ["--service", "spakeep", "--listen", "[::]:8080", "--knock-secret", str(secret),
-            *SPA]  # fmt: skip
+    argv = ["--service", "spakeep", "--listen", "[::]:8080", "--knock-secret", str(secret), *SPA]
     svc = start(network, services, wrapped(*argv))
     for extra, needle in (
-        (["--listen", "[::]:8080", "--allow", "0.0.0.0/0", "--allow", "::/0"],
-         "would take no SPA datagrams"),
+        (
+            ["--listen", "[::]:8080", "--allow", "0.0.0.0/0", "--allow", "::/0"],
+            "would take no SPA datagrams",
+        ),
         ([*argv[2:], "--knock-spa-port", "62203"], "would move to udp port 62203"),
-    ):  # fmt: skip
-        out = subprocess.run(network.server.command([*WRAPPER, "reload", "spakeep", *extra]),
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    ):
+        out = subprocess.run(
+            network.server.command([*WRAPPER, "reload", "spakeep", *extra]),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 64 and needle in out.stderr, out.stderr
         assert "restart the service" in out.stderr and out.stderr.count("\n") == 1
     send_raw(a, [b"for the application? " * 2], count=5)
@@ -569,8 +601,7 @@ def test_a_reload_keeps_an_spa_socket_one_and_where_it_is(
     try:
         fcntl.flock(table, fcntl.LOCK_EX)
         again = network.server.command([*WRAPPER, "reload", "spakeep", *argv[2:]])
-        reload = subprocess.Popen(again, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True)  # fmt: skip
+        reload = subprocess.Popen(again, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(3)
         assert reload.poll() is None, reload.communicate()
     finally:

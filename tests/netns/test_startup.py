@@ -42,7 +42,7 @@ def flood_both_ports(host: Host, stop: Path, tag: str) -> list[subprocess.Popen[
             ),
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for family, target in ((4, host.server_v4), (6, host.server_v6))
     ]
 
@@ -142,8 +142,9 @@ def test_a_banned_host_gets_nothing_into_a_restart_before_it_is_described(
     svc = Service(network.server, argv)
     services.append(svc)
     svc.wait_for(r"^ready ", timeout=120)
-    ban = subprocess.run([*WRAPPER, "deny", "banned-early", a.v4, a.v6], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    ban = subprocess.run(
+        [*WRAPPER, "deny", "banned-early", a.v4, a.v6], capture_output=True, text=True, timeout=60
+    )
     assert ban.returncode == 0, ban.stderr
     svc.stop()
     services.remove(svc)
@@ -154,7 +155,8 @@ def test_a_banned_host_gets_nothing_into_a_restart_before_it_is_described(
     check_policy(svc, served=[], dropped=all_probes(a, 8080, 8081))
     assert not seen_from(svc, a.v4, a.v6), svc.output()
     assert "BANNED" not in svc.output()
-    out = subprocess.run([*WRAPPER, "revoke", "banned-early", "--all"], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [*WRAPPER, "revoke", "banned-early", "--all"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     check_policy(svc, served=all_probes(a, 8080, 8081), dropped=[])

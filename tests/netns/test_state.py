@@ -33,8 +33,7 @@ ALLOW_A = ["--allow", "192.0.2.0/24", "--allow", "2001:db8:a::/48"]
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*WRAPPER, *argv], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)  # fmt: skip
+    return subprocess.run([*WRAPPER, *argv], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 def one_socket(service: str) -> state.SocketState:
@@ -82,8 +81,10 @@ def test_reload_refuses_damaged_state_and_the_old_rules_stay(
 ) -> None:
     a, b = network.allowed, network.denied
     service = f"damaged-{damage.__name__}"
-    svc = Service(network.server, [*WRAPPER, "--service", service, "--listen", "[::]:8080",
-                                   *ALLOW_A, "--", *ECHO_SERVER])  # fmt: skip
+    svc = Service(
+        network.server,
+        [*WRAPPER, "--service", service, "--listen", "[::]:8080", *ALLOW_A, "--", *ECHO_SERVER],
+    )
     services.append(svc)
     svc.wait_for(r"^ready ")  # its meta is written before the application starts
     damage(one_socket(service))
@@ -95,8 +96,11 @@ def test_reload_refuses_damaged_state_and_the_old_rules_stay(
         assert out.returncode == 78, out.stdout + out.stderr
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert "nothing was changed" in out.stderr, out.stderr
-    check_policy(svc, served=[Probe(a, "tcp", 4, 8080), Probe(a, "tcp", 6, 8080)],
-                 dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)])  # fmt: skip
+    check_policy(
+        svc,
+        served=[Probe(a, "tcp", 4, 8080), Probe(a, "tcp", 6, 8080)],
+        dropped=[Probe(b, "tcp", 4, 8080), Probe(b, "tcp", 6, 8080)],
+    )
     while HELD:
         os.close(HELD.pop())
 
@@ -201,10 +205,15 @@ def test_starts_and_gcs_at_once_do_not_fail_each_other(
     removed.  Two processes, 150 starts each, of two services and of one."""
     race = ROOT / "tests/programs/gc_race.py"
     sides = [
-        subprocess.Popen([sys.executable, str(race), name, "150"], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(race), name, "150"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for name in services
-    ]  # fmt: skip
+    ]
     for side in sides:
         out, err = side.communicate(timeout=240)
         assert out.strip() == "failed 0", err[-3000:]

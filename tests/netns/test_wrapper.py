@@ -241,8 +241,10 @@ def test_the_guides_inherited_example_as_typed(
     (bin_dir / "alfwrapper").write_text(f'#!/bin/sh\nexec {" ".join(WRAPPER)} "$@"\n')
     (bin_dir / "alfwrapper").chmod(0o755)
     path = f"{bin_dir}:{os.environ['PATH']}"
-    svc = Service(network.server, ["env", f"PATH={path}", f"PYTHONPATH={ROOT}", "sh", "-c",
-                                   f"cd {tmp_path} && {script}"])  # fmt: skip
+    svc = Service(
+        network.server,
+        ["env", f"PATH={path}", f"PYTHONPATH={ROOT}", "sh", "-c", f"cd {tmp_path} && {script}"],
+    )
     services.append(svc)
     wait_listening(network.server, 8080)
     assert network.allowed.probe("tcp", 4, 8080, "trigger", timeout=20) == "echo", svc.errors()

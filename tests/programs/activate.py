@@ -72,9 +72,14 @@ def wait_for(path: str) -> None:
 
 
 def supervise(
-    sockets: list[socket.socket], names: list[str], command: list[str], crash: str,
-    kill: float, generations: int, pause: str,
-) -> None:  # fmt: skip
+    sockets: list[socket.socket],
+    names: list[str],
+    command: list[str],
+    crash: str,
+    kill: float,
+    generations: int,
+    pause: str,
+) -> None:
     running = {"child": 0, "stop": False}
 
     def on_term(signum: int, frame: object) -> None:

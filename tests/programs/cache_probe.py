@@ -47,7 +47,7 @@ KINDS = {
                 MapSetting(map="allowed6", key="2001:db8::1", value="1"),
                 MapSetting(map="port_limits", key="0", value="8080,1"),
             ),
-        )  # fmt: skip
+        )
     ),
 }
 PROBES = [
@@ -63,8 +63,7 @@ kind = sys.argv[1]
 plan = program.plan_program(KINDS[kind], label_="probe_t1")
 headers = kernel_headers.find()
 assert headers is not None
-key = cache.key(plan.text, plan.cflags, list(plan.programs),
-                str(headers.where))  # fmt: skip
+key = cache.key(plan.text, plan.cflags, list(plan.programs), str(headers.where))
 if sys.argv[2:] == ["poison"]:
     bad = cache.CachedProgram(plan.entry, bytes.fromhex("9500000000000000"), ())  # exit, r0 unset
     cache.store(key, cache.Entry((), (bad,)))

@@ -33,8 +33,12 @@ def counted() -> int:
 
 n, most = int(sys.argv[1]), int(sys.argv[2])
 index = np.arange(n, dtype=np.uint64)
-allow = PrefixList(np.full(n, 6, np.uint8), np.full(n, 64, np.uint8),
-                   np.uint64(0x20010DB8 << 32) | index, np.zeros(n, np.uint64))  # fmt: skip
+allow = PrefixList(
+    np.full(n, 6, np.uint8),
+    np.full(n, 64, np.uint8),
+    np.uint64(0x20010DB8 << 32) | index,
+    np.zeros(n, np.uint64),
+)
 rules = SocketRules(subnets=SubnetRules(allow=allow))
 request = {"op": "load", "label": "hoard", "rules": protocol.encode_rules(rules)}
 held: list[int] = []

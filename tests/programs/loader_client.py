@@ -41,8 +41,11 @@ def main(argv: list[str]) -> int:
                 text = f.read()
         request = json.loads(text)
         if "--socket" in argv:
-            kind_ = socket.SOCK_STREAM if argv[argv.index("--socket") + 1] == "tcp" else (
-                socket.SOCK_DGRAM)  # fmt: skip
+            kind_ = (
+                socket.SOCK_STREAM
+                if argv[argv.index("--socket") + 1] == "tcp"
+                else (socket.SOCK_DGRAM)
+            )
             sock = socket.socket(socket.AF_INET6, kind_)
             sock.bind(("::1", 0))
             fds = [sock.fileno()]

@@ -19,8 +19,9 @@ from alfwrapper.host.bpf_calls import prog_test_run
 from alfwrapper.host.frames import udp_frame
 
 allow_file, deny_file, probes_json = sys.argv[1:4]
-policy = parse_policy(["--listen", "127.0.0.1:9", "--allow-file", allow_file,
-                       "--deny-file", deny_file, "--", "true"])  # fmt: skip
+policy = parse_policy(
+    ["--listen", "127.0.0.1:9", "--allow-file", allow_file, "--deny-file", deny_file, "--", "true"]
+)
 rules = policy.rules_for(policy.listens[0].name)
 plan = program.plan_program(rules)
 loaded = compiler.load_program(plan, FillEnv())

@@ -58,8 +58,9 @@ def make(*args: str, stubs: Path | None = None) -> subprocess.CompletedProcess[s
     env = dict(os.environ)
     if stubs is not None:
         env["PATH"] = f"{stubs}:{env['PATH']}"
-    return subprocess.run(["make", "-s", "-C", str(ROOT), *args], capture_output=True, text=True,
-                          timeout=600, env=env)  # fmt: skip
+    return subprocess.run(
+        ["make", "-s", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 def user_stubs(tmp_path: Path) -> tuple[Path, Path]:
@@ -95,8 +96,9 @@ def test_make_install_runs_away_from_the_checkout_and_uninstalls(
     assert f"{prefix}/share/alfwrapper/echo_server.py" in echo and "/usr/bin/alfwrapper" not in echo
     env = {"PATH": "/usr/bin:/bin"}
     launcher = str(prefix / "bin/alfwrapper")
-    version = subprocess.run([launcher, "--version"], capture_output=True, text=True, cwd="/",
-                             env=env, timeout=60)  # fmt: skip
+    version = subprocess.run(
+        [launcher, "--version"], capture_output=True, text=True, cwd="/", env=env, timeout=60
+    )
     assert version.stdout.strip() == "alfwrapper 0.1.0", version.stderr
     # PYTHONPATH cannot slip code into what a root service runs (the launcher runs
     # python3 -I): a sitecustomize.py there would run first.
@@ -104,9 +106,13 @@ def test_make_install_runs_away_from_the_checkout_and_uninstalls(
     hijack.mkdir()
     (hijack / "sitecustomize.py").write_text(f"open({str(tmp_path / 'hijacked')!r}, 'w')\n")
     check = subprocess.run(
-        [launcher, "check", "--allow", "192.0.2.0/24", "--print-filter"], capture_output=True,
-        text=True, cwd="/", env={**env, "PYTHONPATH": str(hijack)}, timeout=120,
-    )  # fmt: skip
+        [launcher, "check", "--allow", "192.0.2.0/24", "--print-filter"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**env, "PYTHONPATH": str(hijack)},
+        timeout=120,
+    )
     filters = prefix / "lib/alfwrapper/python/alfwrapper/filters"
     assert check.returncode == 0 and f'#line 1 "{filters}/subnets.c"' in check.stdout, check.stderr
     assert not (tmp_path / "hijacked").exists()

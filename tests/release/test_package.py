@@ -26,9 +26,13 @@ CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 def sh(*argv: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, cwd="/",
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
         env={**CLEAN_ENV, "DEBIAN_FRONTEND": "noninteractive"},
-    )  # fmt: skip
+    )
     assert not check or out.returncode == 0, f"{argv}: {out.stdout}{out.stderr}"
     return out
 
@@ -72,14 +76,23 @@ def test_package_installs_works_and_leaves_nothing(network: Network, package: li
     # Every path of ours that a shipped unit, example or guide names is there.
     named = set()
     for f in package:
-        if f.startswith(("/usr/lib/systemd/system/", "/usr/share/alfwrapper/units/",
-                         "/usr/share/doc/alfwrapper/")) and not f.endswith(".gz"):  # fmt: skip
+        if f.startswith(
+            (
+                "/usr/lib/systemd/system/",
+                "/usr/share/alfwrapper/units/",
+                "/usr/share/doc/alfwrapper/",
+            )
+        ) and not f.endswith(".gz"):
             text = Path(f).read_text(errors="replace")
             named |= set(re.findall(r"/usr/(?:share|lib)/alfwrapper/[\w./@-]*\w", text))
     assert len(named) >= 5 and not {p for p in named if not os.path.exists(p)}, named
     # Completion as bash-completion loads it, in a real bash.
-    completes = sh("bash", "--norc", "-c", ". /usr/share/bash-completion/completions/alfwrapper"
-                   " && complete -p alfwrapper").stdout  # fmt: skip
+    completes = sh(
+        "bash",
+        "--norc",
+        "-c",
+        ". /usr/share/bash-completion/completions/alfwrapper && complete -p alfwrapper",
+    ).stdout
     assert "_shtab_alfwrapper alfwrapper" in completes, completes
     assert not [f for f in package if f.startswith(("/etc", "/usr/local", str(ROOT)))]
     # No unit is enabled (no links under /etc/systemd/system) or started.
@@ -104,8 +117,9 @@ def test_package_installs_works_and_leaves_nothing(network: Network, package: li
     assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
     for unit in units:
         if unit.endswith(".service"):
-            security = sh("systemd-analyze", "security", "--offline=true", "--threshold=30",
-                          unit, check=False)  # fmt: skip
+            security = sh(
+                "systemd-analyze", "security", "--offline=true", "--threshold=30", unit, check=False
+            )
             assert security.returncode == 0, security.stdout.splitlines()[-1:]
 
     # A filtered service, from /usr/bin/alfwrapper and the packaged example.
@@ -128,8 +142,12 @@ def test_package_installs_works_and_leaves_nothing(network: Network, package: li
     # Removed: none of its files is left.
     sh("apt-get", "remove", "-y", "alfwrapper")
     assert [f for f in package if os.path.lexists(f)] == []
-    for folder in ("/usr/lib/alfwrapper", "/usr/share/alfwrapper", "/var/lib/alfwrapper",
-                   "/usr/lib/python3/dist-packages/alfwrapper"):  # fmt: skip
+    for folder in (
+        "/usr/lib/alfwrapper",
+        "/usr/share/alfwrapper",
+        "/var/lib/alfwrapper",
+        "/usr/lib/python3/dist-packages/alfwrapper",
+    ):
         assert not os.path.lexists(folder), folder
     sh("dpkg", "--purge", "alfwrapper")  # nothing left to purge: it has no conffiles
     assert not installed()

@@ -83,8 +83,9 @@ def users(network: Network, loader: Path) -> Iterator[Callable[[str], OwnManager
             mgr.stop()
 
 
-def service_units(own: OwnManager, copy: Path, name: str, listen: str, rules: str,
-                  old_kernel: bool = False) -> UnitLog:  # fmt: skip
+def service_units(
+    own: OwnManager, copy: Path, name: str, listen: str, rules: str, old_kernel: bool = False
+) -> UnitLog:
     """A socket unit and its service, ExecStart= alfwrapper with these rules (seeing
     the bpf(2) of a kernel before 6.5, if ``old_kernel``)."""
     own.install(f"{name}.socket", f"[Socket]\n{listen}FileDescriptorName={name}\n")
@@ -145,9 +146,11 @@ def capabilities(pid: int) -> dict[str, int]:
 
 
 def test_ordinary_users_service_behind_their_own_policy(
-    network: Network, manager: UserManager, users: Callable[[str], OwnManager],
+    network: Network,
+    manager: UserManager,
+    users: Callable[[str], OwnManager],
     readable_copy: Path,
-) -> None:  # fmt: skip
+) -> None:
     """The subnet-filtered service, and every command on it, sees a kernel before 6.5
     (Debian 12's); the one with the developer's filter sees this kernel."""
     a, b = network.allowed, network.denied
@@ -162,15 +165,19 @@ def test_ordinary_users_service_behind_their_own_policy(
     # datagram that starts the service is purged; once it runs, the policy holds.
     a.probe("udp", 4, 8082, "wake", timeout=0.5)
     wait_until(lambda: "ready fds" in dev.output(), dev.output, timeout=60)
-    check_policy(dev, served=[Probe(a, "udp", 4, 8082), Probe(a, "udp", 6, 8082)],
-                 dropped=[Probe(b, "udp", 4, 8082), Probe(b, "udp", 6, 8082)])  # fmt: skip
+    check_policy(
+        dev,
+        served=[Probe(a, "udp", 4, 8082), Probe(a, "udp", 6, 8082)],
+        dropped=[Probe(b, "udp", 4, 8082), Probe(b, "udp", 6, 8082)],
+    )
     # The application has nothing; the loader has CAP_BPF and nothing else.
     app_pid = int(own.run("show", "-p", "MainPID", "--value", "app.service").stdout)
     held = capabilities(app_pid)
     assert not any(held[k] for k in ("CapInh", "CapPrm", "CapEff", "CapAmb")), held
     assert re.search(r"^Seccomp:\s+2$", Path(f"/proc/{app_pid}/status").read_text(), re.M)
-    loader_pid = int(manager.run("show", "-p", "MainPID", "--value",
-                                 "alfwrapper-loader.service").stdout)  # fmt: skip
+    loader_pid = int(
+        manager.run("show", "-p", "MainPID", "--value", "alfwrapper-loader.service").stdout
+    )
     caps = capabilities(loader_pid)
     assert caps["CapEff"] == caps["CapPrm"] == caps["CapBnd"] == 1 << 39, caps
     assert Path(f"/proc/{loader_pid}").stat().st_uid == int(
@@ -226,9 +233,11 @@ def root_set(*argv: str) -> str:
 
 
 def test_a_users_service_reads_root_sets_and_cannot_change_them(
-    network: Network, manager: UserManager, users: Callable[[str], OwnManager],
+    network: Network,
+    manager: UserManager,
+    users: Callable[[str], OwnManager],
     readable_copy: Path,
-) -> None:  # fmt: skip
+) -> None:
     """A user's service names root's deny set (through the loader, on a kernel before
     6.5): root's `set add` drops the next connection, `set del` serves it again, and
     the service never restarts.  The user can change the set neither with `alfwrapper
@@ -246,8 +255,11 @@ def test_a_users_service_reads_root_sets_and_cannot_change_them(
         assert a.probe("tcp", 4, 8080, "first", timeout=30) == "echo", app.output()
         pid = own.run("show", "-p", "MainPID", "--value", "app.service").stdout
         root_set("add", name, a.v4)
-        check_policy(app, served=[Probe(a, "tcp", 6, 8080)],
-                     dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)])  # fmt: skip
+        check_policy(
+            app,
+            served=[Probe(a, "tcp", 6, 8080)],
+            dropped=[Probe(a, "tcp", 4, 8080), Probe(b, "tcp", 4, 8080)],
+        )
         root_set("del", name, a.v4)
         check_policy(app, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(b, "tcp", 6, 8080)])
         assert own.run("show", "-p", "MainPID", "--value", "app.service").stdout == pid
@@ -300,16 +312,22 @@ def test_one_user_cannot_touch_anothers_service(
         {"op": "pins", "service": "app", "cookie": cookie},
         {"op": "remove", "service": "app", "cookie": cookie},
         {"op": "install", "service": "app", "cookie": cookie},
-        {"op": "load", "service": "app", "cookie": cookie, "label": "app_t8080",
-         "rules": {"allow": ["198.51.100.0/24"]}},
-    ):  # fmt: skip
+        {
+            "op": "load",
+            "service": "app",
+            "cookie": cookie,
+            "label": "app_t8080",
+            "rules": {"allow": ["198.51.100.0/24"]},
+        },
+    ):
         got = raw(own_b, readable_copy, {**request, **claims})
         assert got["answer"]["error"]["why"].startswith("has no socket"), (request, got)
         assert got["fds"] == []
     assert sorted(p.name for p in (PINS / str(own_a.uid) / "app").rglob("*")) == before
     # Nor through the file system: the BPF file system is root's, the tree the loader's.
-    probe = subprocess.run(own_b.command(["ls", str(PINS / str(own_a.uid))]),
-                           capture_output=True, text=True)  # fmt: skip
+    probe = subprocess.run(
+        own_b.command(["ls", str(PINS / str(own_a.uid))]), capture_output=True, text=True
+    )
     assert probe.returncode != 0 and "Permission denied" in probe.stderr
 
 
@@ -320,8 +338,9 @@ def test_a_take_is_one_request_that_names_the_caller(
     start's process in the meta, not its own worker: a gc keeps the state by that pid
     while the start compiles."""
     own = users(USER_A)
-    got = raw(own, readable_copy, {"op": "take", "service": "t", "label": "t_u1"},
-              "--socket", "udp")  # fmt: skip
+    got = raw(
+        own, readable_copy, {"op": "take", "service": "t", "label": "t_u1"}, "--socket", "udp"
+    )
     assert got["answer"]["made"] is True and got["answer"]["judged"] is False, got
     where = state.SocketState("t", got["answer"]["cookie"], PINS / str(own.uid))
     assert state.read_meta(where)["pid"] == got["pid"], got
@@ -398,8 +417,12 @@ def test_fd_calls_are_only_what_holding_the_fds_allows(
         return ["--pins", ",".join(f"app:{cookie}:{n}" for n in names)]
 
     # A well-formed call on one's own map is made, and answered as the kernel answers.
-    got = raw(own, readable_copy, fd_request("map_lookup", key=bytes(4), value_size=4),
-              *pins("runtime_count"))  # fmt: skip
+    got = raw(
+        own,
+        readable_copy,
+        fd_request("map_lookup", key=bytes(4), value_size=4),
+        *pins("runtime_count"),
+    )
     assert protocol.from_wire(got["answer"]["result"]) == bytes(4), got
     got = raw(own, readable_copy, fd_request("map_delete", key=bytes(20)), *pins("runtime"))
     assert got["answer"]["result"] is False, got  # ENOENT, as the kernel says it
@@ -526,8 +549,9 @@ def test_quota_is_enforced_and_said(
     start_loader(manager, readable_copy, "--max-programs 2 --max-map-memory 4")
     own = users(USER_B)
     three = [a for port in (9302, 9303, 9304) for a in ("--listen-datagram", f"[::1]:{port}")]
-    out = as_user(own, readable_copy, "--service", "many", *three, "--allow", "::1",
-                  "--", "echo", "STARTED")  # fmt: skip
+    out = as_user(
+        own, readable_copy, "--service", "many", *three, "--allow", "::1", "--", "echo", "STARTED"
+    )
     assert out.returncode == 77 and "STARTED" not in out.stdout, out.stderr
     assert "loader quota" in out.stderr and "at most 2 are allowed" in out.stderr, out.stderr
     rules = own.config / "rules"  # the user's own file
@@ -569,8 +593,10 @@ def test_a_million_rules_through_the_loader(
             out = subprocess.run([*WRAPPER, *argv], capture_output=True, text=True, timeout=300)
         times[who] = time.monotonic() - begin
         assert out.returncode == 0 and "STARTED" in out.stdout, (who, out.stderr)
-    print(f"1,000,000 rules: start-up as a user through the loader {times['user']:.1f} s, "
-          f"as root {times['root']:.1f} s")  # fmt: skip
+    print(
+        f"1,000,000 rules: start-up as a user through the loader {times['user']:.1f} s, "
+        f"as root {times['root']:.1f} s"
+    )
 
 
 def hostile_requests() -> Iterator[tuple[bytes, list[int]]]:
@@ -613,9 +639,13 @@ def hostile_requests() -> Iterator[tuple[bytes, list[int]]]:
 
 
 def test_root_services_pins_are_out_of_the_loaders_reach(
-    network: Network, services: list[Service], manager: UserManager, loader: Path,
-    users: Callable[[str], OwnManager], readable_copy: Path,
-) -> None:  # fmt: skip
+    network: Network,
+    services: list[Service],
+    manager: UserManager,
+    loader: Path,
+    users: Callable[[str], OwnManager],
+    readable_copy: Path,
+) -> None:
     """A root service's pins, seen from inside the loader's sandbox (its mount
     namespace) as the loader's user with CAP_BPF, as a loader taken over by a hostile
     filter would see them: not there to list, open or pin over."""
@@ -684,8 +714,10 @@ def test_one_users_flood_never_keeps_another_waiting(
         flood.kill()
         flood.wait()
         raise
-    print(f"B alone {alone:.2f} s; during A's flood ({said.strip()}): "
-          f"{', '.join(f'{w:.2f}' for w in waits)} s")  # fmt: skip
+    print(
+        f"B alone {alone:.2f} s; during A's flood ({said.strip()}): "
+        f"{', '.join(f'{w:.2f}' for w in waits)} s"
+    )
     assert max(waits) < alone + 5, (alone, waits)
 
 
@@ -725,9 +757,13 @@ def loader_cgroup(log: Path) -> Path | None:
 
 
 def test_a_persons_subordinate_uids_are_one_person(
-    network: Network, manager: UserManager, loader: Path, users: Callable[[str], OwnManager],
-    readable_copy: Path, subordinate_uids: list[int],
-) -> None:  # fmt: skip
+    network: Network,
+    manager: UserManager,
+    loader: Path,
+    users: Callable[[str], OwnManager],
+    readable_copy: Path,
+    subordinate_uids: list[int],
+) -> None:
     """USER_A floods the loader from 8 of their subordinate uids at once while USER_B
     asks and starts a service: B is served promptly, and all of A's uids together
     hold no more than one person's workers (their memory cgroup is A's, none of the
@@ -736,8 +772,11 @@ def test_a_persons_subordinate_uids_are_one_person(
     begin = time.monotonic()
     assert raw(own_b, readable_copy, {"op": "services"})["answer"] == {"services": []}
     alone = time.monotonic() - begin  # the loader has started (its socket started it)
-    wait_until(lambda: loader.exists() and "serving" in loader.read_text(),
-               "the loader did not say it serves", timeout=30)  # fmt: skip
+    wait_until(
+        lambda: loader.exists() and "serving" in loader.read_text(),
+        "the loader did not say it serves",
+        timeout=30,
+    )
     flood = [PYTHON, str(readable_copy / "loader_flood.py"), protocol.SOCKET_PATH, "150"]
     floods = [
         subprocess.Popen(
@@ -774,9 +813,11 @@ def test_a_persons_subordinate_uids_are_one_person(
         for each in floods:
             each.kill()
             each.wait()
-    print(f"B alone {alone:.2f} s; during A's flood from 8 subordinate uids ({said[0]}, ...): "
-          f"{', '.join(f'{w:.2f}' for w in waits)} s; B's start {started:.1f} s; "
-          f"A's workers at most {most}")  # fmt: skip
+    print(
+        f"B alone {alone:.2f} s; during A's flood from 8 subordinate uids ({said[0]}, ...): "
+        f"{', '.join(f'{w:.2f}' for w in waits)} s; B's start {started:.1f} s; "
+        f"A's workers at most {most}"
+    )
     assert max(waits) < alone + 5, (alone, waits)
     # Measured here: 5.5 s; with each subordinate uid a person of its own, 17 s (and 83 s
     # through newuidmap on a booted Debian 12, the loader's clients retrying).
@@ -785,9 +826,12 @@ def test_a_persons_subordinate_uids_are_one_person(
 
 
 def test_a_persons_subordinate_uids_share_one_quota(
-    network: Network, manager: UserManager, users: Callable[[str], OwnManager],
-    readable_copy: Path, subordinate_uids: list[int],
-) -> None:  # fmt: skip
+    network: Network,
+    manager: UserManager,
+    users: Callable[[str], OwnManager],
+    readable_copy: Path,
+    subordinate_uids: list[int],
+) -> None:
     """With one filtered socket allowed per person, a service of one of A's subordinate
     uids takes A's one, and another subordinate uid of A's is refused (77), even from
     another network namespace (where the first socket is not seen alive: only its
@@ -804,12 +848,18 @@ def test_a_persons_subordinate_uids_share_one_quota(
     )  # fmt: skip
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "STARTED", (
-            holder.stderr.read() if holder.stderr else "")  # fmt: skip
+            holder.stderr.read() if holder.stderr else ""
+        )
         out = subprocess.run(
-            as_uid(second, [*env, *wrapper, "--listen-datagram", "[::1]:9323", "--", "echo",
-                            "STARTED"], network.server.netns),
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            as_uid(
+                second,
+                [*env, *wrapper, "--listen-datagram", "[::1]:9323", "--", "echo", "STARTED"],
+                network.server.netns,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -832,8 +882,10 @@ def test_hostile_requests_leave_the_loader_serving(
         "print('held', flush=True); time.sleep(30)"
     )
     own_b = users(USER_B)
-    slow = [subprocess.Popen(own_b.command([PYTHON, "-c", hold]), stdout=subprocess.PIPE,
-                             text=True) for _ in range(2)]  # fmt: skip
+    slow = [
+        subprocess.Popen(own_b.command([PYTHON, "-c", hold]), stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     for proc in slow:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     # While B holds them (READ_SECONDS), A is served at once.
@@ -854,8 +906,9 @@ def test_hostile_requests_leave_the_loader_serving(
             conn.shutdown(socket.SHUT_WR)
             try:
                 answer, _ = protocol.receive(conn, 1 << 20, 30, 8)
-                answers["error" if "error" in answer else "ok"] = answers.get(
-                    "error" if "error" in answer else "ok", 0) + 1  # fmt: skip
+                answers["error" if "error" in answer else "ok"] = (
+                    answers.get("error" if "error" in answer else "ok", 0) + 1
+                )
             except Exception:  # noqa: BLE001  (closed without an answer: counted)
                 answers["closed"] = answers.get("closed", 0) + 1
         assert time.monotonic() - begin < 240, "the loader stopped answering"
@@ -865,8 +918,9 @@ def test_hostile_requests_leave_the_loader_serving(
     begin = time.monotonic()
     assert raw(own, readable_copy, {"op": "services"})["answer"] == {"services": []}
     assert time.monotonic() - begin < 5
-    assert manager.run("show", "-p", "MainPID", "--value",
-                       "alfwrapper-loader.service").stdout == pid  # fmt: skip
+    assert (
+        manager.run("show", "-p", "MainPID", "--value", "alfwrapper-loader.service").stdout == pid
+    )
     for proc in slow:
         proc.kill()
         proc.wait()
@@ -878,8 +932,12 @@ def test_loader_unit_is_sandboxed_and_verifies(tmp_path: Path) -> None:
     for name in ("alfwrapper-loader.service", "alfwrapper-loader.socket"):
         text = (ROOT / "units" / name).read_text()  # as shipped, but for our path
         (tmp_path / name).write_text(text.replace("/usr/bin/alfwrapper", ALFWRAPPER))
-    out = subprocess.run(["systemd-analyze", "verify", "--man=no", *map(str, tmp_path.iterdir())],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *map(str, tmp_path.iterdir())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and not out.stderr.strip(), out.stderr
     out = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager",
                           str(tmp_path / "alfwrapper-loader.service")],
@@ -923,6 +981,7 @@ def test_check_as_an_ordinary_user(users: Callable[[str], OwnManager], readable_
     warned = [line for line in lines if line.startswith("warning:")]
     assert len(warned) == 1 and "the loader does not answer" in warned[0], alone.stdout
     assert "program not loaded" in lines[0] and lines[-1].startswith("ok as far as checked")
-    strict = subprocess.run(own.command([*command, "--strict"]), capture_output=True, text=True,
-                            timeout=120)  # fmt: skip
+    strict = subprocess.run(
+        own.command([*command, "--strict"]), capture_output=True, text=True, timeout=120
+    )
     assert strict.returncode == 78, strict.stderr

@@ -83,8 +83,11 @@ def probe(secret: Path, mode: str, sources: list[str]) -> list[dict[str, Any]]:
     texts = [f'#include "common.h"\n{s}{ENTRY}' for s in sources]
     out = subprocess.run(
         [sys.executable, str(PROBE), str(secret), mode],
-        input=json.dumps(texts), capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        input=json.dumps(texts),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     results: list[dict[str, Any]] = json.loads(out.stdout)
     return results

@@ -86,8 +86,9 @@ def test_numpy_loads_without_a_thread_per_core_and_the_application_never_knows()
     def run(mode: str, **extra: str) -> list[str]:
         env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | extra
         argv = [sys.executable, "-c", THREADS_AFTER_NUMPY, mode]
-        out = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True,
-                             check=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            argv, env=env, cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
+        )
         return out.stdout.split()
 
     threads, given, blas = run("own")

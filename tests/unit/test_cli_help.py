@@ -68,8 +68,9 @@ def completion(tmp_script: str, words: str) -> list[str]:
         '$fn alfwrapper "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"\n'
         'printf "%s\\n" "${COMPREPLY[@]}"\n'
     )
-    out = subprocess.run(["bash", "--norc", "-c", script], capture_output=True, text=True,
-                         timeout=30)  # fmt: skip
+    out = subprocess.run(
+        ["bash", "--norc", "-c", script], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
 
@@ -79,15 +80,22 @@ def test_bash_completion_is_generated_and_works(tmp_path: Path) -> None:
     not into the checkout."""
     if shutil.which("bash") is None:
         pytest.fail("bash is missing")
-    out = subprocess.run([sys.executable, "-m", "alfwrapper.completion"], capture_output=True,
-                         text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "alfwrapper.completion"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     script = tmp_path / "alfwrapper"
     script.write_text(out.stdout)
     registered = subprocess.run(
         ["bash", "--norc", "-c", f"source {script} && complete -p alfwrapper"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert registered.returncode == 0 and "alfwrapper" in registered.stdout, registered.stderr
     assert {"status", "stop"} & set(completion(str(script), "alfwrapper st")) == {"status"}
     assert "--allow-file" in completion(str(script), "alfwrapper --allow-f")

@@ -139,12 +139,14 @@ _USUAL = st.fixed_dictionaries(
      "duration": _DURATIONS}
 )  # fmt: skip
 _ANY = st.fixed_dictionaries(
-    {"id": st.one_of(st.integers(0, 9), st.booleans(), st.just("1")),
-     "type": st.sampled_from(["ban", "Ban", "captcha", None]),
-     "scope": st.sampled_from(["Ip", "ip", "Range", "range", "AS", 7]),
-     "value": st.one_of(_VALUES, st.integers()),
-     "duration": st.one_of(_DURATIONS, st.none(), st.integers())}
-)  # fmt: skip
+    {
+        "id": st.one_of(st.integers(0, 9), st.booleans(), st.just("1")),
+        "type": st.sampled_from(["ban", "Ban", "captcha", None]),
+        "scope": st.sampled_from(["Ip", "ip", "Range", "range", "AS", 7]),
+        "value": st.one_of(_VALUES, st.integers()),
+        "duration": st.one_of(_DURATIONS, st.none(), st.integers()),
+    }
+)
 
 
 @settings(max_examples=400, deadline=None)
@@ -222,8 +224,9 @@ def test_an_end_in_the_new_list_ends_what_came_before_it_alone() -> None:
     it, not the one after it; a startup reads it as a delta on an empty book."""
     net = parse_prefix("192.0.2.7")
     for first, then, stands in (("1h", "-1s", False), ("-1s", "1h", True)):
-        answer = read_answer({"new": [ban(5, "192.0.2.7", first), ban(5, "192.0.2.7", then)]},
-                             now=0)  # fmt: skip
+        answer = read_answer(
+            {"new": [ban(5, "192.0.2.7", first), ban(5, "192.0.2.7", then)]}, now=0
+        )
         book = Book.empty()
         got = book.snapshot(answer, now=0)
         assert got == ({net: 3600 * S} if stands else {}), (first, then)
@@ -339,8 +342,9 @@ def test_a_set_driven_by_the_changes_holds_what_the_book_holds(ops: list[Any]) -
         owners: dict[Prefix, set[int]] = {}
         for decision in standing.values():
             owners.setdefault(decision.network, set()).add(decision.id)
-        assert {net: {ids} if isinstance(ids, int) else set(ids)
-                for net, ids in book.owners.items()} == owners  # fmt: skip
+        assert {
+            net: {ids} if isinstance(ids, int) else set(ids) for net, ids in book.owners.items()
+        } == owners
         assert not any(isinstance(ids, set) and len(ids) < 2 for ids in book.owners.values())
         unsettled = {(d.until, i) for fresh in book.unsettled for i, d in fresh.items()}
         assert {(d.until, d.id) for d in standing.values()} <= set(book.expiries) | unsettled
@@ -420,9 +424,13 @@ def test_config_mistakes(tmp_path, text: str, key: str, needle: str) -> None:  #
 
 
 @given(
-    st.integers(0, 10**6), st.integers(0, 59), st.integers(0, 59),
-    st.text("0123456789", max_size=9), st.booleans(), st.integers(0, 2),
-)  # fmt: skip
+    st.integers(0, 10**6),
+    st.integers(0, 59),
+    st.integers(0, 59),
+    st.text("0123456789", max_size=9),
+    st.booleans(),
+    st.integers(0, 2),
+)
 def test_the_lapis_form_reads_as_the_general_way_reads_it(
     hours: int, minutes: int, seconds: int, fraction: str, minus: bool, shape: int
 ) -> None:
@@ -561,13 +569,20 @@ def test_bans_wider_than_the_limit_are_left_out_and_slash_zero_always() -> None:
     read = read_answer(answer, now=0)
     assert [str(d.network) for d in read.new] == ["192.0.2.7/32", "10.0.0.0/8", "2001:db8::/32"]
     assert [str(p) for p in read.too_wide] == [
-        "0.0.0.0/0", "::/0", "0.0.0.0/0", "10.0.0.0/7", "2001:db8::/31", "128.0.0.0/1"
-    ]  # fmt: skip
+        "0.0.0.0/0",
+        "::/0",
+        "0.0.0.0/0",
+        "10.0.0.0/7",
+        "2001:db8::/31",
+        "128.0.0.0/1",
+    ]
     assert set(read.ended) == {2, 3, 4, 5, 7, 9}
     book = Book.empty()
     assert {str(net) for net in book.snapshot(read, 0)} == {
-        "192.0.2.7/32", "10.0.0.0/8", "2001:db8::/32"
-    }  # fmt: skip
+        "192.0.2.7/32",
+        "10.0.0.0/8",
+        "2001:db8::/32",
+    }
     for widest in ((1, 1), (0, 0), (-5, -5)):  # no limit lets /0 through
         loose = read_answer(answer, now=0, widest=widest)
         assert [str(p) for p in loose.too_wide] == ["0.0.0.0/0", "::/0", "0.0.0.0/0"], widest

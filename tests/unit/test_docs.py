@@ -83,8 +83,9 @@ def test_see_also_names_the_systemd_pages_the_text_leans_on() -> None:
 def test_the_lighttpd_example_leaves_no_untracked_logs() -> None:
     """docs/daemons.md's lighttpd command logs into examples/lighttpd: git ignores those."""
     for log in ("access.log", "error.log"):
-        ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q",
-                                  f"examples/lighttpd/{log}"])  # fmt: skip
+        ignored = subprocess.run(
+            ["git", "-C", str(ROOT), "check-ignore", "-q", f"examples/lighttpd/{log}"]
+        )
         assert ignored.returncode == 0, log
 
 

@@ -31,9 +31,12 @@ def test_doctor_says_which_platform_and_whether_the_tests_run_on_it() -> None:
     assert platform_check(BOOKWORM, "6.18.44", None).text.endswith(
         on + " (the units under systemd 252 as PID 1)"
     )
-    for os_release, kernel in ((TRIXIE, "6.1.0-56-amd64"), (BOOKWORM, "6.12.1"),
-                               (TRIXIE.replace("ID=debian", "ID=ubuntu"), "6.12.1"),
-                               ("", "6.12.1")):  # fmt: skip
+    for os_release, kernel in (
+        (TRIXIE, "6.1.0-56-amd64"),
+        (BOOKWORM, "6.12.1"),
+        (TRIXIE.replace("ID=debian", "ID=ubuntu"), "6.12.1"),
+        ("", "6.12.1"),
+    ):
         said = platform_check(os_release, kernel, "257")
         assert said.ok and "not a platform the tests run on" in said.text, said
 

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.unit
 
 
 def test_fields_are_lines_and_a_newline_makes_a_sized_value() -> None:
-    data = journal.encode({"MESSAGE": "connection from 192.0.2.1", "ALF_PORT": "22",
-                           "ALF_NOTE": "two\nlines"})  # fmt: skip
+    data = journal.encode(
+        {"MESSAGE": "connection from 192.0.2.1", "ALF_PORT": "22", "ALF_NOTE": "two\nlines"}
+    )
     assert data == (
         b"MESSAGE=connection from 192.0.2.1\nALF_PORT=22\n"
         b"ALF_NOTE\n" + (9).to_bytes(8, "little") + b"two\nlines\n"

@@ -174,9 +174,12 @@ def test_a_kept_verdict_is_used_only_where_a_full_start_builds_the_same_table(
 def test_sha256_needs_no_openssl() -> None:
     """cachedir.sha256 takes CPython's own module (_sha256 up to 3.11, _sha2 from 3.12:
     Debian 13's 3.13), never hashlib's OpenSSL, which costs every start 5 ms."""
-    code = ("import sys; from alfwrapper.host.cachedir import sha256; "
-            "print(sha256(b'abc').hexdigest(), 'hashlib' in sys.modules)")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)  # fmt: skip
+    code = (
+        "import sys; from alfwrapper.host.cachedir import sha256; "
+        "print(sha256(b'abc').hexdigest(), 'hashlib' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     digest = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert out.stdout.split() == [digest, "False"], out.stdout + out.stderr

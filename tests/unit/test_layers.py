@@ -34,11 +34,14 @@ def test_an_import_from_a_higher_layer_is_a_breach(tmp_path: Path) -> None:
 
 
 def test_a_lazy_circle_inside_one_layer_is_a_breach(tmp_path: Path) -> None:
-    root = _package(tmp_path, {
-        "policy/__init__.py": "",
-        "policy/rules.py": "def f():\n    from alfwrapper.policy import inputs\n",
-        "policy/inputs.py": "from alfwrapper.policy.rules import f\n",
-    })  # fmt: skip
+    root = _package(
+        tmp_path,
+        {
+            "policy/__init__.py": "",
+            "policy/rules.py": "def f():\n    from alfwrapper.policy import inputs\n",
+            "policy/inputs.py": "from alfwrapper.policy.rules import f\n",
+        },
+    )
     assert [f for f in layers.breaches(root) if f.startswith("circle: ")], "circle not found"
 
 

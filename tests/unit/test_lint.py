@@ -44,8 +44,9 @@ def test_the_functions_over_the_complexity_limit_only_shrink() -> None:
         text = path.read_text(errors="replace")
         lines = text.splitlines()
         with io.StringIO(text) as source:  # comments only, not strings that hold one
-            comments = [t for t in tokenize.generate_tokens(source.readline)
-                        if t.type == tokenize.COMMENT]  # fmt: skip
+            comments = [
+                t for t in tokenize.generate_tokens(source.readline) if t.type == tokenize.COMMENT
+            ]
         for token in comments:
             if re.search(r"#\s*noqa:[A-Z0-9, ]*\bC901\b", token.string):
                 line = lines[token.start[0] - 1]

@@ -41,10 +41,15 @@ def test_rules_survive_the_trip(tmp_path: Any) -> None:
     assert back.custom is not None and rules.custom is not None
     assert back.custom.source == source.read_text()  # the text travels, not the path
     assert back == SocketRules(
-        subnets=rules.subnets, knock=rules.knock, log_rate=rules.log_rate,
-        custom=CustomFilter(path=str(source), sets=(MapSetting(map="m", key="1", value="2"),),
-                            source=source.read_text()),
-    )  # fmt: skip
+        subnets=rules.subnets,
+        knock=rules.knock,
+        log_rate=rules.log_rate,
+        custom=CustomFilter(
+            path=str(source),
+            sets=(MapSetting(map="m", key="1", value="2"),),
+            source=source.read_text(),
+        ),
+    )
     with socket.socket() as unused, pytest.raises(TypeError, match="has no wire form"):
         protocol.send(unused, {"rules": object()})
 
@@ -164,7 +169,7 @@ HOSTILE: list[Any] = [
             "window": 30,
             "sources": 131072,
         }
-    },  # fmt: skip
+    },
     {"knock": {"ports": [1] * 9, "secret": ""}},
     *(  # SPA: the loader makes neither its socket's programs nor its SPA socket's
         {
@@ -180,7 +185,7 @@ HOSTILE: list[Any] = [
             }
         }
         for key in ("spa", "verifier")
-    ),  # fmt: skip
+    ),
     {"filter": {"name": "x.c"}},
     {"filter": {"name": "x.c", "source": ""}},
     {"filter": {"name": "x.c", "source": "x" * (2 << 20)}},
@@ -207,8 +212,12 @@ def test_hostile_rules_are_refused_cleanly(rules: Any) -> None:
 
 
 def test_framing_refuses_oversized_and_truncated() -> None:
-    for data in (protocol.LENGTH.pack(protocol.REQUEST_LIMIT + 1), protocol.LENGTH.pack(50) + b"{}",
-                 b"\x00", protocol.LENGTH.pack(2) + b"[]"):  # fmt: skip
+    for data in (
+        protocol.LENGTH.pack(protocol.REQUEST_LIMIT + 1),
+        protocol.LENGTH.pack(50) + b"{}",
+        b"\x00",
+        protocol.LENGTH.pack(2) + b"[]",
+    ):
         a, b = socket.socketpair()
         with a, b:
             a.sendall(data)
@@ -264,8 +273,11 @@ def test_named_sets_travel_by_name() -> None:
     from alfwrapper.policy.prefixes import parse_prefix  # noqa: PLC0415
     from alfwrapper.policy.rules import SubnetRules  # noqa: PLC0415
 
-    rules = SocketRules(subnets=SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)),
-                        allow_sets=("office",), deny_sets=("crowdsec", "drop"))  # fmt: skip
+    rules = SocketRules(
+        subnets=SubnetRules(allow=(parse_prefix("192.0.2.0/24"),)),
+        allow_sets=("office",),
+        deny_sets=("crowdsec", "drop"),
+    )
     wire = protocol.encode_rules(rules)
     assert wire["deny_sets"] == ["crowdsec", "drop"] and wire["allow_sets"] == ["office"]
     assert protocol.decode_rules(json.loads(json.dumps(wire))) == rules
@@ -301,10 +313,13 @@ class _Events:
 
 @pytest.mark.parametrize(
     ("refused", "error"),
-    [(True, PermissionError(13, "Permission denied")), (False, PermissionError(13, "x")),
-     (True, ValueError("not memory"))],
+    [
+        (True, PermissionError(13, "Permission denied")),
+        (False, PermissionError(13, "x")),
+        (True, ValueError("not memory")),
+    ],
     ids=["limit reached", "no limit", "limit reached, not an allocation's error"],
-)  # fmt: skip
+)
 def test_a_failure_while_memory_is_refused_is_the_quota(
     monkeypatch: Any, refused: bool, error: Exception
 ) -> None:
@@ -331,8 +346,12 @@ def test_a_failure_while_memory_is_refused_is_the_quota(
     if refused and isinstance(error, OSError):
         assert said["code"] == 77 and said["what"] == "loader quota", said
     else:
-        assert said == {"what": "loader", "why": f"internal error: {type(error).__name__}",
-                        "hint": "report it", "code": 70}  # fmt: skip
+        assert said == {
+            "what": "loader",
+            "why": f"internal error: {type(error).__name__}",
+            "hint": "report it",
+            "code": 70,
+        }
 
 
 def test_memory_refused_for_everyone_is_said_to_be_other_users_load(monkeypatch: Any) -> None:

@@ -24,9 +24,11 @@ def test_postinst_makes_the_system_users_from_the_sysusers_file(tmp_path: Path) 
         (stubs / name).chmod(0o755)
     out = subprocess.run(
         ["sh", str(ROOT / "debian/alfwrapper.postinst"), "configure"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
         env={**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}"},
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     assert calls.read_text().splitlines() == [
         "systemd-sysusers /usr/lib/sysusers.d/alfwrapper.conf"

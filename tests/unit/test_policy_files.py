@@ -324,8 +324,11 @@ def test_spa_settings_that_cannot_work_are_refused(
 
 
 def test_the_spa_socket_has_its_sockets_rules_and_checks_datagrams(files: Path) -> None:
-    policy = from_file(files, 'knock-secret = "knock.secret"\nknock-spa = true\n'
-                       'allow = ["192.0.2.0/24"]\nfilter = "f.c"\n')  # fmt: skip
+    policy = from_file(
+        files,
+        'knock-secret = "knock.secret"\nknock-spa = true\n'
+        'allow = ["192.0.2.0/24"]\nfilter = "f.c"\n',
+    )
     web, door = policy.rules_for("web"), policy.rules_for("web.spa")  # type: ignore[attr-defined]
     assert web.knock.spa and not web.knock.verifier
     assert door.knock == replace(web.knock, verifier=True)
@@ -339,8 +342,11 @@ def test_a_clients_key_keeps_the_knock_state_where_it_was(files: Path) -> None:
     """Clients' own keys are the SPA socket's alone: adding one, or revoking one, keeps
     the knock state (who is open now) where it was, and the keys come in order, once."""
     one = from_file(files, 'knock-spa = true\nknock-spa-key = ["alice.key"]\n')
-    two = from_file(files, 'knock-spa = true\nknock-spa-key = ["alice.key", "bob.key"]\n'
-                    '[socket.admin]\nknock-spa-key = ["alice.key"]\n')  # fmt: skip
+    two = from_file(
+        files,
+        'knock-spa = true\nknock-spa-key = ["alice.key", "bob.key"]\n'
+        '[socket.admin]\nknock-spa-key = ["alice.key"]\n',
+    )
     web, admin = two.rules_for("web"), two.rules_for("admin")  # type: ignore[attr-defined]
     assert knock_key(one.rules_for("web")) == knock_key(web)  # type: ignore[attr-defined]
     assert [k[:5] for k in web.knock.spa_keys] == [b"alice", b"bob's"]

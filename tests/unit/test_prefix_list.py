@@ -103,7 +103,7 @@ def test_ipv6_and_mapped_lines_are_read_in_bulk(monkeypatch: pytest.MonkeyPatch)
         (b"# " + b"x" * 300_000 + b"\n192.0.2.0/24\n", True),
         (b"1" * ((prefix_list.LINE_LIMIT + 1) * prefix_list.SMALL_RULES + 1), True),
     ],
-)  # fmt: skip
+)
 def test_a_short_file_is_read_one_line_at_a_time(
     monkeypatch: pytest.MonkeyPatch, data: bytes, bulk: bool
 ) -> None:
@@ -178,12 +178,17 @@ def test_a_list_of_prefix_objects_answers_as_its_columns_do() -> None:
         assert lazy._columns is None
         for p in found or [_prefix(4, 0, 0)]:
             width = 32 if p.family == 4 else 128
-            for address in (p.value, p.value | ((1 << (width - p.length)) - 1), p.value ^ 1,
-                             rng.getrandbits(width)):  # fmt: skip
+            for address in (
+                p.value,
+                p.value | ((1 << (width - p.length)) - 1),
+                p.value ^ 1,
+                rng.getrandbits(width),
+            ):
                 want = list(columns.covering(p.family, address))
                 assert list(lazy.covering(p.family, address)) == want
-        assert [list(lazy.of_family(f)) for f in (4, 6)] == [list(columns.of_family(f))
-                                                              for f in (4, 6)]  # fmt: skip
+        assert [list(lazy.of_family(f)) for f in (4, 6)] == [
+            list(columns.of_family(f)) for f in (4, 6)
+        ]
         assert lazy._columns is None  # all of the above without numpy
         assert lazy == columns and hash(lazy) == hash(columns) and list(lazy) == found
 
@@ -223,11 +228,11 @@ def _packed(n4: int, n6: int, body: bytes) -> bytes:
                 0, 1, bytes([64]) + (1 << 63).to_bytes(8, "little") + (1).to_bytes(8, "little")
             ),
             "host bits",
-        ),  # fmt: skip
+        ),
         (
             _packed(0, 1, bytes([128]) + bytes(8) + (0xFFFF_C0000201).to_bytes(8, "little")),
             "IPv4-mapped",
-        ),  # fmt: skip
+        ),
         (_packed(2, 0, bytes([32])), "differ"),  # fewer bytes than the counts say
         (_packed(0, 0, b"\0" * 64), "differ"),  # more
         (_packed(3_000_000, 0, b""), "more than"),

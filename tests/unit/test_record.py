@@ -81,8 +81,10 @@ def same(d: Any, r: Any) -> None:
 
 def test_value_semantics_match_dataclasses() -> None:
     cases: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
-        ((), {}), (((1, 2),), {}), (((1,), (3,)), {"sources": ("a",)})
-    ]  # fmt: skip
+        ((), {}),
+        (((1, 2),), {}),
+        (((1,), (3,)), {"sources": ("a",)}),
+    ]
     for args, kwargs in cases:
         d1, d2 = DRules(*args, **kwargs), DRules(*args, **{**kwargs, "extra": [9]})
         r1, r2 = RRules(*args, **kwargs), RRules(*args, **{**kwargs, "extra": [9]})

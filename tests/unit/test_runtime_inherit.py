@@ -61,12 +61,14 @@ def tree(monkeypatch: pytest.MonkeyPatch) -> Tree:
 
 def test_a_new_socket_takes_its_names_rules_and_a_deny_wins(tree: Tree) -> None:
     tree.names.update({1: "web", 2: "web", 3: "dns", 4: "web"})
-    tree.rules.update({
-        1: {key("192.0.2.7/32"): RUNTIME_DENY, key("2001:db8::/48"): RUNTIME_ALLOW},
-        2: {key("2001:db8::/48"): RUNTIME_DENY, key("198.51.100.0/24"): RUNTIME_ALLOW},
-        3: {key("203.0.113.9/32"): RUNTIME_DENY},
-        4: {key("198.51.100.0/24"): RUNTIME_ALLOW},
-    })  # fmt: skip
+    tree.rules.update(
+        {
+            1: {key("192.0.2.7/32"): RUNTIME_DENY, key("2001:db8::/48"): RUNTIME_ALLOW},
+            2: {key("2001:db8::/48"): RUNTIME_DENY, key("198.51.100.0/24"): RUNTIME_ALLOW},
+            3: {key("203.0.113.9/32"): RUNTIME_DENY},
+            4: {key("198.51.100.0/24"): RUNTIME_ALLOW},
+        }
+    )
     given = state.inherit_runtime(state.SocketState("svc", 4), "web")
     assert tree.rules[4] == {
         key("192.0.2.7/32"): RUNTIME_DENY,
@@ -79,7 +81,8 @@ def test_a_new_socket_takes_its_names_rules_and_a_deny_wins(tree: Tree) -> None:
 
 def test_a_socket_keeps_its_own_deny_over_an_inherited_allow(tree: Tree) -> None:
     tree.names.update({1: "web", 2: "web"})
-    tree.rules.update({1: {key("192.0.2.7/32"): RUNTIME_ALLOW},
-                       2: {key("192.0.2.7/32"): RUNTIME_DENY}})  # fmt: skip
+    tree.rules.update(
+        {1: {key("192.0.2.7/32"): RUNTIME_ALLOW}, 2: {key("192.0.2.7/32"): RUNTIME_DENY}}
+    )
     assert state.inherit_runtime(state.SocketState("svc", 2), "web") == 0
     assert tree.rules[2] == {key("192.0.2.7/32"): RUNTIME_DENY}

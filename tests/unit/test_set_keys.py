@@ -50,10 +50,13 @@ def test_the_sieve_sends_few_others_on_to_the_hash() -> None:
     size = 1 << 16
     shift = sieve_shift(1 + bloom.sieve_words(size))
     for family, width in ((4, 32), (6, 128)):
-        held = bloom.sieved(shift, [Prefix(family, rng.getrandbits(width), width)
-                                   for _ in range(size)]).spots  # fmt: skip
-        probes = [bloom.sieved(shift, [Prefix(family, rng.getrandbits(width), width)]).spots
-                  for _ in range(20000)]  # fmt: skip
+        held = bloom.sieved(
+            shift, [Prefix(family, rng.getrandbits(width), width) for _ in range(size)]
+        ).spots
+        probes = [
+            bloom.sieved(shift, [Prefix(family, rng.getrandbits(width), width)]).spots
+            for _ in range(20000)
+        ]
         found = sum(held.get(i, 0) & bits == bits for probe in probes for i, bits in probe.items())
         assert found / len(probes) < 0.008, (family, found / len(probes))
 
@@ -79,7 +82,7 @@ def test_many_words_grow_as_each_one_does(words: list[int], found: dict[int, int
         Prefix(4, -1, 32),
         Prefix(6, 2**128, 128),
         Prefix(6, -1, 128),
-    ],  # fmt: skip
+    ],
 )
 def test_an_address_out_of_its_family_is_refused_as_one_at_a_time_refuses_it(
     prefix: Prefix,

@@ -33,8 +33,10 @@ def unit(folder: Path, name: str, accept: str = "Accept=yes", policy: str = "p")
 
 
 def env(tmp_path: Path, *dirs: Path) -> dict[str, str]:
-    return {"ALFWRAPPER_POLICY_PATH": str(tmp_path / "policy"),
-            "ALFWRAPPER_UNIT_PATH": ":".join(map(str, dirs))}  # fmt: skip
+    return {
+        "ALFWRAPPER_POLICY_PATH": str(tmp_path / "policy"),
+        "ALFWRAPPER_UNIT_PATH": ":".join(map(str, dirs)),
+    }
 
 
 def policy(tmp_path: Path, text: str, name: str = "p") -> None:
@@ -43,8 +45,12 @@ def policy(tmp_path: Path, text: str, name: str = "p") -> None:
 
 
 def allowed_lines(text: str) -> list[str]:
-    return [p for line in text.splitlines() if line.startswith("IPAddressAllow=")
-            for p in line.removeprefix("IPAddressAllow=").split()]  # fmt: skip
+    return [
+        p
+        for line in text.splitlines()
+        if line.startswith("IPAddressAllow=")
+        for p in line.removeprefix("IPAddressAllow=").split()
+    ]
 
 
 def test_only_accept_yes_units_that_name_a_policy_first_on_the_path(tmp_path: Path) -> None:
@@ -61,9 +67,12 @@ def test_only_accept_yes_units_that_name_a_policy_first_on_the_path(tmp_path: Pa
 
 
 def test_the_drop_in_is_the_union_of_every_sockets_allow_list(tmp_path: Path) -> None:
-    policy(tmp_path, 'allow = ["192.0.2.0/24", "::ffff:198.51.100.0/120"]\n'
-           'deny = ["192.0.2.7"]\nknock = "7000,8000"\n'
-           '[socket.admin]\nallow = ["2001:db8:a::/48"]\n')  # fmt: skip
+    policy(
+        tmp_path,
+        'allow = ["192.0.2.0/24", "::ffff:198.51.100.0/120"]\n'
+        'deny = ["192.0.2.7"]\nknock = "7000,8000"\n'
+        '[socket.admin]\nallow = ["2001:db8:a::/48"]\n',
+    )
     lib = tmp_path / "lib"
     unit(lib, "svc.socket")
     out = tmp_path / "out"
@@ -133,10 +142,16 @@ def test_every_address_any_socket_passes_is_inside_the_drop_in(tmp_path: Path) -
         return str(net)
 
     for trial in range(40):
-        lists = {k: [prefix(rng.choice((4, 6))) for _ in range(rng.randint(1, 4))]
-                 for k in ("allow", "deny", "admin")}  # fmt: skip
-        policy(tmp_path, f"allow = {lists['allow']}\ndeny = {lists['deny']}\n"
-               f"[socket.admin]\nallow = {lists['admin']}\n", name=f"t{trial}")  # fmt: skip
+        lists = {
+            k: [prefix(rng.choice((4, 6))) for _ in range(rng.randint(1, 4))]
+            for k in ("allow", "deny", "admin")
+        }
+        policy(
+            tmp_path,
+            f"allow = {lists['allow']}\ndeny = {lists['deny']}\n"
+            f"[socket.admin]\nallow = {lists['admin']}\n",
+            name=f"t{trial}",
+        )
         entries, listens, files = read_policy(f"t{trial}", env(tmp_path))
         built = build_policy(entries, listens, (), files)
         rendered, _ = socket_units.allowed_prefixes(f"t{trial}", env(tmp_path))
@@ -145,8 +160,10 @@ def test_every_address_any_socket_passes_is_inside_the_drop_in(tmp_path: Path) -
             net = ipaddress.ip_network(text)
             for address in (net[0], net[-1], net[0] - 1, net[-1] + 1):
                 family = address.version
-                passes = any(built.rules_for(name).subnets.passes(family, int(address))
-                             for name in ("", "admin"))  # fmt: skip
+                passes = any(
+                    built.rules_for(name).subnets.passes(family, int(address))
+                    for name in ("", "admin")
+                )
                 inside = any(address in n for n in nets if n.version == family)
                 assert inside or not passes, (address, lists, rendered)
 
@@ -162,9 +179,13 @@ def test_the_generator_runs_as_systemd_runs_it(tmp_path: Path) -> None:
     runnable.write_text(script.replace("/usr/bin/alfwrapper", f"{sys.executable} -m alfwrapper"))
     runnable.chmod(0o755)
     out = tmp_path / "normal"
-    subprocess.run([str(runnable), str(out), str(tmp_path / "early"), str(tmp_path / "late")],
-                   check=True, timeout=60, cwd=ROOT,
-                   env={"PATH": "/usr/bin:/bin", **env(tmp_path, lib)})  # fmt: skip
+    subprocess.run(
+        [str(runnable), str(out), str(tmp_path / "early"), str(tmp_path / "late")],
+        check=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", **env(tmp_path, lib)},
+    )
     assert allowed_lines((out / "svc.socket.d" / socket_units.DROP_IN).read_text()) == [
         "192.0.2.0/24"
     ]

@@ -83,7 +83,7 @@ def test_covered_prefixes_add_no_entries() -> None:
     table = build_subnet_table(
         rules_of(
             allow=["192.0.0.0/16", "192.0.2.0/24", "192.0.2.1", "2001:db8::/32", "2001:db8:1::/48"]
-        )  # fmt: skip
+        )
     )
     # The /32's own entry, in the 4-byte bucket level; the /48 adds none.
     assert [b.nbytes for b in table.bucket_levels] == [4] and table.nodes == ()
@@ -112,8 +112,9 @@ def test_ipv4_table_takes_the_least_memory() -> None:
     assert leaf[bit >> 3] == 0xFF ^ (1 << (bit & 7)) and leaf.count(0xFF) == 8191
     assert table.v4.size == (1 << 15) + 8192
     rng = random.Random(7)
-    spread = [f"{rng.randrange(1, 224)}.{rng.randrange(256)}.{rng.randrange(256)}.1"
-              for _ in range(3000)]  # fmt: skip
+    spread = [
+        f"{rng.randrange(1, 224)}.{rng.randrange(256)}.{rng.randrange(256)}.1" for _ in range(3000)
+    ]
     table = build_subnet_table(rules_of(deny=spread))
     assert table.v4.root_bits > 16
     assert table.v4.size < (1 << 15) + len(table.v4.leaves) * 8192
@@ -192,8 +193,11 @@ def test_ipv6_in_bulk_is_the_same_table(seed: int, count: int, denied: bool, v4:
         assert bulk is not None
         roots, nodes, levels = subnet_table._family_table(6, rules, allow_root)
         assert bulk[0] == roots and bulk[2] == levels
-        got = {(nbytes, int(k), int(v)) for nbytes, (keys, values) in bulk[1].items()
-               for k, v in zip(keys, values, strict=True)}  # fmt: skip
+        got = {
+            (nbytes, int(k), int(v))
+            for nbytes, (keys, values) in bulk[1].items()
+            for k, v in zip(keys, values, strict=True)
+        }
         assert got == {(n[1], n[2], n[3]) for n in nodes}
         assert sum(len(k) for k, _ in bulk[1].values()) == len(nodes)  # no entry twice
     check(rules, probe_addresses(rng, rules, 40))
@@ -247,8 +251,10 @@ def mixed_rules(rng: random.Random, count: int) -> SubnetRules:
     nested IPv6 ones, and now and then a wide IPv4 range (a /0 to a /12)."""
     rules = random_rules(rng, count // 2)
     six = nested_ipv6(rng, count // 4)
-    wide = [Prefix(4, rng.getrandbits(32) >> (32 - n) << (32 - n) if n else 0, n)
-            for n in rng.sample((0, 1, 8, 12), rng.randint(0, 2))]  # fmt: skip
+    wide = [
+        Prefix(4, rng.getrandbits(32) >> (32 - n) << (32 - n) if n else 0, n)
+        for n in rng.sample((0, 1, 8, 12), rng.randint(0, 2))
+    ]
     lists = (list(rules.allow), list(rules.deny))
     for p in six + wide:
         lists[rng.random() < 0.5].append(p)
@@ -335,6 +341,11 @@ def test_a_few_rules_start_without_numpy() -> None:
     few = ["192.0.2.0/24", "198.51.100.7", "2001:db8::/32", "2001:db8:1::/64"]
     many = [f"192.0.2.{i}" for i in range(subnet_table.SMALL_RULES + 1)]
     for rules, expected in ((few, "True False"), (many, "False True")):
-        out = subprocess.run([sys.executable, "-c", code, *rules], capture_output=True,
-                             text=True, timeout=60, cwd=ROOT)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", code, *rules],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         assert out.stdout.strip() == expected, (rules[:3], out.stdout, out.stderr)

@@ -37,12 +37,16 @@ def test_what_is_recorded_comes_back(folder: Path) -> None:
     image = table_cache.load(NAME)
     assert image is not None and image.defines == (("V4_ROOT_BITS", "24"),)
     assert [(m, o, bytes(d)) for m, o, d in image.writes] == [
-        ("subnet_v4", 4096, b"\1" * 64), ("subnet_v6", 0, bytes(range(256)) * 4),
-    ]  # fmt: skip
+        ("subnet_v4", 4096, b"\1" * 64),
+        ("subnet_v6", 0, bytes(range(256)) * 4),
+    ]
     ((name, count, keys, values),) = image.batches
     assert (name, count, bytes(keys), bytes(values)) == (
-        "subnet_roots", 2, b"\0\0\0\0\1\0\0\0", b"\7\0\0\0\5\0\0\0",
-    )  # fmt: skip
+        "subnet_roots",
+        2,
+        b"\0\0\0\0\1\0\0\0",
+        b"\7\0\0\0\5\0\0\0",
+    )
     assert table_cache.load("table-" + "cd" * 32) is None
 
 

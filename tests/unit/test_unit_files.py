@@ -20,9 +20,11 @@ ALFWRAPPER = str(Path(sys.executable).parent / "alfwrapper")
 def test_units_verify(tmp_path: Path) -> None:
     """Every shipped unit verifies as it is (templates too), and every service's exposure
     in `systemd-analyze security` is at most 3.0."""
-    units = [*(u for u in UNITS.iterdir() if u.suffix in (".socket", ".service", ".timer")),
-             *(ROOT / "examples/lighttpd").glob("*.s*"),
-             ROOT / "examples/alfwrapper@8084.socket"]  # fmt: skip
+    units = [
+        *(u for u in UNITS.iterdir() if u.suffix in (".socket", ".service", ".timer")),
+        *(ROOT / "examples/lighttpd").glob("*.s*"),
+        ROOT / "examples/alfwrapper@8084.socket",
+    ]
     # The gallery's daemons run as root where they need to (sshd, in.tftpd): they
     # verify, but their exposure is the daemon's own.
     gallery = sorted((ROOT / "examples/units").iterdir())
@@ -35,8 +37,10 @@ def test_units_verify(tmp_path: Path) -> None:
             continue
         out = subprocess.run(
             ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(service)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         level = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out.stdout)
         assert level and float(level.group(1)) <= 3.0, (service.name, out.stdout[-300:])
     out = subprocess.run(
