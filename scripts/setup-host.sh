@@ -27,9 +27,9 @@ if [ "${1:-}" = --venv-only ]; then
 fi
 # make lint (ruff, mypy, the man pages, the commit messages) and make unit (the pure
 # Python tests: the libraries alfwrapper imports, shtab for completion, mandoc).
-DEV_PACKAGES="python3-venv mandoc git make python3-numpy python3-pyroute2 python3-systemd python3-setproctitle python3-shtab python3-seccomp python3-siphashc python3-requests"
+DEV_PACKAGES="python3-venv mandoc git make python3-numpy python3-matplotlib python3-pyroute2 python3-systemd python3-setproctitle python3-shtab python3-seccomp python3-siphashc python3-requests"
 
-PACKAGES="python3-bpfcc libbpf1 python3-venv linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nginx-light apache2 apache2-utils redis-server haproxy dnsmasq-base postgresql nftables iptables ethtool python3-scapy adduser fail2ban python3-systemd python3-pyroute2 python3-numpy python3-setproctitle python3-shtab bash-completion bpftool debhelper dh-python pybuild-plugin-pyproject python3-setuptools lintian python3-seccomp python3-siphashc openssh-server openssh-client tftpd-hpa git curl python3-requests python3-yaml crowdsec"
+PACKAGES="python3-bpfcc libbpf1 python3-venv python3-matplotlib linux-headers-amd64 iproute2 mandoc systemd make ncat util-linux lighttpd nginx-light apache2 apache2-utils redis-server haproxy dnsmasq-base postgresql nftables iptables ethtool python3-scapy adduser fail2ban python3-systemd python3-pyroute2 python3-numpy python3-setproctitle python3-shtab bash-completion bpftool debhelper dh-python pybuild-plugin-pyproject python3-setuptools lintian python3-seccomp python3-siphashc openssh-server openssh-client tftpd-hpa git curl python3-requests python3-yaml crowdsec"
 # The boot tier (tests/boot: Debian 12 and 13 guests with systemd as PID 1) and the kernel
 # tier (tests/kernel: Debian's own kernel in qemu, a static replayer as its init).
 PACKAGES="$PACKAGES mmdebstrap systemd-container qemu-system-x86 e2fsprogs cpio gcc libc6-dev"

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from operator import itemgetter
+from typing import Any
 
 from alfwrapper.bpf.parts import (
     SET_EXPIRY,
@@ -313,7 +314,9 @@ def _hosts(family: int, values: Array) -> tuple[list[bytes], Array]:
     a column of the addresses (Python's ints): numpy's columns, not a loop of Python."""
     import numpy as np  # noqa: PLC0415
 
-    key = np.zeros(len(values), dtype=np.dtype(_host_record(family)))  # type: ignore[call-overload]
+    # Its fields are written by name, which numpy 2's stubs refuse of a record they
+    # cannot see (Debian 13's numpy is 2.2; 12's 1.24 refuses the dtype instead).
+    key: Any = np.zeros(len(values), dtype=np.dtype(_host_record(family)))  # type: ignore[call-overload,unused-ignore]
     key["length"], key["family"] = FAMILY_BITS[family], family
     if family == 4:
         signed = values.astype(np.int64)  # past 63 bits: OverflowError
