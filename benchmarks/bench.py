@@ -169,7 +169,7 @@ SPA_SECRET = b"a benchmark's SPA secret, 32 bytes"
 
 
 def spa_costs(count: int, rng: random.Random) -> dict[str, float]:
-    """An SPA socket's program (knocking.c, KNOCK_SPA 2) per datagram, each run on a
+    """An SPA socket's program (spa.c, KNOCK_SPA 2) per datagram, each run on a
     different one (varied_cost, as the subnet lookups' varied row): datagrams refused
     for their form, forged ones (the tag computed, then refused), sound ones taken (each
     in a slot of its own, the table fresh), and the same again (replays)."""
@@ -1308,7 +1308,7 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:  # noqa: C9
             "",
             "## Single-packet authorization",
             "",
-            "An SPA socket's program (`knocking.c`, KNOCK_SPA 2) in test runs, each run on "
+            "An SPA socket's program (`spa.c`, KNOCK_SPA 2) in test runs, each run on "
             "a different datagram (as the subnet lookups' varied row: one run each, the "
             "mean): datagrams of the wrong form, forged ones of the "
             "right form (the tag is computed, then refused), sound ones taken (each opens "

@@ -1,6 +1,6 @@
 /* siphash.h: SipHash-2-4 (Aumasson and Bernstein, "SipHash: a fast short-input PRF",
  * 2012) of a message of six 64-bit words, the tag of a single-packet authorization
- * datagram (knocking.c, KNOCK_SPA).
+ * datagram (spa.c, KNOCK_SPA 2).
  *
  * Why SipHash: a keyed MAC made for short inputs, whose whole computation is 64-bit
  * additions, rotations and xors: straight-line code with no table, no loop and no

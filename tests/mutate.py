@@ -1174,28 +1174,28 @@ SPA_TEST = "tests/netns/test_spa.py::"
 MUTATIONS += [
     Mutation(
         "spa-mac-unchecked",
-        "filters/knocking.c",
+        "filters/spa.c",
         "    if (tag != d[7])\n",
         "    if (0)\n",
         (SPA_KERNEL + "test_nothing_unsound_opens_and_each_is_counted",),
     ),
     Mutation(
         "spa-time-unchecked",
-        "filters/knocking.c",
+        "filters/spa.c",
         "    if (sent > now + cfg->window_ns || sent + cfg->window_ns < now)\n",
         "    if (0)\n",
         (SPA_KERNEL + "test_nothing_unsound_opens_and_each_is_counted",),
     ),
     Mutation(
         "spa-nonce-unchecked",
-        "filters/knocking.c",
+        "filters/spa.c",
         "    if ((old & ~0xfffffULL) == (mine & ~0xfffffULL))\n",
         "    if (0)\n",
         (SPA_KERNEL + "test_the_kernel_takes_the_documented_vectors_once",),
     ),
     Mutation(
         "spa-opens-the-sender-not-the-address",
-        "filters/knocking.c",
+        "filters/spa.c",
         "    alf_key20(k.words, family, 0, hi, lo);\n",
         "    alf_addr_words(pkt->addr, &hi, &lo);\n"
         "    alf_key20(k.words, pkt->family, 0, hi, lo);\n",
@@ -1203,21 +1203,21 @@ MUTATIONS += [
     ),
     Mutation(
         "spa-sent-before-the-memory-taken",
-        "filters/knocking.c",
+        "filters/spa.c",
         "    if (!since || sent < *since)\n",
         "    if (!since)\n",
         (SPA_KERNEL + "test_a_datagram_sent_before_what_was_seen_began_is_refused",),
     ),
     Mutation(
         "spa-live-slot-overwritten",
-        "filters/knocking.c",
+        "filters/spa.c",
         "        if (age <= reach || age >= 0x100000 - reach)\n",
         "        if (0)\n",
         (SPA_KERNEL + "test_a_slot_is_taken_only_from_a_datagram_the_window_refuses",),
     ),
     Mutation(
         "spa-key-has-no-share",
-        "filters/knocking.c",
+        "filters/spa.c",
         "    if (count >= KNOCK_SPA_QUOTA)\n",
         "    if (0)\n",
         (
@@ -1227,14 +1227,14 @@ MUTATIONS += [
     ),
     Mutation(
         "spa-key-id-ignored",
-        "filters/knocking.c",
+        "filters/spa.c",
         "        id = __builtin_bswap32((u32)d[3]);\n",
         "        id = (u32)cfg->spa_shared;\n",
         (SPA_KERNEL + "test_a_client_key_opens_alone_and_goes_with_its_line",),
     ),
     Mutation(
         "spa-version-1-without-a-shared-secret",
-        "filters/knocking.c",
+        "filters/spa.c",
         "    else if ((d[1] & 0xffffffffffULL) == KNOCK_SPA_MAGIC1 && cfg->spa_shared)\n",
         "    else if ((d[1] & 0xffffffffffULL) == KNOCK_SPA_MAGIC1)\n",
         (SPA_KERNEL + "test_the_kernel_takes_the_documented_vectors_once",),
@@ -1332,7 +1332,7 @@ MUTATIONS += [
     ),
     Mutation(
         "spa-slot-live-for-its-own-window",
-        "filters/knocking.c",
+        "filters/spa.c",
         "        if (wide > reach)\n            reach = wide;\n",
         "",
         (SPA_KERNEL + "test_a_slot_stays_seen_for_the_widest_window_sharing_its_table",),

@@ -3,7 +3,8 @@
 A socket's program is made of the parts its rules use (program.py composes
 them, in the order of PARTS).  A part says:
 
-- ``source``: its file in filters/, restricted C;
+- ``source``: its file in filters/, restricted C (a plan may add more files
+  of the part's, with a condition of theirs: PartPlan.more);
 - ``used(rules)``: whether a socket's rules need it;
 - ``plan(rules)``: its -D settings, C generated from Python (struct layouts
   and constants defined once, here, never copied into C), and the data its
@@ -104,6 +105,10 @@ class PartPlan(Record):
     prelude: str = ""  # C generated here, pasted before the part's file
     data: Any = None
     pinned: tuple[tuple[str, str], ...] = ()  # (map, pin path): maps that outlive the program
+    # Files of the part's pasted after its own where these rules need them, and the
+    # condition they give in place of the part's (knocking.c, then spa.c for SPA).
+    more: tuple[str, ...] = ()
+    condition: str = ""
     # Keeps what fill writes, for a later start (bpf/table_cache.py); not part of the plan.
     recorder: Any = field(default=None, compare=False, repr=False)
 
@@ -571,7 +576,7 @@ def knock_key(rules: SocketRules) -> str:
     return f"knock-{cachedir.sha256(text).hexdigest()[:16]}"
 
 
-# Single-packet authorization (knocking.c, KNOCK_SPA; the datagram: policy/spa.py).
+# Single-packet authorization (spa.c, KNOCK_SPA; the datagram: policy/spa.py).
 SPA_VERDICTS = ("accepted", "malformed", "bad_mac", "stale", "replayed", "busy")
 SPA_SEEN = 65536  # knock_spa_seen's slots (a power of two): 512 KiB
 # The datagrams one key may have taken in a window (knock_spa_quota): a slot stays live
@@ -641,6 +646,9 @@ class Knocking(Part):
                            ("knock_spa_since", f"{table}/spa_since"),
                            ("knock_spa_quota", f"{table}/spa_quota"),
                            ("knock_spa_counts", pins.path("spa")))  # fmt: skip
+        if mode == 2:  # the SPA socket: its verifier, which uses knocking.c's maps
+            return PartPlan(self, defines, "", knock, pinned, more=("spa.c",),
+                            condition="knock_spa(skb, &pkt)")  # fmt: skip
         return PartPlan(self, defines, "", knock, pinned)
 
     def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:

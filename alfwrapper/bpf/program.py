@@ -307,13 +307,13 @@ def plan_program(rules: SocketRules, pins: Pins | None = None, label_: str = "")
     for plan in plans:
         defines += plan.defines
         pinned += plan.pinned
-        pasted.append(
-            f'{plan.prelude}#line 1 "{folder / plan.part.source}"\n'
-            f"{(folder / plan.part.source).read_text()}"
-        )
-        if plan.part.condition:
+        pasted.append(plan.prelude)
+        for source in (plan.part.source, *plan.more):
+            pasted.append(f'#line 1 "{folder / source}"\n{(folder / source).read_text()}')
+        condition = plan.condition or plan.part.condition
+        if condition:
             body.append(
-                f"    if (!({plan.part.condition}))\n"
+                f"    if (!({condition}))\n"
                 f"        return alf_drop(skb, &pkt, {_reason(plan.part.reason)});"
             )
     if rules.custom:

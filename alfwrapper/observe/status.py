@@ -41,7 +41,7 @@ def counters(member: Member, pin: str = "counters") -> dict[str, int]:
 def spa_from(member: Member) -> float | None:
     """When the service's SPA table takes datagrams from (UTC, seconds): a table made
     by this boot's first start refuses, as stale, those sent in its first window
-    (knocking.c: knock_spa_since[0]).  None if there is no table."""
+    (spa.c: knock_spa_since[0]).  None if there is no table."""
     from alfwrapper.bpf.parts import SPA_TABLE  # noqa: PLC0415
 
     try:

@@ -102,7 +102,7 @@ class ListenSpec(Record):
 class KnockRules(Record, kw_only=True):
     """Port knocking: a static sequence of source ports, or one derived from a secret;
     or, with ``spa``, single-packet authorization: one datagram, keyed with the secret,
-    to the socket's SPA socket (policy/spa.py, knocking.c).
+    to the socket's SPA socket (policy/spa.py, spa.c).
 
     The fields' order is the knock state's name (bpf/parts.py: knock_key) and the
     wire's: a new field goes last."""

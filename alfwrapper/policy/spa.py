@@ -1,7 +1,7 @@
 """Single-packet authorization: the datagram, its key, and the client side.
 
 One UDP datagram of 56 bytes, sent to the service's SPA socket, opens the address
-it names for the service (knocking.c checks it; alfwrapper.policy(5), SPA DATAGRAMS,
+it names for the service (filters/spa.c checks it; alfwrapper.policy(5), SPA DATAGRAMS,
 has the format and test vectors):
 
     offset size

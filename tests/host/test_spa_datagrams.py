@@ -1,5 +1,5 @@
 """Single-packet authorization, judged by the kernel (BPF_PROG_TEST_RUN) in the SPA
-socket's real program (knocking.c, KNOCK_SPA 2): the test vectors of
+socket's real program (spa.c, KNOCK_SPA 2): the test vectors of
 alfwrapper.policy(5) against the kernel, policy/spa.py and the example client; and
 every datagram that must open nothing (replayed, stale, forged, cut, padded, a bit
 flipped anywhere) opening nothing, counted under its verdict."""
