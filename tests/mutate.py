@@ -2394,7 +2394,7 @@ MUTATIONS += [
         "units/alfwrapper-echo.service",
         "SystemCallFilter=@system-service bpf\n",
         "",
-        ("tests/unit/test_unit_files.py::test_units_verify",),
+        ("tests/host/test_units_offline.py::test_units_verify",),
         also=(
             ("MemoryDenyWriteExecute=yes\n", ""),
             ("RestrictNamespaces=yes\n", ""),
