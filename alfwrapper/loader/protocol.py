@@ -193,7 +193,7 @@ def _written(record: Record) -> dict[str, Any]:
         value = getattr(record, slot.field)
         if slot.inline:
             out.update(_written(value))
-        elif not slot.sparse or value:
+        elif slot.always or value != slot.default:
             out[slot.key] = _written(value) if slot.record else WRITERS[slot.kind](value)
     return out
 
@@ -337,8 +337,9 @@ class _Slot(Record, kw_only=True):
     kind: str  # of WRITERS and READERS, "" for a record
     record: type[Record] | None = None  # a record of its own: an object, or inline
     inline: bool = False
-    sparse: bool = False
+    always: bool = False  # sent even while it holds its default
     required: bool = False
+    default: Any = None
     low: float = 0  # a number's range: from its default or Rule.accepted()'s least
     high: float = 0
 
@@ -364,8 +365,10 @@ def _slots(record: type[Record], within: str = "") -> tuple[_Slot, ...]:
             least, high = rule.accepted()
             low = min(declared.made(), least)
         found.append(_Slot(field=name, key=key, where=f"{within}{key}", kind=kind,
-                           record=nested, inline=rule.inline, sparse=rule.sparse,
-                           required=rule.required, low=low, high=high))  # fmt: skip
+                           record=nested, inline=rule.inline,
+                           always=rule.always or rule.required, required=rule.required,
+                           default=None if rule.required else declared.made(),
+                           low=low, high=high))  # fmt: skip
     _SLOTS[record, within] = tuple(found)
     return _SLOTS[record, within]
 

@@ -35,16 +35,19 @@ class Rule(Record, kw_only=True):
 
     ``wire``, its kind on the loader's wire: one of protocol.py's READERS, or a record
     class (an object of that record's fields).  A setting (one with a ``key``) travels
-    as its default's type: int, float or bool.  The wire takes its default, and from
-    ``max(low, least)`` to ``high``; a field a request leaves out takes its default
-    (so an older client's requests still read) unless it is ``required``.
+    as its default's type: int, float or bool, and the wire takes its default and
+    from ``max(low, least)`` to ``high``.  A field is left out of a request while it
+    holds its default, and a field left out takes its default: so rules that use no
+    newer field travel as the earlier releases wrote them, and an older client's
+    request still reads.  The earlier releases' fields are sent ``always``, and some
+    are ``required`` in a request.
     """
 
     wire: Any = ""  # "" for a setting: its default's type
     name: str = ""  # its key on the wire, if not the field's own name
     inline: bool = False  # a record whose fields travel beside this record's own
-    sparse: bool = False  # left out of a request while empty
-    required: bool = False  # a request must give it (what every client has sent)
+    always: bool = False  # sent even while it holds its default
+    required: bool = False  # sent always, and a request without it is refused
     key: str = ""  # the policy key, and --option, that sets it
     help: str = ""
     low: float = 0
@@ -63,8 +66,8 @@ class SubnetRules(Record, kw_only=True):
     Given any sequence of prefixes, each list is kept as a PrefixList (numpy columns).
     """
 
-    allow: Sequence[Prefix] = field(default=(), metadata=Rule(wire="prefixes"))
-    deny: Sequence[Prefix] = field(default=(), metadata=Rule(wire="prefixes"))
+    allow: Sequence[Prefix] = field(default=(), metadata=Rule(wire="prefixes", always=True))
+    deny: Sequence[Prefix] = field(default=(), metadata=Rule(wire="prefixes", always=True))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow", PrefixList.of(self.allow))
@@ -139,24 +142,24 @@ class KnockRules(Record, kw_only=True):
         default=False,
         metadata=Rule(key="knock-spa", help="single-packet authorization: one datagram keyed "
                       "with the --knock-secret, sent to the socket's SPA socket, opens its "
-                      "sender (or the address it names); no sequences"),
+                      "sender (or the address it names); no sequences", always=True),
     )  # fmt: skip
     spa_port: int = field(  # the SPA socket's UDP port (0: the socket's own port number)
         default=0,
         metadata=Rule(key="knock-spa-port", help="the SPA socket's UDP port (default: the "
-                      "socket's own port number)", low=1, high=65535),
+                      "socket's own port number)", low=1, high=65535, always=True),
     )  # fmt: skip
     spa_sender: bool = field(  # a datagram naming no address opens the one it came from
         default=False,
         metadata=Rule(key="knock-spa-sender", help="let an SPA datagram that names no address "
                       "open the one it came from (weaker: a datagram copied off the wire "
-                      "opens its copier)"),
+                      "opens its copier)", always=True),
     )  # fmt: skip
     spa_keys: tuple[bytes, ...] = ()  # clients' own SPA secrets (knock-spa-key), by id
     # The rules of the SPA socket itself (Policy.rules_for(NAME.spa)), which checks
     # datagrams and opens, where the socket's own rules read what it opened; the knock
     # state is the same (knock_key leaves this out).
-    verifier: bool = field(default=False, metadata=Rule(wire="bool"))
+    verifier: bool = field(default=False, metadata=Rule(wire="bool", always=True))
 
 
 class MapSetting(Record, kw_only=True):
@@ -174,7 +177,9 @@ class CustomFilter(Record, kw_only=True):
     # Its text, when it was read elsewhere: the loader compiles what the user's
     # wrapper read, never a path it was given (program.checked_source).
     source: str = field(default="", metadata=Rule(wire="text", required=True))
-    sets: tuple[MapSetting, ...] = field(default=(), metadata=Rule(wire="map settings"))
+    sets: tuple[MapSetting, ...] = field(
+        default=(), metadata=Rule(wire="map settings", always=True)
+    )
 
 
 class SocketRules(Record, kw_only=True):
@@ -190,17 +195,17 @@ class SocketRules(Record, kw_only=True):
         default_factory=SubnetRules, metadata=Rule(wire=SubnetRules, inline=True)
     )
     # Named sets, by name (alfwrapper set; sets.c).
-    allow_sets: tuple[str, ...] = field(default=(), metadata=Rule(wire="set names", sparse=True))
-    deny_sets: tuple[str, ...] = field(default=(), metadata=Rule(wire="set names", sparse=True))
+    allow_sets: tuple[str, ...] = field(default=(), metadata=Rule(wire="set names"))
+    deny_sets: tuple[str, ...] = field(default=(), metadata=Rule(wire="set names"))
     log_rate: int = field(  # dropped packets logged per second, 0 for none
         default=0,
         metadata=Rule(key="log-drops", help="log dropped packets, at most this many a second "
-                      "(default: no log)", low=1, high=100_000),
+                      "(default: no log)", low=1, high=100_000, always=True),
     )  # fmt: skip
-    interfaces: tuple[str, ...] = field(default=(), metadata=Rule(wire="interfaces", sparse=True))
-    knock: KnockRules | None = field(default=None, metadata=Rule(wire=KnockRules, sparse=True))
+    interfaces: tuple[str, ...] = field(default=(), metadata=Rule(wire="interfaces"))
+    knock: KnockRules | None = field(default=None, metadata=Rule(wire=KnockRules))
     custom: CustomFilter | None = field(
-        default=None, metadata=Rule(wire=CustomFilter, name="filter", sparse=True)
+        default=None, metadata=Rule(wire=CustomFilter, name="filter")
     )
     sources: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
