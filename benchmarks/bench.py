@@ -329,9 +329,14 @@ def main() -> int:  # noqa: C901
         """Matching, missing, and the no-op floor on a frame of the same family, in
         turns (side_by_side): the hot cost's ratio is to its own floor."""
         hit_ns, miss_ns, floor_ns = side_by_side(
-            [(loaded.fd, udp_frame(family, hit)), (loaded.fd, udp_frame(family, miss)),
-             (floor.fd, udp_frame(family, miss))], repeat, rounds,
-        )  # fmt: skip
+            [
+                (loaded.fd, udp_frame(family, hit)),
+                (loaded.fd, udp_frame(family, miss)),
+                (floor.fd, udp_frame(family, miss)),
+            ],
+            repeat,
+            rounds,
+        )
         return hit_ns, miss_ns, floor_ns
 
     biggest: list[Prefix] = []
@@ -371,16 +376,22 @@ def main() -> int:  # noqa: C901
     n = sizes[-1]
     v6 = {(0x20010DB8 << 96) | (rng.getrandbits(32) << 64) for _ in range(n)}
     # A /64 beside the rules' (the whole walk, no match).
-    near6 = 1 | next(v for v in ((0x20010DB8 << 96) | (rng.getrandbits(32) << 64)
-                                 for _ in range(99)) if v not in v6)  # fmt: skip
+    near6 = 1 | next(
+        v
+        for v in ((0x20010DB8 << 96) | (rng.getrandbits(32) << 64) for _ in range(99))
+        if v not in v6
+    )
     six = [Prefix(6, v, 64) for v in v6]
     hit6 = six[0].value | 5
     results["hot_mixes"] = []
     for label, rules, probes in (
         ("IPv6 /64", six, ((6, hit6, near6),)),
-        ("half IPv4, half IPv6 /64", biggest[: n // 2] + six[: n - n // 2],
-         ((4, hit, miss), (6, hit6, near6))),
-    ):  # fmt: skip
+        (
+            "half IPv4, half IPv6 /64",
+            biggest[: n // 2] + six[: n - n // 2],
+            ((4, hit, miss), (6, hit6, near6)),
+        ),
+    ):
         loaded = subnet_program(rules)
         for family, good, bad in probes:
             assert prog_test_run(loaded.fd, udp_frame(family, good)).retval != 0
@@ -449,25 +460,41 @@ def main() -> int:  # noqa: C901
     for n in [1, 100] if args.smoke else [1, 1_000_000]:
         parts = subprocess.run(
             [sys.executable, str(HERE / "startup_parts.py"), str(n), "--json"],
-            capture_output=True, text=True, check=True, timeout=900, cwd=ROOT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=900,
+            cwd=ROOT,
+        )
         results["startup_parts"][str(n)] = json.loads(parts.stdout)
     # In a small process of its own: a child's peak RSS counts what its parent held
     # when it forked.
     inetd = subprocess.run(
         [sys.executable, str(HERE / "inetd_peer.py"), str(2 if args.smoke else rounds), "--json"],
-        capture_output=True, text=True, check=True, timeout=900, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     results["inetd"] = json.loads(inetd.stdout)
     named = subprocess.run(
         [sys.executable, str(HERE / "named_sets.py"), "--json", *(["--smoke"] * args.smoke)],
-        capture_output=True, text=True, check=True, timeout=1800, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
     results["sets"] = json.loads(named.stdout)
     intercepted = subprocess.run(
         [sys.executable, str(HERE / "intercepted.py"), "--json", *(["--smoke"] * args.smoke)],
-        capture_output=True, text=True, check=True, timeout=900, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     results["intercept"] = json.loads(intercepted.stdout)
     if not args.no_throughput:
         results["flood"] = synflood.run(args.smoke)
@@ -481,13 +508,17 @@ def gallery(deb: str | None, smoke: bool) -> dict[str, Any]:
     """benchmarks/gallery.py: the gallery's sshd as shipped, in a guest booted with
     the real systemd."""
     if deb is None:
-        subprocess.run(["make", "-C", str(ROOT), "deb"], check=True, capture_output=True,
-                       timeout=900)  # fmt: skip
+        subprocess.run(
+            ["make", "-C", str(ROOT), "deb"], check=True, capture_output=True, timeout=900
+        )
         deb = str(sorted((ROOT / "dist").glob("alfwrapper_*_all.deb"))[-1])
     out = subprocess.run(
         [sys.executable, str(HERE / "gallery.py"), deb, "--json", *(["--smoke"] * smoke)],
-        capture_output=True, text=True, timeout=1800, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result: dict[str, Any] = json.loads(out.stdout)
     return result
@@ -729,9 +760,14 @@ def figures_for(r: dict[str, Any]) -> dict[str, float]:
     big = parts.get(max(parts, key=int)) if parts else None
     if big:
         small_parts = parts[min(parts, key=int)]
-        found.update(parse_s=big[0][1], build_s=big[1][1], compile_s=big[2][1],
-                     compile_mib=big[2][2], fill_s=big[3][1],
-                     one_compile_mib=small_parts[2][2])  # fmt: skip
+        found.update(
+            parse_s=big[0][1],
+            build_s=big[1][1],
+            compile_s=big[2][1],
+            compile_mib=big[2][2],
+            fill_s=big[3][1],
+            one_compile_mib=small_parts[2][2],
+        )
     return found
 
 
@@ -1230,13 +1266,17 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:  # noqa: C9
         "|---:|---:|---:|---:|---:|",
     ]
     warm_rows = r.get("startup_warm") or [(n, float("nan"), float("nan")) for n, *_ in r["startup"]]
-    lines += [f"| {n:,} | {s:.2f} | {m:.0f} | {ws:.2f} | {wm:.0f} |"
-              for (n, s, m), (_, ws, wm) in zip(r["startup"], warm_rows, strict=True)]  # fmt: skip
+    lines += [
+        f"| {n:,} | {s:.2f} | {m:.0f} | {ws:.2f} | {wm:.0f} |"
+        for (n, s, m), (_, ws, wm) in zip(r["startup"], warm_rows, strict=True)
+    ]
     if "startup_mixed" in r:
         n, seconds, mib = r["startup_mixed"]
         _, ws, wm = r.get("startup_warm_mixed", (n, float("nan"), float("nan")))
-        lines.append(f"| {n:,}: half IPv4 /32, half IPv6 /64 | {seconds:.2f} | {mib:.0f} "
-                     f"| {ws:.2f} | {wm:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {n:,}: half IPv4 /32, half IPv6 /64 | {seconds:.2f} | {mib:.0f} "
+            f"| {ws:.2f} | {wm:.0f} |"
+        )
     for n, stages in sorted(r.get("startup_parts", {}).items(), key=lambda x: int(x[0])):
         lines += [
             "",
@@ -1266,11 +1306,13 @@ def write_report(out: Path, r: dict[str, Any], smoke: bool) -> None:  # noqa: C9
             "| Socket on fd 0 | CPU (ms) | peak RSS (MiB) |",
             "|---|---:|---:|",
         ]
-        names = {"denied": "a connection from a denied peer (its verdict kept)",
-                 "denied, judged in full": "a connection from a denied peer, no cache",
-                 "allowed": "a connection from an allowed peer (its verdict kept)",
-                 "allowed, judged in full": "a connection from an allowed peer, no cache",
-                 "compiling": "a listening socket (compiles)"}  # fmt: skip
+        names = {
+            "denied": "a connection from a denied peer (its verdict kept)",
+            "denied, judged in full": "a connection from a denied peer, no cache",
+            "allowed": "a connection from an allowed peer (its verdict kept)",
+            "allowed, judged in full": "a connection from an allowed peer, no cache",
+            "compiling": "a listening socket (compiles)",
+        }
         lines += [f"| {names[k]} | {ms:.0f} | {mib:.0f} |" for k, (ms, mib) in r["inetd"].items()]
     if "intercept" in r:
         alone, caught = r["intercept"]["alone"], r["intercept"]["intercepted"]

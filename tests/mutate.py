@@ -843,8 +843,8 @@ MUTATIONS = [
     Mutation(
         "knock-minimum-open",
         "alfwrapper/policy/rules.py",
-        "least=1.0, required=True",
-        "least=0.0, required=True",
+        "            least=1.0,\n",
+        "            least=0.0,\n",
         ("tests/host/test_errors.py",),
     ),
     Mutation(
@@ -1242,9 +1242,9 @@ MUTATIONS += [
     Mutation(
         "spa-revoked-key-kept",
         "alfwrapper/bpf/parts.py",
-        '                           ("knock_spa_quota", f"{table}/spa_quota"),\n',
-        '                           ("knock_spa_quota", f"{table}/spa_quota"),\n'
-        '                           ("knock_spa_keys", f"{table}/spa_keys"),\n',
+        '                    ("knock_spa_quota", f"{table}/spa_quota"),\n',
+        '                    ("knock_spa_quota", f"{table}/spa_quota"),\n'
+        '                    ("knock_spa_keys", f"{table}/spa_keys"),\n',
         (SPA_TEST + "test_a_reload_revokes_one_clients_key_and_leaves_the_others_door_open",),
     ),
     Mutation(
@@ -1503,8 +1503,8 @@ MUTATIONS += [
     Mutation(
         "sets-sieve-bound-to-another-set",
         "alfwrapper/bpf/parts.py",
-        "for i, m in enumerate(maps))  # fmt: skip",
-        "for i, m in enumerate(reversed(maps)))  # fmt: skip",
+        "for i, m in enumerate(maps)\n",
+        "for i, m in enumerate(reversed(maps))\n",
         (SIEVE_TEST + "test_each_set_is_read_through_its_own_sieve",),
     ),
     Mutation(

@@ -118,8 +118,10 @@ def c_struct(name: str, fields: Sequence[tuple[str, str]]) -> tuple[str, struct.
 
     ``fields`` are (name, type) with types u8, u16, u32, u64 or u8[N].
     """
-    c_fields = [f"u8 {member}[{kind[3:-1]}];" if kind.startswith("u8[") else f"{kind} {member};"
-                for member, kind in fields]  # fmt: skip
+    c_fields = [
+        f"u8 {member}[{kind[3:-1]}];" if kind.startswith("u8[") else f"{kind} {member};"
+        for member, kind in fields
+    ]
     fmt = "=" + "".join(_code(kind) for _, kind in fields)
     return f"struct {name} {{ {' '.join(c_fields)} }};\n", struct.Struct(fmt)
 
@@ -332,8 +334,9 @@ def _sieve_maps_c(count: int) -> str:
     sieves, hosts = [sieve_map(i) for i in range(count)], [hosts_map(i) for i in range(count)]
 
     def switch(maps: list[str]) -> str:
-        cases = "".join(f"    case {i}:\n        return {m}.lookup(index);\n"
-                        for i, m in enumerate(maps))  # fmt: skip
+        cases = "".join(
+            f"    case {i}:\n        return {m}.lookup(index);\n" for i, m in enumerate(maps)
+        )
         return f"    switch (set) {{\n{cases}    }}\n    return 0;\n}}\n"
 
     return (
@@ -375,12 +378,16 @@ class Sets(Part):
 
     def plan(self, rules: SocketRules, pins: Pins | None) -> PartPlan:
         if rules.sets_conflict:  # refused where the policy is built (policy/files.py)
-            raise AlfError("named sets", "allow sets beside allow and deny rules",
-                           "report this", EX_SOFTWARE)  # fmt: skip
+            raise AlfError(
+                "named sets", "allow sets beside allow and deny rules", "report this", EX_SOFTWARE
+            )
         if rules.too_many_sets:  # sets.c keeps a bit for each set in one word
-            raise AlfError("named sets", f"more than {MOST_SETS}, allow and deny together",
-                           "merge sets: one set may hold any number of prefixes",
-                           EX_USAGE)  # fmt: skip
+            raise AlfError(
+                "named sets",
+                f"more than {MOST_SETS}, allow and deny together",
+                "merge sets: one set may hold any number of prefixes",
+                EX_USAGE,
+            )
         allow_rules = bool(len(rules.subnets.allow))
         names = (*rules.deny_sets, *rules.allow_sets)
         defines = (
@@ -531,8 +538,10 @@ class Subnets(Part):
             recorder.keep(plan.defines)
 
     def _build(self, tables: Tables, table: SubnetTable, kept: Any) -> None:
-        maps = {"lines": ("subnet_v4", LINE_WORDS * 8), "leaves": ("subnet_leaves",
-                                                           table.v4.leaf_bytes)}  # fmt: skip
+        maps = {
+            "lines": ("subnet_v4", LINE_WORDS * 8),
+            "leaves": ("subnet_leaves", table.v4.leaf_bytes),
+        }
 
         def write(name: str, offset: int, data: bytes | memoryview) -> None:
             write_mapped_at(tables[name].map_fd, offset, data, name)
@@ -642,13 +651,16 @@ class Knocking(Part):
             pinned = (("knock_state", f"{folder}/state"), ("knock_used", f"{folder}/used"))
             if mode == 2:  # what was seen outlives a restart, as what opened does
                 table = f"{pins.service_dir}/{SPA_TABLE}"
-                pinned += (("knock_spa_seen", f"{table}/spa_seen"),
-                           ("knock_spa_since", f"{table}/spa_since"),
-                           ("knock_spa_quota", f"{table}/spa_quota"),
-                           ("knock_spa_counts", pins.path("spa")))  # fmt: skip
+                pinned += (
+                    ("knock_spa_seen", f"{table}/spa_seen"),
+                    ("knock_spa_since", f"{table}/spa_since"),
+                    ("knock_spa_quota", f"{table}/spa_quota"),
+                    ("knock_spa_counts", pins.path("spa")),
+                )
         if mode == 2:  # the SPA socket: its verifier, which uses knocking.c's maps
-            return PartPlan(self, defines, "", knock, pinned, more=("spa.c",),
-                            condition="knock_spa(skb, &pkt)")  # fmt: skip
+            return PartPlan(
+                self, defines, "", knock, pinned, more=("spa.c",), condition="knock_spa(skb, &pkt)"
+            )
         return PartPlan(self, defines, "", knock, pinned)
 
     def fill(self, tables: Tables, plan: PartPlan, rules: SocketRules, env: FillEnv) -> None:
@@ -785,14 +797,21 @@ def write_mapped_at(map_fd: int, offset: int, data: bytes | memoryview, name: st
         return
     start = offset - offset % mmap.PAGESIZE
     try:
-        with mmap.mmap(map_fd, offset - start + len(data), mmap.MAP_SHARED,
-                       mmap.PROT_READ | mmap.PROT_WRITE, offset=start) as region:  # fmt: skip
+        with mmap.mmap(
+            map_fd,
+            offset - start + len(data),
+            mmap.MAP_SHARED,
+            mmap.PROT_READ | mmap.PROT_WRITE,
+            offset=start,
+        ) as region:
             region[offset - start :] = data
     except (OSError, ValueError) as err:
         raise AlfError(
-            f"filling map {name}", str(err),
-            "check `alfwrapper doctor` (Linux 5.5 or later)", EX_OSERR,
-        ) from None  # fmt: skip
+            f"filling map {name}",
+            str(err),
+            "check `alfwrapper doctor` (Linux 5.5 or later)",
+            EX_OSERR,
+        ) from None
 
 
 def sieve_header(sieve_fd: int) -> tuple[int, int]:

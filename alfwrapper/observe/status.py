@@ -98,7 +98,7 @@ def socket_status(m: Member) -> dict[str, object]:
                 "cidr": f"{_address(family, value)}/{length}",
             }
             for family, value, length, verdict in sorted(runtime)
-        ],  # fmt: skip
+        ],
         "program": program_in_slot(m),
         "counters": {
             "passed": counts.get("passed", 0),
@@ -145,9 +145,12 @@ def connection_resets(service: str = "") -> dict[str, int]:
             name = str(entry.get("ALF_SERVICE", ""))
             counts[name] = counts.get(name, 0) + 1
             if read >= RESET_ENTRIES or time.monotonic() > deadline:
-                print(f"alfwrapper: note: counted the first {read} connection resets of "
-                      f"this boot's journal only (at most {RESET_ENTRIES} or "
-                      f"{RESET_SECONDS:g} s)", file=sys.stderr)  # fmt: skip
+                print(
+                    f"alfwrapper: note: counted the first {read} connection resets of "
+                    f"this boot's journal only (at most {RESET_ENTRIES} or "
+                    f"{RESET_SECONDS:g} s)",
+                    file=sys.stderr,
+                )
                 break
     finally:
         reader.close()
@@ -225,12 +228,16 @@ def status_lines(report: dict[str, object]) -> list[str]:
                 ahead = (s.get("spa_from") or 0) - time.time()
                 if ahead > 0:
                     at = time.strftime("%H:%M:%S", time.gmtime(s["spa_from"]))
-                    lines.append(f"    SPA: refuses datagrams as stale for {ahead:.0f} s more: "
-                                 f"it takes those sent from {at} UTC (the first window "
-                                 "after its table was made)")  # fmt: skip
+                    lines.append(
+                        f"    SPA: refuses datagrams as stale for {ahead:.0f} s more: "
+                        f"it takes those sent from {at} UTC (the first window "
+                        "after its table was made)"
+                    )
         if svc.get("resets"):
-            lines.append(f"  connections denied and reset before the command started "
-                         f"(Accept=yes, this boot): {svc.get('resets', 0)}")  # fmt: skip
+            lines.append(
+                f"  connections denied and reset before the command started "
+                f"(Accept=yes, this boot): {svc.get('resets', 0)}"
+            )
     if not report["services"]:
         lines.append("no service is pinned (nothing runs behind alfwrapper here)")
     return lines
@@ -273,8 +280,10 @@ def prometheus(report: dict[str, object]) -> str:
     ]
     for svc in report["services"]:  # type: ignore[attr-defined]
         if svc.get("resets"):
-            out.append(f'alfwrapper_connections_reset_total{{service="{_label(svc["name"])}"}} '
-                       f"{svc.get('resets', 0)}")  # fmt: skip
+            out.append(
+                f'alfwrapper_connections_reset_total{{service="{_label(svc["name"])}"}} '
+                f"{svc.get('resets', 0)}"
+            )
     out += [
         "# HELP alfwrapper_spa_datagrams_total Datagrams an SPA socket's filter judged, "
         "by verdict.",
@@ -345,9 +354,11 @@ def crowdsec_metrics() -> list[str]:
     for key, kind, name, text in _BOUNCER:
         value = counts.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            out += [f"# HELP alfwrapper_crowdsec_{name} {text}",
-                    f"# TYPE alfwrapper_crowdsec_{name} {kind}",
-                    f"alfwrapper_crowdsec_{name} {value}"]  # fmt: skip
+            out += [
+                f"# HELP alfwrapper_crowdsec_{name} {text}",
+                f"# TYPE alfwrapper_crowdsec_{name} {kind}",
+                f"alfwrapper_crowdsec_{name} {value}",
+            ]
     return out
 
 

@@ -114,9 +114,14 @@ class KnockRules(Record, kw_only=True):
     secret: bytes = field(default=b"", metadata=Rule(wire="hex", required=True))
     steps: int = field(  # length of secret-derived sequences
         default=3,
-        metadata=Rule(key="knock-steps", help="length of secret sequences, 1 to 8 (default 3)",
-                      low=1, high=8, required=True),
-    )  # fmt: skip
+        metadata=Rule(
+            key="knock-steps",
+            help="length of secret sequences, 1 to 8 (default 3)",
+            low=1,
+            high=8,
+            required=True,
+        ),
+    )
     timeout: float = field(  # seconds allowed between two knocks
         default=5.0,
         metadata=Rule(key="knock-timeout", help="most seconds between two knocks (default 5)",
@@ -124,37 +129,65 @@ class KnockRules(Record, kw_only=True):
     )  # fmt: skip
     open_for: float = field(  # seconds a completed knock admits new connections
         default=30.0,
-        metadata=Rule(key="knock-open-for",
-                      help="seconds a completed knock admits new connections (default 30)",
-                      low=0, high=86400, least=1.0, required=True),
-    )  # fmt: skip
+        metadata=Rule(
+            key="knock-open-for",
+            help="seconds a completed knock admits new connections (default 30)",
+            low=0,
+            high=86400,
+            least=1.0,
+            required=True,
+        ),
+    )
     window: int = field(  # seconds each secret-derived sequence is valid for (SPA: its skew)
         default=30,
-        metadata=Rule(key="knock-window", help="seconds each secret sequence is valid "
-                      "(default 30)", low=5, high=3600, required=True),
-    )  # fmt: skip
+        metadata=Rule(
+            key="knock-window",
+            help="seconds each secret sequence is valid (default 30)",
+            low=5,
+            high=3600,
+            required=True,
+        ),
+    )
     sources: int = field(  # knock states kept, least recently used evicted
         default=131072,
-        metadata=Rule(key="knock-sources", help="knock states kept, LRU (default 131072)",
-                      low=1024, high=1 << 24, required=True),
-    )  # fmt: skip
+        metadata=Rule(
+            key="knock-sources",
+            help="knock states kept, LRU (default 131072)",
+            low=1024,
+            high=1 << 24,
+            required=True,
+        ),
+    )
     spa: bool = field(  # single-packet authorization instead of sequences
         default=False,
-        metadata=Rule(key="knock-spa", help="single-packet authorization: one datagram keyed "
-                      "with the --knock-secret, sent to the socket's SPA socket, opens its "
-                      "sender (or the address it names); no sequences", always=True),
-    )  # fmt: skip
+        metadata=Rule(
+            key="knock-spa",
+            help="single-packet authorization: one datagram keyed "
+            "with the --knock-secret, sent to the socket's SPA socket, opens its "
+            "sender (or the address it names); no sequences",
+            always=True,
+        ),
+    )
     spa_port: int = field(  # the SPA socket's UDP port (0: the socket's own port number)
         default=0,
-        metadata=Rule(key="knock-spa-port", help="the SPA socket's UDP port (default: the "
-                      "socket's own port number)", low=1, high=65535, always=True),
-    )  # fmt: skip
+        metadata=Rule(
+            key="knock-spa-port",
+            help="the SPA socket's UDP port (default: the socket's own port number)",
+            low=1,
+            high=65535,
+            always=True,
+        ),
+    )
     spa_sender: bool = field(  # a datagram naming no address opens the one it came from
         default=False,
-        metadata=Rule(key="knock-spa-sender", help="let an SPA datagram that names no address "
-                      "open the one it came from (weaker: a datagram copied off the wire "
-                      "opens its copier)", always=True),
-    )  # fmt: skip
+        metadata=Rule(
+            key="knock-spa-sender",
+            help="let an SPA datagram that names no address "
+            "open the one it came from (weaker: a datagram copied off the wire "
+            "opens its copier)",
+            always=True,
+        ),
+    )
     spa_keys: tuple[bytes, ...] = ()  # clients' own SPA secrets (knock-spa-key), by id
     # The rules of the SPA socket itself (Policy.rules_for(NAME.spa)), which checks
     # datagrams and opens, where the socket's own rules read what it opened; the knock
@@ -199,9 +232,14 @@ class SocketRules(Record, kw_only=True):
     deny_sets: tuple[str, ...] = field(default=(), metadata=Rule(wire="set names"))
     log_rate: int = field(  # dropped packets logged per second, 0 for none
         default=0,
-        metadata=Rule(key="log-drops", help="log dropped packets, at most this many a second "
-                      "(default: no log)", low=1, high=100_000, always=True),
-    )  # fmt: skip
+        metadata=Rule(
+            key="log-drops",
+            help="log dropped packets, at most this many a second (default: no log)",
+            low=1,
+            high=100_000,
+            always=True,
+        ),
+    )
     interfaces: tuple[str, ...] = field(default=(), metadata=Rule(wire="interfaces"))
     knock: KnockRules | None = field(default=None, metadata=Rule(wire=KnockRules))
     custom: CustomFilter | None = field(
@@ -412,8 +450,9 @@ def settings() -> dict[str, Setting]:
             if not isinstance(rule, Rule):
                 continue
             if rule.key:
-                found[rule.key] = Setting(record=record, name=name, rule=rule,
-                                          default=declared.made())  # fmt: skip
+                found[rule.key] = Setting(
+                    record=record, name=name, rule=rule, default=declared.made()
+                )
             if isinstance(rule.wire, type):
                 walk(rule.wire)
 

@@ -69,14 +69,21 @@ def keys(shared: bytes, own: Sequence[bytes]) -> dict[int, bytes]:
     for secret in ([shared] if shared else []) + list(own):
         ident = key_id(secret)
         if ident in found:
-            raise AlfError("knock-spa-key", f"two keys have the id {ident:08x}: the same "
-                           "secret given twice, or two alike in id", "make a new key for "
-                           "one of them (head -c 32 /dev/urandom | base64)",
-                           EX_CONFIG)  # fmt: skip
+            raise AlfError(
+                "knock-spa-key",
+                f"two keys have the id {ident:08x}: the same "
+                "secret given twice, or two alike in id",
+                "make a new key for one of them (head -c 32 /dev/urandom | base64)",
+                EX_CONFIG,
+            )
         found[ident] = key_of(secret)
     if len(found) > MOST_KEYS:
-        raise AlfError("knock-spa-key", f"{len(found)} keys, more than {MOST_KEYS}",
-                       "give each service its own keys", EX_CONFIG)  # fmt: skip
+        raise AlfError(
+            "knock-spa-key",
+            f"{len(found)} keys, more than {MOST_KEYS}",
+            "give each service its own keys",
+            EX_CONFIG,
+        )
     return found
 
 
@@ -160,8 +167,9 @@ def local_address(host: str, port: int) -> str:
         try:
             probe.connect(target)
         except OSError as err:
-            raise AlfError(f"knock {host}", err.strerror or str(err),
-                           "is there a route to it?", EX_OSERR) from None  # fmt: skip
+            raise AlfError(
+                f"knock {host}", err.strerror or str(err), "is there a route to it?", EX_OSERR
+            ) from None
         return str(probe.getsockname()[0]).split("%")[0]
 
 
@@ -181,9 +189,12 @@ def send(host: str, spa_port: int, raw: bytes) -> None:
         try:
             sock.sendto(raw, target)
         except OSError as err:
-            raise AlfError(f"sending the SPA datagram to {host} port {spa_port}",
-                           err.strerror or str(err), "is there a route to it?",
-                           EX_OSERR) from None  # fmt: skip
+            raise AlfError(
+                f"sending the SPA datagram to {host} port {spa_port}",
+                err.strerror or str(err),
+                "is there a route to it?",
+                EX_OSERR,
+            ) from None
 
 
 def answers(host: str, port: int, seconds: float) -> bool:
