@@ -684,7 +684,8 @@ def _parse_chunk(chunk: bytes, first: int, origin: str) -> tuple[PrefixList, int
 
     ok = plain & ((count == 4) | (count == 5))
     last = len(sep) - 1
-    octets = np.zeros(lines, np.uint32)
+    # Any: numpy 2's stubs (Debian 13) give each np.where below a shape of its own.
+    octets: Any = np.zeros(lines, np.uint32)
     for k in range(4):
         at = np.minimum(first_token + k, last)
         part = value[at]
@@ -704,7 +705,7 @@ def _parse_chunk(chunk: bytes, first: int, origin: str) -> tuple[PrefixList, int
     octets = octets.astype(np.uint64)
 
     family = np.where(ok, 4, 0).astype(np.uint8)
-    high = np.zeros(lines, np.uint64)
+    high: Any = np.zeros(lines, np.uint64)
     if (char == 58).any():  # a colon: IPv6 lines, in bulk too
         ok6, length6, high6, low6 = _parse_v6(a, lines)
         # IPv4-mapped prefixes become IPv4 ones, as parse_prefix makes them.
@@ -719,7 +720,7 @@ def _parse_chunk(chunk: bytes, first: int, origin: str) -> tuple[PrefixList, int
     if len(rest):
         bounds = np.concatenate(([0], sep[newline] + 1))
         rows, found = [], []
-        for i in rest.tolist():
+        for i in map(int, rest):
             text = chunk[bounds[i] : bounds[i + 1] - 1].decode()
             for prefix in parse_rule_lines([text], origin, first + i):
                 rows.append(i)

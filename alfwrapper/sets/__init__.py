@@ -1,7 +1,7 @@
 """Named sets: lists of prefixes kept once for the host, which any number of services
 name (allow-set, deny-set) and which change while they run (alfwrapper set).
 
-A set is a folder in a pinned tree of its own (state.py), which belongs to the
+A set is a folder in a pinned tree of its own (alfwrapper/state/), which belongs to the
 user alfwrapper-sets: the CrowdSec bouncer runs as it, so a bouncer taken over by
 what it reads from the network reaches the sets and nothing of the services':
 

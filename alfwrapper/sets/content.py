@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 from alfwrapper.bpf.parts import (
     SET_EXPIRY,
@@ -288,7 +288,7 @@ def _keyed(entries: dict[Prefix, int], shift: int) -> tuple[Keyed, Sieved]:
     values = np.fromiter(map(itemgetter(1), prefixes), dtype=object, count=count)
     untils = np.fromiter(entries.values(), dtype=np.uint64, count=count)
     whole = lengths == np.where(families == 4, 32, 128)
-    ranges = [prefixes[at] for at in np.flatnonzero(~whole).tolist()]
+    ranges = [prefixes[at] for at in map(int, np.flatnonzero(~whole))]
     for prefix in ranges:
         by_role["ranges"][0].append(_key(prefix)[1])
         by_role["ranges"][1].append(_value(prefix, entries[prefix]))
@@ -298,7 +298,9 @@ def _keyed(entries: dict[Prefix, int], shift: int) -> tuple[Keyed, Sieved]:
         if picked.size:
             keys, sieve_key = _hosts(family, values[picked])
             by_role["hosts"][0].extend(keys)  # and their values, SET_EXPIRY: native u64
-            by_role["hosts"][1].extend(np.frombuffer(untils[picked].tobytes(), "V8").tolist())
+            by_role["hosts"][1].extend(
+                cast("list[bytes]", np.frombuffer(untils[picked].tobytes(), "V8").tolist())
+            )
             sieve_keys.append(sieve_key)
     found = sieved(shift, ranges)
     if not sieve_keys:
@@ -329,7 +331,9 @@ def _hosts(family: int, values: Array) -> tuple[list[bytes], Array]:
         key["hi"] = high = (values >> 64).astype(np.uint64)
         key["lo"] = low = (values & M64).astype(np.uint64)
         sieve_key = high ^ low * np.uint64(SIEVE_MIX)
-    return np.frombuffer(key.tobytes(), f"V{SET_HOST.size}").tolist(), sieve_key
+    return cast(
+        "list[bytes]", np.frombuffer(key.tobytes(), f"V{SET_HOST.size}").tolist()
+    ), sieve_key
 
 
 def _bits_first(name: str, fds: Maps, entries: dict[Prefix, int]) -> tuple[Keyed, Sieved]:

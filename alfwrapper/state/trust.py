@@ -38,6 +38,7 @@ TMPFS_MAGIC = 0x01021994
 
 
 def failure(what: str, err: OSError) -> AlfError:
+    """The error for an OSError on a pinned tree, with what to do by its errno."""
     code = EX_NOPERM if err.errno in (errno.EPERM, errno.EACCES) else EX_OSERR
     hint = (
         "run as root, or give the unit CAP_DAC_OVERRIDE and CAP_CHOWN besides CAP_BPF"
