@@ -160,7 +160,7 @@ class ScopeRules(Record):
     settings: tuple[tuple[str, float], ...] = ()
     filter: str = ""
     sets: tuple[MapSetting, ...] = ()
-    allow_sets: tuple[str, ...] = ()  # named sets, by name (alfwrapper/sets.py)
+    allow_sets: tuple[str, ...] = ()  # named sets, by name (alfwrapper/sets/)
     deny_sets: tuple[str, ...] = ()
     sources: tuple[RuleSource, ...] = ()
     origins: tuple[tuple[str, str], ...] = ()  # (key, origin) of what was given

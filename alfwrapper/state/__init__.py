@@ -9,7 +9,7 @@ its cookie, in one of three trees:
       UID/SERVICE/...                   the same, for the services of user UID, kept by
                                         the loader (loader/) on that user's requests
     /sys/fs/bpf/alfwrapper-sets/        0700, owned by the alfwrapper-sets user: the
-      NAME/hosts, NAME/ranges           named sets (sets.py), which the CrowdSec
+      NAME/hosts, NAME/ranges           named sets (sets/), which the CrowdSec
                                         bouncer runs as, reaching nothing else
 
 The modules, from the ground up: trust (whose the trees are, each folder checked),

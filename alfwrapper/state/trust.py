@@ -30,7 +30,7 @@ USERS_ROOT = BPFFS / "alfwrapper-users"
 LOADER_OWNER = "alfwrapper-loader"
 # Where the users' tree is seen: here, and where the loader's unit binds it (--pins).
 _USERS_VIEWS = [USERS_ROOT]
-SETS_ROOT = BPFFS / "alfwrapper-sets"  # named sets (alfwrapper/sets.py)
+SETS_ROOT = BPFFS / "alfwrapper-sets"  # named sets (alfwrapper/sets/)
 SETS_OWNER = "alfwrapper-sets"
 _SETS_VIEWS = [SETS_ROOT]
 BPF_FS_MAGIC = 0xCAFE4A11
