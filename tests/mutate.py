@@ -2200,8 +2200,8 @@ MUTATIONS += [
     Mutation(
         "sockdiag-reads-one-batch",
         "alfwrapper/host/sockdiag.py",
-        "                at += (length + 3) & ~3  # NLMSG_ALIGN\n",
-        "                at += (length + 3) & ~3  # NLMSG_ALIGN\n            return cookies\n",
+        "                    yield data, at\n",
+        "                    yield data, at\n            return\n",
         ("tests/host/test_sockdiag.py::test_the_dump_lists_what_pyroute2_lists",),
     ),
     Mutation(
@@ -2808,6 +2808,15 @@ MUTATIONS += [  # issue 53: a test's folder is its tier
         '    if folder == "unit" and fixtures & NOT_UNIT:\n',
         "    if False:\n",
         ("tests/unit/test_tiers.py",),
+    ),
+]
+MUTATIONS += [  # issue 54: bans cut live connections
+    Mutation(
+        "sockdiag-destroys-no-cookie",
+        "alfwrapper/host/sockdiag.py",
+        "states) + connection.sockid\n",
+        "states) + connection.sockid[:40] + bytes(8)\n",
+        ("tests/host/test_sockdiag.py::test_a_connection_destroyed_by_its_id_is_reset_alone",),
     ),
 ]
 
