@@ -2818,6 +2818,61 @@ MUTATIONS += [  # issue 54: bans cut live connections
         "states) + connection.sockid[:40] + bytes(8)\n",
         ("tests/host/test_sockdiag.py::test_a_connection_destroyed_by_its_id_is_reset_alone",),
     ),
+    Mutation(
+        "cut-deny-cuts-nothing",
+        "alfwrapper/lifecycle/service.py",
+        "    if verdict == RUNTIME_DENY:  # in force: now its live connections",
+        "    if False:  # in force: now its live connections",
+        ("tests/netns/test_cut.py::test_a_runtime_deny_resets_the_denied_hosts_connection",),
+    ),
+    Mutation(
+        "cut-set-add-cuts-nothing",
+        "alfwrapper/cli/sets.py",
+        "        report = cut.cut_for_set(name, prefixes)",
+        "        report = cut.Cut([], [])",
+        ("tests/netns/test_cut.py::test_set_add_resets_the_banned_hosts_connection",),
+    ),
+    Mutation(
+        "cut-bouncer-cuts-nothing",
+        "alfwrapper/lifecycle/bouncer.py",
+        "            cut_bans(config.set, list(changes.hold))",
+        "            pass",
+        ("tests/netns/test_crowdsec.py::test_bans_reach_a_service_and_survive_restarts",),
+    ),
+    Mutation(
+        "cut-ignores-a-runtime-allow",
+        "alfwrapper/lifecycle/cut.py",
+        "    return not covering or max(covering)[1] == RUNTIME_DENY",
+        "    return True",
+        (
+            "tests/unit/test_cut.py::test_a_more_specific_runtime_allow_keeps_its_peer",
+            "tests/netns/test_cut.py::test_a_runtime_allow_inside_the_deny_keeps_its_connection",
+        ),
+    ),
+    Mutation(
+        "cut-in-the-clis-namespace",
+        "alfwrapper/lifecycle/cut.py",
+        "    if cookie == state.netns_cookie():\n        return work()",
+        "    if True:\n        return work()",
+        ("tests/netns/test_cut.py::test_a_runtime_deny_resets_the_denied_hosts_connection",),
+    ),
+    Mutation(
+        "cut-no-wildcard-listener",
+        "alfwrapper/lifecycle/cut.py",
+        '    if target.address in ("", "0.0.0.0", "::"):',
+        '    if target.address in ("", "0.0.0.0"):',
+        (
+            "tests/unit/test_cut.py::test_a_ban_chooses_the_banned_peers_on_the_sockets_port",
+            "tests/netns/test_cut.py::test_set_add_resets_the_banned_hosts_connection",
+        ),
+    ),
+    Mutation(
+        "cut-says-nothing-it-missed",
+        "alfwrapper/lifecycle/cut.py",
+        '        print(f"alfwrapper: note: {line}", file=sys.stderr, flush=True)',
+        "        pass",
+        ("tests/netns/test_cut.py::test_a_ban_that_cannot_cut_is_in_force_and_says_so",),
+    ),
 ]
 
 # The boot tier's guest image and the kernel tier's kernel, built once in this checkout

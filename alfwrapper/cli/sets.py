@@ -98,7 +98,12 @@ def set_main(argv: Sequence[str]) -> int:  # noqa: C901
         prefixes = parse_cidrs(args.cidrs)
         sets.add(name, prefixes, args.timeout)
         lapse = f", lapsing in {args.timeout:g} s" if args.timeout else ""
-        print(f"set {name}: {len(prefixes)} added{lapse}")
+        print(f"set {name}: {len(prefixes)} added{lapse}", flush=True)
+        from alfwrapper.lifecycle import cut  # noqa: PLC0415  (after the ban: set add alone)
+
+        report = cut.cut_for_set(name, prefixes)
+        print("\n".join(report.done), end="\n" if report.done else "")
+        cut.say_problems(report)
     elif verb == "del":
         gone = sets.delete(name, parse_cidrs(args.cidrs))
         print(f"set {name}: {gone} removed")

@@ -28,12 +28,13 @@ import struct
 import sys
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 from alfwrapper import sets
 from alfwrapper.errors import EX_CONFIG, EX_NOINPUT, EX_PROTOCOL, AlfError, excerpt
+from alfwrapper.lifecycle import cut
 from alfwrapper.policy.crowdsec import (
     WIDEST_IPV4,
     WIDEST_IPV6,
@@ -42,6 +43,7 @@ from alfwrapper.policy.crowdsec import (
     read_answer,
 )
 from alfwrapper.policy.inputs import read_input
+from alfwrapper.policy.prefixes import Prefix
 from alfwrapper.policy.rules import SET_NAME_RULE, valid_set_name
 from alfwrapper.record import Record, as_dict, field
 
@@ -371,12 +373,30 @@ def _apply(parsed: Any, config: Config, book: Book, synced: bool, counts: Counte
         if changes.hold:
             sets.hold(config.set, changes.hold)
             counts.added += len(changes.hold)
+            cut_bans(config.set, list(changes.hold))
     else:
         hold = book.snapshot(answer, now)
         counts.removed += sets.assign(config.set, hold)
         counts.added += len(hold)
         counts.resyncs += 1
+        cut_bans(config.set, list(hold))
     return now
+
+
+# What could not be cut, said once a reason (each poll would say it again).
+_SAID: set[str] = set()
+
+
+def cut_bans(name: str, banned: Sequence[Prefix]) -> None:
+    """Reset the live connections the set's new bans now deny (lifecycle/cut.py), once
+    the set holds them."""
+    report = cut.cut_for_set(name, banned)
+    for line in report.done:
+        print(f"alfwrapper crowdsec: {line}", flush=True)
+    for line in report.problems:
+        if line not in _SAID:
+            _SAID.add(line)
+            print(f"alfwrapper crowdsec: note: {line}", file=sys.stderr, flush=True)
 
 
 def write_metrics(path: str, counts: Counters) -> None:

@@ -54,6 +54,7 @@ def describe_sockets(
                 "argv": argv,
                 "cwd": os.getcwd(),
                 "knock": knock_folders(record.rules),
+                "deny_sets": list(record.rules.deny_sets),  # lifecycle/cut.py: set add
                 "started": int(time.time()),
                 "program": compiler.prog_id(record.loaded) if record.loaded else 0,
                 "judged": True,

@@ -25,7 +25,7 @@ from alfwrapper.errors import EX_CONFIG, EX_NOPERM, EX_USAGE, AlfError, excerpt
 from alfwrapper.host import activation
 from alfwrapper.host.faults import crash_point
 from alfwrapper.host.netns import netns as enter_netns
-from alfwrapper.lifecycle import companions
+from alfwrapper.lifecycle import companions, cut
 from alfwrapper.policy.files import SPA_SUFFIX, Policy
 from alfwrapper.policy.prefixes import Prefix, parse_cidrs
 from alfwrapper.policy.rules import SocketRules, check_service
@@ -233,6 +233,7 @@ def reload(
             reloaded=int(time.time()),
             program=compiler.prog_id(loaded[id(m)]),
             knock=knock_folders(rules[id(m)]),
+            deny_sets=list(rules[id(m)].deny_sets),
         )
         if argv is not None:
             m.meta["cwd"] = here
@@ -334,7 +335,8 @@ def change(
     prefixes = parse_cidrs(cidrs)
     verdict = VERDICTS[verb]
     lines = []
-    for m in members(service, name):
+    found = members(service, name)
+    for m in found:
         for prefix in prefixes:
             key = state.runtime_key(prefix.family, prefix.value, prefix.length)
             changed = state.set_runtime(m.pins, key, verdict)
@@ -343,7 +345,24 @@ def change(
                 lines.append(f"{service} {m.title()}: no runtime rule for {prefix} to revoke")
             else:
                 lines.append(f"{service} {m.title()}: {what} {prefix}")
+    if verdict == RUNTIME_DENY:  # in force: now its live connections (lifecycle/cut.py)
+        lines += cut_denied(service, found, prefixes)
     return lines
+
+
+def cut_denied(service: str, found: Sequence[Member], prefixes: Sequence[Prefix]) -> list[str]:
+    """Reset the TCP connections from ``prefixes`` to these sockets that their runtime
+    rules now deny; what could not be reset is said on stderr."""
+    targets = []
+    for m in found:
+        if m.gone:
+            continue
+        rules = tuple(state.runtime_rules(m.pins))
+        target = cut.target_of(m.meta, f"{service} {m.title()}", rules)
+        targets += [target] if target is not None else []
+    report = cut.cut(targets, prefixes, f"the deny rule for {', '.join(map(str, prefixes))}")
+    cut.say_problems(report)
+    return report.done
 
 
 def flush(service: str, name: str) -> list[str]:

@@ -32,7 +32,7 @@ from alfwrapper.state.liveness import (
 from alfwrapper.state.meta import META_SIZE, check_meta_room, mark_judged, read_meta, write_meta
 from alfwrapper.state.places import SocketState, user_base
 from alfwrapper.state.runtime import inherit_runtime, runtime_key, runtime_rules, set_runtime
-from alfwrapper.state.store import Store, Taken, store_in_use, use_store
+from alfwrapper.state.store import Store, Taken, store_in_use, use_store, user_stores
 from alfwrapper.state.trust import (
     OWNER,
     ROOT,
@@ -83,5 +83,6 @@ __all__ = [
     "trusted_dir",
     "use_store",
     "user_base",
+    "user_stores",
     "write_meta",
 ]

@@ -17,8 +17,9 @@ _U32 = struct.Struct("=I")
 
 
 # What a socket's meta holds besides the options and the folder: counts, ids and
-# names of bounded size (lifecycle/kept.py: describe_sockets), well within this.
-META_FIXED = 1280
+# names of bounded size (lifecycle/kept.py: describe_sockets), well within this,
+# and the names of its deny sets (at most MOST_SETS of 64 characters: 1,100 bytes).
+META_FIXED = 2432
 
 
 def check_meta_room(argv: list[str], cwd: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import selectors
 import signal
 import subprocess
 import sys
@@ -273,3 +274,41 @@ def all_probes(host: Host, port_tcp: int, port_udp: int | None = None) -> list[P
     if port_udp is not None:
         probes += [Probe(host, "udp", fam, port_udp) for fam in (4, 6)]
     return probes
+
+
+class Held:
+    """A connection held open by tests/programs/held_client.py on a host, to the
+    server's port (bans that cut live connections: lifecycle/cut.py)."""
+
+    def __init__(self, host: Host, family: int, port: int) -> None:
+        target = host.server_v4 if family == 4 else host.server_v6
+        self.proc = subprocess.Popen(
+            host.command([sys.executable, str(PROGRAMS / "held_client.py"), target, str(port)]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.split() == ["echo", "ready"], line
+
+    def again(self) -> str:
+        """Exchange another line on the held connection."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def ended(self, timeout: float) -> list[str]:
+        """How the connection ended (["reset", T] or ["closed", T, ...]), or []."""
+        assert self.proc.stdout is not None
+        os.set_blocking(self.proc.stdout.fileno(), True)
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                return []
+        return self.proc.stdout.readline().split()
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()

@@ -85,10 +85,12 @@ for family, host in FAMILIES:
     listener = listening(family, host, 64)
     port = listener.getsockname()[1]
     pairs = []
-    for _ in range(3):
+    for _ in range(4):
         client = socket.create_connection((host, port))
         server, _ = listener.accept()
         pairs.append((client, server))
+    pairs[3][0].shutdown(socket.SHUT_WR)  # its server end in CLOSE_WAIT
+    time.sleep(0.1)
     other = listening(family, host, 1)
     bystander = socket.create_connection(other.getsockname()[:2])  # another port
     found = sockdiag.tcp_connections(family, port, 1000)
@@ -97,12 +99,13 @@ for family, host in FAMILIES:
         diag.bind()
         theirs = {
             (int(m["idiag_cookie"]), m["idiag_dport"])
-            for m in diag.get_sock_stats(family=family, states=1 << 1)
+            for m in diag.get_sock_stats(family=family, states=sockdiag.CONNECTED_STATES)
             if m["idiag_sport"] == port
         }
     mine = {(struct.unpack_from("=Q", c.sockid, 40)[0], c.peer_port) for c in found}
     out.append(mine == theirs and {c for c, _ in mine} == cookies)
     out.append({c.peer_port for c in found} == {s.getpeername()[1] for _, s in pairs})
+    out.append(sorted(c.state for c in found) == [1, 1, 1, 8])  # no listener
     victim = next(c for c in found if c.peer_port == pairs[0][0].getsockname()[1])
     started = time.monotonic()
     sockdiag.destroy(victim)
@@ -131,4 +134,4 @@ print(" ".join(map(str, out)))
 
 def test_a_connection_destroyed_by_its_id_is_reset_alone() -> None:
     out = in_a_netns(CUT)
-    assert out.stdout.split() == ["True"] * 12, out.stdout
+    assert out.stdout.split() == ["True"] * 14, out.stdout

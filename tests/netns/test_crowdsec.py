@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers.hosts import Network, Probe, Service, all_probes, check_policy, start_echo
+from helpers.hosts import Held, Network, Probe, Service, all_probes, check_policy, start_echo
 from helpers.support import WRAPPER
 
 from alfwrapper import sets
@@ -178,9 +178,15 @@ def test_bans_reach_a_service_and_survive_restarts(
         until(lambda: sets.exists(name) and held(name, a.v6), 30, "the startup answer")
         svc = start_echo(network, services, f"{name}-svc", "--deny-set", name)
         check_policy(svc, served=[Probe(a, "tcp", 4, 8080)], dropped=[Probe(a, "tcp", 6, 8080)])
-        lapi.cscli("decisions", "add", "--ip", a.v4, "--duration", "1h")
-        took = until(lambda: held(name, a.v4), 10, "a new ban")
-        print(f"a ban reached the set {took:.3f} s after cscli returned (poll 0.5 s)")
+        open_connection = Held(a, 4, 8080)
+        try:
+            lapi.cscli("decisions", "add", "--ip", a.v4, "--duration", "1h")
+            took = until(lambda: held(name, a.v4), 10, "a new ban")
+            print(f"a ban reached the set {took:.3f} s after cscli returned (poll 0.5 s)")
+            # ... and the banned host's open connection is reset (lifecycle/cut.py).
+            assert open_connection.ended(timeout=1.0)[:1] == ["reset"]
+        finally:
+            open_connection.stop()
         check_policy(svc, served=[], dropped=[Probe(a, "tcp", 4, 8080), Probe(a, "udp", 4, 8081)])
         lapi.cscli("decisions", "delete", "--ip", a.v4)
         until(lambda: not held(name, a.v4), 10, "a deletion")
