@@ -2845,7 +2845,7 @@ MUTATIONS += [  # issue 54: bans cut live connections
         "    return not covering or max(covering)[1] == RUNTIME_DENY",
         "    return True",
         (
-            "tests/unit/test_cut.py::test_a_more_specific_runtime_allow_keeps_its_peer",
+            "tests/unit/test_cut_choice.py::test_a_more_specific_runtime_allow_keeps_its_peer",
             "tests/netns/test_cut.py::test_a_runtime_allow_inside_the_deny_keeps_its_connection",
         ),
     ),
@@ -2862,7 +2862,7 @@ MUTATIONS += [  # issue 54: bans cut live connections
         '    if target.address in ("", "0.0.0.0", "::"):',
         '    if target.address in ("", "0.0.0.0"):',
         (
-            "tests/unit/test_cut.py::test_a_ban_chooses_the_banned_peers_on_the_sockets_port",
+            "tests/unit/test_cut_choice.py::test_a_ban_chooses_the_banned_peers_on_the_sockets_port",
             "tests/netns/test_cut.py::test_set_add_resets_the_banned_hosts_connection",
         ),
     ),
