@@ -163,6 +163,20 @@ static __always_inline u64 set_sieve(u32 i, u64 key, u8 family, struct alf_set_k
     return host | range << 1; /* ALF_SIEVE_RANGE */
 }
 
+/* A source address's keys (its words ``hi`` and ``lo``, family 4 or 6) into ``k``;
+ * returns the sieve's key: the address's bits in network order, IPv6 folded.
+ * (sets_verdict, and early.c's XDP program.) */
+static __always_inline u64 set_keys(struct alf_set_keys *k, u8 family, u64 hi, u64 lo)
+{
+    u8 len = family == 4 ? 32 : 128;
+    alf_key20(k->host, len, family, hi, lo);
+    k->range[0] = (u64)(32 + len) | ((u64)family << 32);
+    k->range[1] = hi;
+    k->range[2] = lo;
+    return family == 4 ? (u64)__builtin_bswap32((u32)hi)
+                       : __builtin_bswap64(hi) ^ (__builtin_bswap64(lo) * ALF_SIEVE_MIX);
+}
+
 /* ALF_SET_DENY, ALF_SET_ALLOW or 0: what the sets say of the packet's source.
  *
  * Kept linear for the verifier, which walks every path: a set that cannot be read
@@ -175,14 +189,7 @@ static __always_inline u32 sets_verdict(const struct alf_packet *pkt, u32 runtim
     struct alf_set_keys k;
     u64 hi, lo;
     alf_addr_words(pkt->addr, &hi, &lo);
-    u8 len = pkt->family == 4 ? 32 : 128;
-    alf_key20(k.host, len, pkt->family, hi, lo);
-    k.range[0] = (u64)(32 + len) | ((u64)pkt->family << 32);
-    k.range[1] = hi;
-    k.range[2] = lo;
-    /* The sieve's key: the address's bits in network order, IPv6 folded. */
-    u64 key = pkt->family == 4 ? (u64)__builtin_bswap32((u32)hi)
-                               : __builtin_bswap64(hi) ^ (__builtin_bswap64(lo) * ALF_SIEVE_MIX);
+    u64 key = set_keys(&k, pkt->family, hi, lo);
     /* Every set's sieve first, so that their misses overlap: what each said, a bit a
      * set. */
     u64 hosts = 0, ranges = 0;

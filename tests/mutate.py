@@ -47,6 +47,10 @@ UNPRIVILEGED_DAEMON = (
     "test_an_unprivileged_daemon_keeps_its_ambient_capabilities_but_cannot_reach_its_filter"
 )
 EXPLAIN_SERVICE = "tests/netns/test_explain_service.py::"
+EARLY_AGREES = "tests/host/test_early.py::test_early_drop_agrees_with_the_sockets_programs"
+EARLY_TRAFFIC = (
+    "tests/netns/test_early_traffic.py::test_a_banned_hosts_frames_are_dropped_at_xdp_and_others_served"
+)
 MUTATIONS = [
     Mutation(
         "libc-handle-hides-syscalls-from-the-recorder",
@@ -2872,6 +2876,62 @@ MUTATIONS += [  # issue 54: bans cut live connections
         '        print(f"alfwrapper: note: {line}", file=sys.stderr, flush=True)',
         "        pass",
         ("tests/netns/test_cut.py::test_a_ban_that_cannot_cut_is_in_force_and_says_so",),
+    ),
+    Mutation(
+        "early-drops-for-any-set-bit",
+        "filters/early.c",
+        "set_holds(i, said, &k) > 0",
+        "set_holds(i, said, &k) >= 0",
+        (EARLY_AGREES,),
+    ),
+    Mutation(
+        "early-counts-strangers-as-ours",
+        "alfwrapper/sets/early.py",
+        "ports.get(key, everything) & denied.get(sock.cookie, 0)",
+        "ports.get(key, everything) & denied.get(sock.cookie, everything)",
+        (EARLY_AGREES,),
+    ),
+    Mutation(
+        "early-drops-forwarded-frames",
+        "filters/early.c",
+        "    if (any) { /* bound to any address",
+        "    if (0) { /* bound to any address",
+        (EARLY_AGREES,),
+    ),
+    Mutation(
+        "early-drops-connections-packets",
+        "filters/early.c",
+        "|| !tcp->syn || tcp->ack)",
+        "|| !tcp->syn)",
+        ("tests/host/test_early.py::test_only_new_connections_and_datagrams_are_dropped_early",),
+    ),
+    Mutation(
+        "early-not-told-of-a-start",
+        "alfwrapper/lifecycle/kept.py",
+        '    crash_point("described")\n    refresh_early()',
+        '    crash_point("described")',
+        (EARLY_TRAFFIC,),
+    ),
+    Mutation(
+        "early-not-told-of-a-reload",
+        "alfwrapper/lifecycle/service.py",
+        "        refresh_early({m.pins.cookie: rules[id(m)].deny_sets for m in found})",
+        "        pass",
+        (EARLY_TRAFFIC,),
+        also=(
+            (
+                '    with service_netns(service, found[0].meta.get("netns"), app, strict=False):\n'
+                "        refresh_early()",
+                "    if False:\n        pass",
+            ),
+        ),
+    ),
+    Mutation(
+        "early-left-on-by-destroy",
+        "alfwrapper/cli/sets.py",
+        "        for line in early.forget(name):",
+        "        for line in []:",
+        (EARLY_TRAFFIC,),
     ),
 ]
 

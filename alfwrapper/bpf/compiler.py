@@ -331,9 +331,10 @@ def _load_programs(
             if found is None:  # an fd that is none of its maps: BCC's, never
                 raise OSError(errno.EBADF, "an instruction names a map that is not the program's")
             insns = cache.CachedProgram(function, placeheld, found).with_fds({**own, **bound})
-        fd, _ = bpf_calls.prog_load_logged(insns, plan.programs[function], log_size=0)
+        name = plan.programs[function]
+        fd, _ = bpf_calls.prog_load_logged(insns, name, log_size=0, kind=plan.kind)
         if fd < 0:
-            _, log = bpf_calls.prog_load_logged(insns, plan.programs[function])
+            _, log = bpf_calls.prog_load_logged(insns, name, kind=plan.kind)
             raise OSError(-fd, os.strerror(-fd), log)
         tables.owner.fds.append(fd)
         fds[function] = fd
@@ -451,7 +452,7 @@ def _bcc_log(bcc: Any, bpf: Any, plan: ProgramPlan, log: list[str]) -> str:
     try:
         with _output_to(log):
             for function in plan.programs:
-                bpf.load_func(function.encode(), bcc.BPF.SOCKET_FILTER)
+                bpf.load_func(function.encode(), plan.kind)
     except Exception:  # noqa: BLE001  (refused again: the log is what is wanted)
         pass
     return "".join(log)

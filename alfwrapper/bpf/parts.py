@@ -313,6 +313,17 @@ INNER_MAPS = {array: f"{array[:-1]}_shape" for array in SET_ARRAYS.values()} | {
 }
 
 
+# Early drop (filters/early.c, sets/early.py): an XDP program's keys.  A port's key is
+# a socket's family (4, 6), protocol, port (host order) and bound address (zeros: any);
+# its value the bits of the program's sets that every socket there denies.  A local
+# key is one of the host's addresses (pad zero).
+EARLY_PORT_FIELDS = (("family", "u8"), ("proto", "u8"), ("port", "u16"), ("addr", "u8[16]"))
+EARLY_PORT_C, EARLY_PORT = c_struct("alf_early_port", EARLY_PORT_FIELDS)
+EARLY_LOCAL_FIELDS = (("family", "u8"), ("pad", "u8[3]"), ("addr", "u8[16]"))
+EARLY_LOCAL_C, EARLY_LOCAL = c_struct("alf_early_local", EARLY_LOCAL_FIELDS)
+EARLY_PORTS, EARLY_LOCAL_ADDRESSES = 4096, 4096  # the maps' room
+
+
 def sieve_map(index: int) -> str:
     """The program's map that set number ``index``'s sieve is bound to (sets.c)."""
     return f"alf_set_sieve_{index}"

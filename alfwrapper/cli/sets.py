@@ -16,15 +16,18 @@ _SET_VERBS = {
     "del": "take CIDRs out of it",
     "list": "print its entries (without NAME: the sets)",
     "flush": "empty it",
-    "destroy": "remove it (services that hold it keep it until their next start or reload)",
+    "destroy": "remove it (services that hold it keep it until their next start or "
+    "reload; early drop ends at once)",
+    "early": "drop what the set's sockets would drop at XDP on the interfaces IFACE... "
+    "already, before the stack (none: nowhere); root only",
 }
 
 
 def set_parser() -> Parser:
     p = Parser(
         prog="alfwrapper set",
-        usage="alfwrapper set {create,add,del,list,flush,destroy} [NAME] [CIDR...] "
-        "[--timeout SECONDS]",
+        usage="alfwrapper set {create,add,del,list,flush,destroy,early} [NAME] "
+        "[CIDR...|IFACE...] [--timeout SECONDS] [--early IFACE...]",
         description="Named sets: the host's lists of prefixes that services name in "
         "allow-set and deny-set, changed while they run.  "
         + "; ".join(f"{verb}: {text}" for verb, text in _SET_VERBS.items())
@@ -34,6 +37,7 @@ def set_parser() -> Parser:
             "alfwrapper set add blocklist 198.51.100.7 2001:db8:bad::/48 --timeout 3600",
             "alfwrapper set del blocklist 198.51.100.7",
             "alfwrapper set list blocklist",
+            "alfwrapper set early blocklist eth0",
         ),
     )
     p.add_argument("verb", choices=list(_SET_VERBS), help="what to do")
@@ -45,6 +49,13 @@ def set_parser() -> Parser:
         default=0.0,
         metavar="SECONDS",
         help="add: the entries lapse after this long (default: never)",
+    )
+    p.add_argument(
+        "--early",
+        nargs="+",
+        default=[],
+        metavar="IFACE",
+        help="create: drop early on these interfaces too (as set early does)",
     )
     p.add_argument(
         "--size",
@@ -71,7 +82,11 @@ def set_main(argv: Sequence[str]) -> int:  # noqa: C901
     wants_cidrs = verb in ("add", "del")
     if wants_cidrs and not args.cidrs:
         raise AlfError(f"set {verb} {name}", "no CIDR given", "give one or more", EX_USAGE)
-    if not wants_cidrs and args.cidrs and verb != "create":
+    if args.early and verb != "create":
+        raise AlfError(
+            "--early", "is for set create", f"alfwrapper set early {name} IFACE...", EX_USAGE
+        )
+    if not wants_cidrs and args.cidrs and verb not in ("create", "early"):
         raise AlfError(
             f"set {verb} {name}", "takes no CIDR", f"alfwrapper set {verb} NAME", EX_USAGE
         )
@@ -94,6 +109,8 @@ def set_main(argv: Sequence[str]) -> int:  # noqa: C901
             f"set {name}: {'created' if made else 'exists already'}"
             + (f" from {path}" if made and path else "")
         )
+        if args.early:
+            _early(name, args.early)
     elif verb == "add":
         prefixes = parse_cidrs(args.cidrs)
         sets.add(name, prefixes, args.timeout)
@@ -114,11 +131,28 @@ def set_main(argv: Sequence[str]) -> int:  # noqa: C901
             print(f"{prefix}{left}")
     elif verb == "flush":
         print(f"set {name}: {sets.flush(name)} removed")
+    elif verb == "early":
+        _early(name, args.cidrs)
     elif not sets.destroy(name):
         raise AlfError(f"set {name}", "does not exist", "alfwrapper set list", EX_USAGE)
     else:
+        from alfwrapper.sets import early  # noqa: PLC0415
+
+        for line in early.forget(name):
+            print(line)
         print(f"set {name}: destroyed")
     return 0
+
+
+def _early(name: str, interfaces: Sequence[str]) -> None:
+    from alfwrapper.sets import early  # noqa: PLC0415
+
+    done = early.set_early(name, interfaces)
+    for line in done:
+        print(line)
+    if not done:
+        where = ", ".join(interfaces) or "no interface"
+        print(f"set {name}: early drop on {where} already")
 
 
 def crowdsec_parser() -> Parser:

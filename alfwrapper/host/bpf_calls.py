@@ -177,10 +177,14 @@ def fd_calls_refused() -> bool:
 
 
 @_fd_call("prog_fd")
-def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1, ingress_ifindex: int = 0) -> TestRun:
+def prog_test_run(
+    prog_fd: int, frame: bytes, repeat: int = 1, ingress_ifindex: int = 0, xdp: bool = False
+) -> TestRun:
     """Run the program on an Ethernet frame ``repeat`` times in the kernel.
 
-    ``ingress_ifindex`` is the interface the packet is taken to have arrived on.
+    ``ingress_ifindex`` is the interface the packet is taken to have arrived on (a
+    socket filter's); ``xdp``: an XDP program, run with no context (it then sees the
+    frame arrive on this network namespace's loopback).
     """
     data = ctypes.create_string_buffer(frame, len(frame))
     ctx = (ctypes.c_uint32 * _SKB_CTX_WORDS)()
@@ -189,8 +193,8 @@ def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1, ingress_ifindex: 
         sz=ctypes.sizeof(_TestRunOpts),
         data_in=ctypes.addressof(data),
         data_size_in=len(frame),
-        ctx_in=ctypes.addressof(ctx),
-        ctx_size_in=ctypes.sizeof(ctx),
+        ctx_in=None if xdp else ctypes.addressof(ctx),
+        ctx_size_in=0 if xdp else ctypes.sizeof(ctx),
         repeat=repeat,
     )
     bpf_check(
@@ -448,18 +452,20 @@ _NR_BPF = 321  # x86-64
 _BPF_PROG_LOAD = 5
 
 
-def prog_load_logged(insns: bytes, name: str, log_size: int = 1 << 20) -> tuple[int, str]:
-    """Load socket-filter instructions as they are (map fds already in them), with the
-    verifier's log: (fd, "") or (-errno, the log); ``log_size`` 0: no log.  bpf(2)
-    itself, with the attribute laid out here: libbpf's bpf_prog_load_opts changes
-    shape between its versions."""
+def prog_load_logged(
+    insns: bytes, name: str, log_size: int = 1 << 20, kind: int = BPF_PROG_TYPE_SOCKET_FILTER
+) -> tuple[int, str]:
+    """Load instructions as they are (map fds already in them) as a program of type
+    ``kind`` (a socket filter, or BPF_PROG_TYPE_XDP), with the verifier's log: (fd, "")
+    or (-errno, the log); ``log_size`` 0: no log.  bpf(2) itself, with the attribute
+    laid out here: libbpf's bpf_prog_load_opts changes shape between its versions."""
     code = ctypes.create_string_buffer(insns, len(insns))
     license_ = ctypes.create_string_buffer(b"GPL")
     log = ctypes.create_string_buffer(max(1, log_size))
     attr = ctypes.create_string_buffer(
         struct.pack(
             "<IIQQIIQII16s",
-            BPF_PROG_TYPE_SOCKET_FILTER, len(insns) // 8, ctypes.addressof(code),
+            kind, len(insns) // 8, ctypes.addressof(code),
             ctypes.addressof(license_), 1 if log_size else 0, log_size,
             ctypes.addressof(log) if log_size else 0, 0, 0, name.encode()[:15],
         ).ljust(128, b"\0")
@@ -470,6 +476,39 @@ def prog_load_logged(insns: bytes, name: str, log_size: int = 1 << 20) -> tuple[
     if fd < 0:
         return -ctypes.get_errno(), log.value.decode(errors="replace")
     return int(fd), ""
+
+
+BPF_PROG_TYPE_XDP = 6
+BPF_XDP = 37  # enum bpf_attach_type: an XDP program's link to an interface
+
+
+def xdp_link(prog_fd: int, ifindex: int) -> int:
+    """Attach an XDP program to an interface through a BPF link (Linux 5.9): natively
+    where the driver can run it, generically otherwise (no mode flag: the kernel
+    chooses so).  The link's fd; pinned, it outlives this process; EBUSY if another
+    program is attached to the interface."""
+    fd = libbpf().bpf_link_create(prog_fd, ifindex, BPF_XDP, None)
+    bpf_check(fd, "BPF_LINK_CREATE", f"interface index {ifindex}")
+    return int(fd)
+
+
+def link_update(link_fd: int, prog_fd: int) -> None:
+    """Put another program behind a link, in one step (BPF_LINK_UPDATE)."""
+    bpf_check(libbpf().bpf_link_update(link_fd, prog_fd, None), "BPF_LINK_UPDATE")
+
+
+def link_detach(link_fd: int) -> None:
+    """End a link's attachment now, whoever else holds it (BPF_LINK_DETACH)."""
+    bpf_check(libbpf().bpf_link_detach(link_fd), "BPF_LINK_DETACH")
+
+
+def link_info(link_fd: int) -> tuple[int, int]:
+    """An XDP link's program id and interface index (struct bpf_link_info: type, id,
+    prog_id, then the xdp member's ifindex); 0, 0 for a link that was detached."""
+    raw = _info(link_fd, "link")
+    prog_id = int.from_bytes(raw[8:12], "little")
+    ifindex = int.from_bytes(raw[16:20], "little")
+    return prog_id, ifindex
 
 
 def fdinfo_field(fd: int, field: str) -> int:

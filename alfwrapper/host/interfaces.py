@@ -17,6 +17,7 @@ too.
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 from collections.abc import Sequence
@@ -44,6 +45,20 @@ def link_names() -> dict[str, int]:
 
     with IPRoute() as ipr:
         return {link.get_attr("IFLA_IFNAME"): link["index"] for link in ipr.get_links()}
+
+
+def local_addresses() -> list[tuple[int, bytes]]:
+    """Every address of this network namespace's interfaces: (4 or 6, its bytes)."""
+    from pyroute2 import IPRoute  # noqa: PLC0415
+
+    found = []
+    with IPRoute() as ipr:
+        for message in ipr.get_addr():
+            family = 4 if message["family"] == socket.AF_INET else 6
+            text = message.get_attr("IFA_LOCAL") or message.get_attr("IFA_ADDRESS")
+            if text:
+                found.append((family, socket.inet_pton(message["family"], text)))
+    return found
 
 
 def link_index(name: str) -> int | None:

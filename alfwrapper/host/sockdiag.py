@@ -178,3 +178,33 @@ def live_cookies() -> set[int]:
             found |= _dump(family, protocol, seq)
             seq += 1
     return found
+
+
+class Bound(Record):
+    """A socket that takes new traffic: a listening TCP socket, or any UDP socket."""
+
+    family: int  # socket.AF_INET or AF_INET6
+    protocol: int  # socket.IPPROTO_TCP or IPPROTO_UDP
+    local: str  # the address it is bound to ("0.0.0.0", "::": any)
+    port: int
+    cookie: int
+
+
+def bound_sockets(most: int) -> list[Bound]:
+    """This namespace's listening TCP sockets and its UDP sockets, of both families.  At
+    most ``most`` are read in each family and protocol; OSError when more would be."""
+    found = []
+    seq = 1
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for protocol, states in (
+            (socket.IPPROTO_TCP, 1 << TCP_LISTEN),
+            (socket.IPPROTO_UDP, ALL_STATES),
+        ):
+            for read, (data, at) in enumerate(_messages(family, protocol, states, seq), 1):
+                if read > most:
+                    raise OSError(f"sock_diag: more than {most} sockets")
+                one = parse_connection(data, at)
+                *_, low, high = _MESSAGE.unpack_from(data, at)
+                found.append(Bound(family, protocol, one.local, one.port, low | high << 32))
+            seq += 1
+    return found

@@ -291,12 +291,13 @@ class Supervisor:
         """After the call: a socket filtered and bound (or listening) is written down
         for status, reload and explain (its name now by the port it got)."""
         if record is not None and result == 0:
-            from alfwrapper.lifecycle.kept import describe_sockets  # noqa: PLC0415
+            from alfwrapper.lifecycle.kept import describe_sockets, refresh_early  # noqa: PLC0415
 
             port = record.sock.getsockname()[1]
             if record.name in ("tcp", "udp"):
                 record.name = f"{record.name}-{port}"
             describe_sockets([record], self.service, self.argv, 0, 0, self.app, intercepted=True)
+            refresh_early()
         return result
 
 

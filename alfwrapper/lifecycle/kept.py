@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Sequence
 
 from alfwrapper import state
 from alfwrapper.bpf import compiler
@@ -64,6 +65,15 @@ def describe_sockets(
         # A deny made since the first inherit_runtime (programs.filter_sockets) found
         # the earlier sockets alone, not this one, which it could not name yet.
         state.inherit_runtime(record.pins, record.name)
+
+
+def refresh_early(narrow: dict[int, Sequence[str]] | None = None) -> None:
+    """Early drop told of the sockets' deny sets (sets/early.py), where this network
+    namespace has it: after a start, an intercepted bind, and around a reload."""
+    if state.early_in(state.netns_cookie()):
+        from alfwrapper.sets import early  # noqa: PLC0415  (early drop's, only)
+
+        early.refresh_for_services(narrow)
 
 
 def state_available() -> str:
@@ -123,6 +133,7 @@ def filter_kept(records: list[SocketRecord], service: str, argv: list[str]) -> N
     )
     describe_sockets(records, service, argv, watcher, forwarder)
     crash_point("described")
+    refresh_early()
     if pinned:  # after the meta names this start's knock state: a gc keeps what is named
         collect_stale_state()
 

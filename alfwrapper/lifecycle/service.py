@@ -198,9 +198,14 @@ def reload(
     app = next((p for p in pids if alive(p)), 0)
     # Interface names and indexes mean the service's network namespace: its watcher
     # follows renames there, and its drop log forwarder names interfaces there.
+    from alfwrapper.lifecycle.kept import refresh_early  # noqa: PLC0415
+
     with service_netns(service, found[0].meta.get("netns"), app):
         loaded, watcher = load_members(service, found, rules, app)
         crash_point("reload-loaded")
+        # Early drop stops dropping for the sets the new programs no longer deny before
+        # they are in force, and starts on the new ones after (below).
+        refresh_early({m.pins.cookie: rules[id(m)].deny_sets for m in found})
         for m in found:
             state.store_in_use().install(m.pins, loaded[id(m)].fd)
             crash_point("reload-installed")
@@ -238,6 +243,8 @@ def reload(
         if argv is not None:
             m.meta["cwd"] = here
         state.write_meta(m.pins, m.meta)
+    with service_netns(service, found[0].meta.get("netns"), app, strict=False):
+        refresh_early()
     collect()  # knock state no socket uses any more
     return found
 

@@ -186,7 +186,35 @@ def status(service: str) -> dict[str, object]:
             continue
         sockets = [report for s in found if (report := read_socket(tree, s)) is not None]
         services.append({"name": name, "sockets": sockets, "resets": resets.get(name, 0)})
-    return {"services": services}
+    early = early_status() if not service else []
+    return {"services": services, **({"early": early} if early else {})}
+
+
+def early_status() -> list[dict[str, object]]:
+    """Each interface's early drop in this namespace (sets/early.py), brought up to date
+    first: its sets, what each dropped, and what it judged and passed.  Root's."""
+    from alfwrapper.sets import early  # noqa: PLC0415
+
+    if not early.ROOT.is_dir():
+        return []
+    try:
+        for line in early.refresh():
+            print(f"alfwrapper: note: {line}", file=sys.stderr)
+        return [
+            {
+                "interface": c.interface,
+                "attached": c.attached,
+                "dropped": c.dropped,
+                "passed": c.passed,
+            }
+            for c in early.counts()
+        ]
+    except PermissionError:
+        print(
+            "alfwrapper: note: early drop is not shown: its state is root's (run as root)",
+            file=sys.stderr,
+        )
+        return []
 
 
 def read_socket(tree: state.Store, pins: state.SocketState) -> dict[str, object] | None:
@@ -240,6 +268,13 @@ def status_lines(report: dict[str, object]) -> list[str]:
             )
     if not report["services"]:
         lines.append("no service is pinned (nothing runs behind alfwrapper here)")
+    for one in report.get("early", []):  # type: ignore[attr-defined]
+        dropped = ", ".join(f"{name} {n}" for name, n in one["dropped"].items())
+        state_ = "" if one["attached"] else " (detached: the interface is gone)"
+        lines.append(
+            f"early drop on {one['interface']}{state_}: dropped: {dropped}; "
+            f"judged and passed {one['passed']}"
+        )
     return lines
 
 
@@ -297,6 +332,7 @@ def prometheus(report: dict[str, object]) -> str:
                     f'socket="{_label(s["name"])}",port="{_label(s["port"])}",'
                     f'verdict="{verdict}"}} {n}'
                 )
+    out += early_metrics(report)
     out += [
         "# HELP alfwrapper_runtime_rules Runtime allow/deny rules in force on a socket.",
         "# TYPE alfwrapper_runtime_rules gauge",
@@ -309,6 +345,22 @@ def prometheus(report: dict[str, object]) -> str:
                 f'port="{_label(s["port"])}"}} {len(s["runtime"])}'
             )
     return "\n".join(out + crowdsec_metrics()) + "\n"
+
+
+def early_metrics(report: dict[str, object]) -> list[str]:
+    out = [
+        "# HELP alfwrapper_early_packets_total Frames early drop judged at XDP on an "
+        "interface (a dropped one has the set that held its source).",
+        "# TYPE alfwrapper_early_packets_total counter",
+    ]
+    for one in report.get("early", []):  # type: ignore[attr-defined]
+        where = f'interface="{_label(one["interface"])}"'
+        out.append(f'alfwrapper_early_packets_total{{{where},verdict="pass"}} {one["passed"]}')
+        for name, n in one["dropped"].items():
+            out.append(
+                f'alfwrapper_early_packets_total{{{where},verdict="drop",set="{_label(name)}"}} {n}'
+            )
+    return out
 
 
 # The bouncer's counters (lifecycle/bouncer.py: Counters), as Prometheus names them.

@@ -30,7 +30,7 @@ from alfwrapper.state.liveness import (
     socket_cookie,
 )
 from alfwrapper.state.meta import META_SIZE, check_meta_room, mark_judged, read_meta, write_meta
-from alfwrapper.state.places import SocketState, user_base
+from alfwrapper.state.places import EARLY_ROOT, SocketState, early_folder, early_in, user_base
 from alfwrapper.state.runtime import inherit_runtime, runtime_key, runtime_rules, set_runtime
 from alfwrapper.state.store import Store, Taken, store_in_use, use_store, user_stores
 from alfwrapper.state.trust import (
@@ -50,6 +50,9 @@ from alfwrapper.state.trust import (
 )
 
 __all__ = [
+    "EARLY_ROOT",
+    "early_folder",
+    "early_in",
     "META_SIZE",
     "OWNER",
     "ROOT",

@@ -20,6 +20,23 @@ from alfwrapper.policy.rules import valid_service
 from alfwrapper.record import Record
 from alfwrapper.state.trust import ROOT, USERS_ROOT
 
+# Early drop's tree (sets/early.py): a folder an interface, IFNAME@NETNS (the network
+# namespace's cookie in hex).  Here, so that a start asks whether early drop is in use
+# in its namespace without importing what early drop needs.
+EARLY_ROOT = Path("/sys/fs/bpf/alfwrapper-early")
+
+
+def early_folder(ifname: str, netns: int) -> Path:
+    return EARLY_ROOT / f"{ifname}@{netns:x}"
+
+
+def early_in(netns: int) -> bool:
+    """Has some interface of this network namespace early drop?"""
+    try:
+        return any(p.name.endswith(f"@{netns:x}") for p in EARLY_ROOT.iterdir())
+    except OSError:
+        return False  # no tree, or not ours to read (a user's start: not told)
+
 
 def user_base(uid: int, top: Path = USERS_ROOT) -> Path:
     """Where the state of user ``uid``'s services is kept."""

@@ -115,6 +115,37 @@ CASES = (
 )
 
 
+# Early drop's XDP program, for one set and for each count up to the most one interface
+# takes (sets/early.py: MOST_EARLY): root's alone (replay_bpf.c loads it as root only).
+EARLY = "early"
+EARLY_INTERFACE = "ktier-early0"  # one end of a veth pair (this kernel has no dummy)
+
+
+def record_early(env: dict[str, str], out: Path) -> dict[str, str]:
+    """`alfwrapper set early` of each named set in turn on a veth interface (its
+    programs in out/early.early.rec), then early drop taken off it again."""
+    failures: dict[str, str] = {}
+    subprocess.run(["ip", "link", "del", EARLY_INTERFACE], capture_output=True)
+    subprocess.run(
+        ["ip", "link", "add", EARLY_INTERFACE, "type", "veth", "peer", "name", "ktier-early1"],
+        check=True,
+    )
+    try:
+        for name in SET_NAMES:
+            env = {**env, "ALF_RECORD_BPF": str(out / f"{EARLY}.early.rec")}
+            done = subprocess.run(
+                [*WRAPPER, "set", "early", name, EARLY_INTERFACE],
+                env=env, capture_output=True, text=True, timeout=300, cwd=ROOT,
+            )  # fmt: skip
+            if done.returncode != 0:
+                failures[f"{EARLY}.early {name}"] = done.stderr.strip()[-2000:]
+    finally:
+        for name in SET_NAMES:
+            subprocess.run([*WRAPPER, "set", "early", name], capture_output=True, cwd=ROOT)
+        subprocess.run(["ip", "link", "del", EARLY_INTERFACE], capture_output=True)
+    return failures
+
+
 def record(recorder: Path, out: Path, files: Path) -> dict[str, str]:
     """Run every case with the recorder preloaded; returns {recording: error} for the
     runs that failed on the host (each run's programs are in out/NAME.rec)."""
@@ -151,6 +182,8 @@ def record(recorder: Path, out: Path, files: Path) -> dict[str, str]:
             )
             if done.returncode != 0:
                 failures[recording] = done.stderr.strip()[-2000:]
+    if not only or EARLY in only:
+        failures.update(record_early(env, out))
     subprocess.run([*WRAPPER, "gc"], capture_output=True, timeout=120, cwd=ROOT)
     for name in SET_NAMES:
         subprocess.run(

@@ -1,0 +1,240 @@
+"""Early drop (filters/early.c, alfwrapper/sets/early.py) agrees with the sockets' own
+programs: random sets, random sockets denying random sets, and frames from inside and
+outside the sets, each judged by the kernel twice (BPF_PROG_TEST_RUN): once by the XDP
+program, with its ports map as sets/early.py computes it from the sockets this
+namespace holds, and once by the program of the socket the frame is addressed to.
+The XDP program never drops what that socket's program passes, and drops every SYN
+and datagram that the socket's deny sets drop."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from helpers.support import WRAPPER
+
+from alfwrapper import sets, state
+from alfwrapper.bpf import compiler, program
+from alfwrapper.bpf.parts import FillEnv
+from alfwrapper.errors import AlfError
+from alfwrapper.host import sockdiag
+from alfwrapper.host.bpf_calls import link_info, map_update, prog_info, prog_test_run, xdp_link
+from alfwrapper.host.frames import ip_frame, tcp_syn_frame, udp_frame
+from alfwrapper.policy.prefixes import Prefix
+from alfwrapper.policy.rules import SocketRules
+from alfwrapper.sets import creation, early
+
+pytestmark = pytest.mark.host
+
+XDP_DROP, XDP_PASS = 1, 2
+ENV = FillEnv(open_set=creation.read_only)
+
+
+@pytest.fixture
+def names(bpf_root: None) -> Iterator[tuple[str, ...]]:
+    stem = f"e{os.getpid()}-{time.monotonic_ns() % 10**8}"
+    made = tuple(f"{stem}-{i}" for i in range(3))
+    yield made
+    for name in made:
+        sets.destroy(name)
+
+
+def source(rng: random.Random, family: int) -> int:
+    if family == 4:
+        return 0xC6336400 | rng.getrandbits(8)  # 198.51.100.0/24
+    return (0x20010DB8 << 96) | rng.getrandbits(16)  # 2001:db8::/112
+
+
+def fill_sets(rng: random.Random, names: tuple[str, ...]) -> None:
+    for name in names:
+        entries = []
+        for _ in range(rng.randrange(5, 40)):
+            family = rng.choice((4, 6))
+            length = rng.choice((32, 30, 28) if family == 4 else (128, 124, 120))
+            width = 32 if family == 4 else 128
+            value = source(rng, family) >> (width - length) << (width - length)
+            entries.append(Prefix(family, value, length))
+        sets.create(name, entries)
+
+
+class Sock:
+    def __init__(self, rng: random.Random, names: tuple[str, ...], family: int, kind: int) -> None:
+        self.family, self.kind = family, kind
+        self.sock = socket.socket(family, kind)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self.any = rng.random() < 0.4
+        loopback = "127.0.0.1" if family == socket.AF_INET else "::1"
+        wildcard = "0.0.0.0" if family == socket.AF_INET else "::"
+        if family == socket.AF_INET6:
+            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        self.sock.bind((wildcard if self.any else loopback, 0))
+        if kind == socket.SOCK_STREAM:
+            self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.denies = tuple(n for n in names if rng.random() < 0.5)
+        self.loaded = compiler.load_program(
+            program.plan_program(SocketRules(deny_sets=self.denies)), ENV
+        )
+        self.cookie = state.socket_cookie(self.sock)
+
+    def frame(self, src: int, destination: int) -> bytes:
+        family = 4 if self.family == socket.AF_INET else 6
+        if self.kind == socket.SOCK_STREAM:
+            return tcp_syn_frame(family, src, 40001, destination, self.port)
+        return udp_frame(family, src, b"x", 40001, destination, self.port)
+
+
+def loopback(family: int) -> int:
+    return 0x7F000001 if family == socket.AF_INET else 1
+
+
+def test_early_drop_agrees_with_the_sockets_programs(names: tuple[str, ...]) -> None:
+    seed = int(os.environ.get("ALF_SEED", "0")) or random.randrange(1 << 30)
+    rng = random.Random(seed)
+    fill_sets(rng, names)
+    socks = [
+        Sock(rng, names, rng.choice((socket.AF_INET, socket.AF_INET6)), kind)
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM)
+        for _ in range(4)
+    ]
+    # A socket that is no service's, sharing an address and port with one of ours
+    # (SO_REUSEPORT): the kernel may hand it the frame, so early drop leaves that port.
+    shared = socks[-1]
+    stranger = socket.socket(shared.family, shared.kind)
+    stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if shared.family == socket.AF_INET6:
+        stranger.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    stranger.bind(shared.sock.getsockname()[:2])
+    xdp = compiler.compile_and_load(program.plan_early(names, "early"), ENV)
+    denied = {s.cookie: sum(1 << i for i, n in enumerate(names) if n in s.denies) for s in socks}
+    ports = early.wanted_ports(names, denied, sockdiag.bound_sockets(early.MOST_SOCKETS))
+    early.write(xdp.tables["alf_early_ports"].map_fd, ports)
+    for key in early.wanted_local():
+        map_update(xdp.tables["alf_early_local"].map_fd, key, struct.pack("=Q", 1))
+
+    judged = dropped_early = 0
+    for sock in socks:
+        family = 4 if sock.family == socket.AF_INET else 6
+        for _ in range(60):
+            src = source(rng, family)
+            frame = sock.frame(src, loopback(sock.family))
+            at_xdp = prog_test_run(xdp.fd, frame, xdp=True).retval
+            by_socket = prog_test_run(sock.loaded.fd, frame).retval
+            where = f"seed {seed}: {sock.denies} port {sock.port} from {src:#x}"
+            assert at_xdp in (XDP_DROP, XDP_PASS), where
+            if at_xdp == XDP_DROP:
+                assert by_socket == 0, f"dropped early, passed by its socket: {where}"
+            expected = by_socket == 0 and sock is not shared
+            assert (at_xdp == XDP_DROP) == expected, where
+            judged += 1
+            dropped_early += at_xdp == XDP_DROP
+            if sock.any:  # to an address that is not this host's: forwarded, never dropped
+                away = 0xCB007109 if family == 4 else (0x20010DB8 << 96) | 0xFEED
+                assert prog_test_run(xdp.fd, sock.frame(src, away), xdp=True).retval == XDP_PASS
+    assert dropped_early, f"seed {seed}: no frame was dropped early in {judged}"
+    stranger.close()
+
+
+def test_only_new_connections_and_datagrams_are_dropped_early(names: tuple[str, ...]) -> None:
+    """A denied source's TCP packet that is not a SYN, an IPv4 fragment and another
+    protocol pass: the stack and the socket's program judge them."""
+    sets.create(names[0], [Prefix(4, 0xC6336400, 24)])
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    xdp = compiler.compile_and_load(program.plan_early(names[:1], "early"), ENV)
+    bound = sockdiag.bound_sockets(early.MOST_SOCKETS)
+    ports = early.wanted_ports(names[:1], {state.socket_cookie(listener): 1}, bound)
+    early.write(xdp.tables["alf_early_ports"].map_fd, ports)
+    for key in early.wanted_local():
+        map_update(xdp.tables["alf_early_local"].map_fd, key, struct.pack("=Q", 1))
+    src = 0xC6336407
+    syn = tcp_syn_frame(4, src, 40001, 0x7F000001, port)
+    assert prog_test_run(xdp.fd, syn, xdp=True).retval == XDP_DROP
+    ack = bytearray(syn)
+    ack[14 + 20 + 13] = 0x10  # ACK alone
+    assert prog_test_run(xdp.fd, bytes(ack), xdp=True).retval == XDP_PASS
+    fragment = bytearray(syn)
+    fragment[14 + 6] = 0x20  # more fragments
+    assert prog_test_run(xdp.fd, bytes(fragment), xdp=True).retval == XDP_PASS
+    icmp = ip_frame(4, src, 0x7F000001, 1, b"\x08\0\0\0\0\0\0\0")
+    assert prog_test_run(xdp.fd, icmp, xdp=True).retval == XDP_PASS
+    tagged = syn[:12] + b"\x81\x00\x00\x07" + syn[12:]  # 802.1Q, VLAN 7
+    assert prog_test_run(xdp.fd, tagged, xdp=True).retval == XDP_PASS
+    listener.close()  # no socket there now: the kernel finds none, and nothing is dropped
+    assert prog_test_run(xdp.fd, syn, xdp=True).retval == XDP_PASS
+    # Another program's socket on the same address and port before the next refresh
+    # (man alfwrapper: EARLY DROP): dropped until then, and no more after.
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", port))
+    stranger.listen(4)
+    assert prog_test_run(xdp.fd, syn, xdp=True).retval == XDP_DROP
+    ports = early.wanted_ports(names[:1], {}, sockdiag.bound_sockets(early.MOST_SOCKETS))
+    early.write(xdp.tables["alf_early_ports"].map_fd, ports)
+    assert prog_test_run(xdp.fd, syn, xdp=True).retval == XDP_PASS
+    stranger.close()
+
+
+def test_ipv6_extension_headers_pass(names: tuple[str, ...]) -> None:
+    from helpers.craft import frame, packet  # noqa: PLC0415  (scapy: slow to import)
+
+    sets.create(names[0], [Prefix(6, 0x20010DB8 << 96, 32)])
+    listener = socket.socket(socket.AF_INET6)
+    listener.bind(("::1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    xdp = compiler.compile_and_load(program.plan_early(names[:1], "early"), ENV)
+    bound = sockdiag.bound_sockets(early.MOST_SOCKETS)
+    early.write(
+        xdp.tables["alf_early_ports"].map_fd,
+        early.wanted_ports(names[:1], {state.socket_cookie(listener): 1}, bound),
+    )
+    for key in early.wanted_local():
+        map_update(xdp.tables["alf_early_local"].map_fd, key, struct.pack("=Q", 1))
+    plain = frame(packet("6", "2001:db8::7", "::1", "syn", port))
+    assert prog_test_run(xdp.fd, plain, xdp=True).retval == XDP_DROP
+    for ext in ("hbh", "dest", "frag"):
+        wrapped = frame(packet("6", "2001:db8::7", "::1", "syn", port, exts=(ext,)))
+        assert prog_test_run(xdp.fd, wrapped, xdp=True).retval == XDP_PASS, ext
+    listener.close()
+
+
+def test_an_interface_takes_16_sets_and_refuses_another_program(
+    names: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past 16 sets on one interface: exit 64, nothing attached; an interface with an
+    XDP program that is not alfwrapper's: exit 69, one line, the other program kept."""
+    many = [early.Interface("lo", state.netns_cookie(), tuple(f"s{i}" for i in range(16)))]
+    monkeypatch.setattr(early, "here", lambda: many)
+    monkeypatch.setattr(early, "attach", lambda *_: pytest.fail("attached past 16 sets"))
+    sets.create(names[0], [])
+    with pytest.raises(AlfError) as refused:
+        early.set_early(names[0], ["lo"])
+    assert refused.value.exit_code == 64 and "more than 16 sets" in str(refused.value)
+    monkeypatch.undo()
+
+    veth = f"ea{os.getpid() % 100000}"
+    subprocess.run(
+        ["ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p"], check=True
+    )
+    other = compiler.compile_and_load(program.plan_early(names[:1], "early"), ENV)
+    try:
+        index = socket.if_nametoindex(veth)
+        link = xdp_link(other.fd, index)
+        out = subprocess.run(
+            [*WRAPPER, "set", "early", names[0], veth], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 69, out.stderr
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert "another XDP program is attached" in out.stderr
+        assert link_info(link) == (prog_info(other.fd).id, index)  # still there
+        os.close(link)
+    finally:
+        subprocess.run(["ip", "link", "del", veth], check=False)
