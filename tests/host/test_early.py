@@ -158,9 +158,10 @@ def test_only_new_connections_and_datagrams_are_dropped_early(names: tuple[str, 
     src = 0xC6336407
     syn = tcp_syn_frame(4, src, 40001, 0x7F000001, port)
     assert prog_test_run(xdp.fd, syn, xdp=True).retval == XDP_DROP
-    ack = bytearray(syn)
-    ack[14 + 20 + 13] = 0x10  # ACK alone
-    assert prog_test_run(xdp.fd, bytes(ack), xdp=True).retval == XDP_PASS
+    for flags in (0x10, 0x12, 0x04):  # ACK, SYN and ACK, RST: a connection's
+        other = bytearray(syn)
+        other[14 + 20 + 13] = flags
+        assert prog_test_run(xdp.fd, bytes(other), xdp=True).retval == XDP_PASS, flags
     fragment = bytearray(syn)
     fragment[14 + 6] = 0x20  # more fragments
     assert prog_test_run(xdp.fd, bytes(fragment), xdp=True).retval == XDP_PASS
