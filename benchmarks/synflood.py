@@ -4,10 +4,13 @@ The rule set: a million denied /64s, at random in 2001:db8:8000::/33.  The
 flood: 2**21 TCP SYNs (fewer with --smoke), each from a different address
 inside a denied /64, sent as raw frames on a namespace's loopback to a
 listener there.  Meanwhile an allowed client (::1) connects, sends a byte
-and waits for the close, in a loop paced at one attempt per 2 ms.  Three variants, each in a network
+and waits for the close, in a loop paced at one attempt per 2 ms.  Four variants, each in a network
 namespace of its own, the same frames sent to each, rounds interleaved:
 
 - alfwrapper: the listener behind alfwrapper with the million rules;
+- early: the listener behind alfwrapper denying a named set of the million
+  prefixes, the set enforced early on the namespace's loopback (`alfwrapper set
+  early`: XDP, generic mode, the only one loopback has);
 - nftables: an unfiltered listener, the rules in an interval set, dropped by
   `ip6 saddr @deny drop` in an input hook;
 - floor: the frames dropped on arrival (a netdev ingress hook), to take the
@@ -35,19 +38,29 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PORT = 9201
-VARIANTS = ("alfwrapper", "nftables", "floor")
+SET = f"alfflood-{os.getpid()}"  # the early variant's deny set
+VARIANTS = ("alfwrapper", "early", "nftables", "floor")
 FRAME = 74  # Ethernet 14 + IPv6 40 + TCP 20
 
 
 def ns_run(ns: str, *argv: str, stdin: str | None = None, timeout: float = 600) -> str:
     return subprocess.run(
-        ["ip", "netns", "exec", ns, *argv],
+        in_ns(ns, argv),
         check=True,
         capture_output=True,
         text=True,
         input=stdin,
         timeout=timeout,
     ).stdout
+
+
+def in_ns(ns: str, argv: Any) -> list[str]:
+    """argv in the namespace; nsenter, not `ip netns exec`, which mounts a /sys of its
+    own without the BPF file system (the early variant's pinned state)."""
+    return ["nsenter", f"--net=/run/netns/{ns}", *argv]
+
+
+WRAPPER = [sys.executable, "-m", "alfwrapper"]
 
 
 def denied(count: int, seed: int) -> list[int]:
@@ -163,14 +176,17 @@ def setup(spaces: dict[str, str], prefixes: list[int], rules_file: Path) -> list
         ),
     )
     procs = []
+    subprocess.run([*WRAPPER, "set", "create", SET, str(rules_file)], check=True, cwd=ROOT)
     for variant, ns in spaces.items():
-        argv = [sys.executable, "-m", "alfwrapper", "--listen", f"[::1]:{PORT}"]
+        argv = [*WRAPPER, "--service", f"alfflood-{variant}", "--listen", f"[::1]:{PORT}"]
         if variant == "alfwrapper":
             argv += ["--deny-file", str(rules_file)]
+        if variant == "early":
+            argv += ["--deny-set", SET]
         argv += ["--", sys.executable, str(HERE / "sink.py")]
         procs.append(
             subprocess.Popen(
-                ["ip", "netns", "exec", ns, *argv],
+                in_ns(ns, argv),
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -183,6 +199,7 @@ def setup(spaces: dict[str, str], prefixes: list[int], rules_file: Path) -> list
             if time.monotonic() > deadline:
                 raise RuntimeError(f"nothing listens in {ns}")
             time.sleep(0.2)
+    ns_run(spaces["early"], *WRAPPER, "set", "early", SET, "lo", timeout=300)
     return procs
 
 
@@ -190,7 +207,7 @@ def one_flood(ns: str, frames_file: Path, count: int) -> dict[str, float]:
     """Send the frames while the allowed client connects in a loop."""
     totals = tempfile.TemporaryFile("w+")  # a file, not a pipe: its writes never block
     client = subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, "-c", CLIENT.format(port=PORT), "600"],
+        in_ns(ns, [sys.executable, "-c", CLIENT.format(port=PORT), "600"]),
         stdout=totals,
         text=True,
         start_new_session=True,
@@ -218,6 +235,14 @@ def one_flood(ns: str, frames_file: Path, count: int) -> dict[str, float]:
     }
 
 
+def early_drops(ns: str) -> int:
+    """The SYNs the early variant's XDP program dropped (its counters, `status`)."""
+    import json  # noqa: PLC0415
+
+    report = json.loads(ns_run(ns, *WRAPPER, "status", "--json", timeout=120))
+    return sum(sum(one["dropped"].values()) for one in report.get("early", []))
+
+
 def run(smoke: bool) -> dict[str, Any]:
     rules = 1000 if smoke else 1_000_000
     count = 1 << (14 if smoke else 21)
@@ -236,16 +261,19 @@ def run(smoke: bool) -> dict[str, Any]:
         try:
             procs = setup(spaces, prefixes, rules_file)
             for r in range(rounds):
-                order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
+                turn = r % len(VARIANTS)
+                order = VARIANTS[turn:] + VARIANTS[:turn]
                 for variant in order:
                     samples[variant].append(one_flood(spaces[variant], frames_file, count))
+            dropped_early = early_drops(spaces["early"])
         finally:
             for proc in procs:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait()
+            subprocess.run([*WRAPPER, "set", "destroy", SET], capture_output=True, cwd=ROOT)
             for ns in spaces.values():
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    result: dict[str, Any] = {"rules": rules, "frames": count}
+    result: dict[str, Any] = {"rules": rules, "frames": count, "dropped_early": dropped_early}
     floor = statistics.median(s["busy"] for s in samples["floor"])
     for variant, got in samples.items():
         busy = statistics.median(s["busy"] for s in got)
@@ -267,6 +295,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, figures meaningless")
     r = run(parser.parse_args().smoke)
     print(f"{r['frames']:,} SYNs from distinct sources, {r['rules']:,} rules")
+    print(f"dropped at XDP by the early variant: {r['dropped_early']:,}")
     for v in VARIANTS:
         x = r[v]
         print(
