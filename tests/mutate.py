@@ -49,7 +49,8 @@ UNPRIVILEGED_DAEMON = (
 EXPLAIN_SERVICE = "tests/netns/test_explain_service.py::"
 EARLY_AGREES = "tests/host/test_early.py::test_early_drop_agrees_with_the_sockets_programs"
 EARLY_TRAFFIC = (
-    "tests/netns/test_early_traffic.py::test_a_banned_hosts_frames_are_dropped_at_xdp_and_others_served"
+    "tests/netns/test_early_traffic.py::"
+    "test_a_banned_hosts_frames_are_dropped_at_xdp_and_others_served"
 )
 MUTATIONS = [
     Mutation(
@@ -2925,6 +2926,14 @@ MUTATIONS += [  # issue 54: bans cut live connections
                 "    if False:\n        pass",
             ),
         ),
+    ),
+    Mutation(
+        "early-no-generic-mode",
+        "alfwrapper/host/bpf_calls.py",
+        "    if fd < 0 and (ctypes.get_errno() or -fd) not in (errno.EBUSY, errno.EPERM, "
+        "errno.ENODEV):",
+        "    if False:",
+        ("tests/host/test_early.py::test_an_interface_whose_driver_refuses_gets_generic_xdp",),
     ),
     Mutation(
         "early-left-on-by-destroy",

@@ -482,12 +482,25 @@ BPF_PROG_TYPE_XDP = 6
 BPF_XDP = 37  # enum bpf_attach_type: an XDP program's link to an interface
 
 
+class _LinkCreateOpts(ctypes.Structure):
+    # struct bpf_link_create_opts, libbpf's bpf.h, up to flags (libbpf takes a shorter
+    # struct than its own: what it does not see is zero)
+    _fields_ = [("sz", ctypes.c_size_t), ("flags", ctypes.c_uint32)]
+
+
+XDP_FLAGS_SKB_MODE = 1 << 1  # generic XDP: after the driver, before the stack
+
+
 def xdp_link(prog_fd: int, ifindex: int) -> int:
     """Attach an XDP program to an interface through a BPF link (Linux 5.9): natively
-    where the driver can run it, generically otherwise (no mode flag: the kernel
-    chooses so).  The link's fd; pinned, it outlives this process; EBUSY if another
-    program is attached to the interface."""
+    where the driver can run it (no mode flag: the kernel chooses the driver's where it
+    has one), generically where it has none or refuses this program.  The link's fd;
+    pinned, it outlives this process; EBUSY if another program is attached to the
+    interface."""
     fd = libbpf().bpf_link_create(prog_fd, ifindex, BPF_XDP, None)
+    if fd < 0 and (ctypes.get_errno() or -fd) not in (errno.EBUSY, errno.EPERM, errno.ENODEV):
+        opts = _LinkCreateOpts(ctypes.sizeof(_LinkCreateOpts), XDP_FLAGS_SKB_MODE)
+        fd = libbpf().bpf_link_create(prog_fd, ifindex, BPF_XDP, ctypes.byref(opts))
     bpf_check(fd, "BPF_LINK_CREATE", f"interface index {ifindex}")
     return int(fd)
 

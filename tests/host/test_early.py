@@ -8,6 +8,7 @@ and datagram that the socket's deny sets drop."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -237,5 +238,31 @@ def test_an_interface_takes_16_sets_and_refuses_another_program(
         assert "another XDP program is attached" in out.stderr
         assert link_info(link) == (prog_info(other.fd).id, index)  # still there
         os.close(link)
+    finally:
+        subprocess.run(["ip", "link", "del", veth], check=False)
+
+
+def test_an_interface_whose_driver_refuses_gets_generic_xdp(names: tuple[str, ...]) -> None:
+    """veth refuses a native program past a page's MTU (ERANGE): early drop then runs
+    in the kernel's generic mode, and says nothing of it; native otherwise."""
+    veth = f"eg{os.getpid() % 100000}"
+    subprocess.run(
+        ["ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p"], check=True
+    )
+    try:
+        sets.create(names[0], [])
+        for mtu, mode in (("9000", 2), ("1500", 1)):  # 2: generic, 1: native (if_link.h)
+            for end in (veth, f"{veth}p"):  # the peer's MTU is the one veth checks
+                subprocess.run(["ip", "link", "set", end, "mtu", mtu], check=True)
+            out = subprocess.run(
+                [*WRAPPER, "set", "early", names[0], veth], capture_output=True, text=True
+            )
+            assert out.returncode == 0 and not out.stderr, out.stderr
+            shown = subprocess.run(
+                ["ip", "-j", "-d", "link", "show", veth], capture_output=True, text=True
+            ).stdout
+            assert json.loads(shown)[0]["xdp"]["mode"] == mode, (mtu, shown)
+            out = subprocess.run([*WRAPPER, "set", "early", names[0]], capture_output=True)
+            assert out.returncode == 0
     finally:
         subprocess.run(["ip", "link", "del", veth], check=False)
