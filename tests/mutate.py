@@ -48,6 +48,7 @@ UNPRIVILEGED_DAEMON = (
 )
 EXPLAIN_SERVICE = "tests/netns/test_explain_service.py::"
 EARLY_AGREES = "tests/host/test_early.py::test_early_drop_agrees_with_the_sockets_programs"
+EARLY_ELSEWHERE = "tests/host/test_early.py::test_destroy_and_gc_reach_other_network_namespaces"
 EARLY_TRAFFIC = (
     "tests/netns/test_early_traffic.py::"
     "test_a_banned_hosts_frames_are_dropped_at_xdp_and_others_served"
@@ -2934,6 +2935,27 @@ MUTATIONS += [  # issue 54: bans cut live connections
         "errno.ENODEV):",
         "    if False:",
         ("tests/host/test_early.py::test_an_interface_whose_driver_refuses_gets_generic_xdp",),
+    ),
+    Mutation(
+        "early-crash-not-mended",
+        "alfwrapper/sets/early.py",
+        "                        attach(found.name, found.sets)",
+        "                        pass",
+        ("tests/host/test_early.py::test_a_kill_mid_change_is_mended_by_the_next_refresh",),
+    ),
+    Mutation(
+        "early-destroy-stays-elsewhere",
+        "alfwrapper/sets/early.py",
+        "            for found in elsewhere:\n                detach(found.folder)",
+        "            for found in elsewhere:\n                pass",
+        (EARLY_ELSEWHERE,),
+    ),
+    Mutation(
+        "early-gc-keeps-what-is-gone",
+        "alfwrapper/sets/early.py",
+        "            if not ifindex:  # the kernel let go of it",
+        "            if False:  # the kernel let go of it",
+        (EARLY_ELSEWHERE,),
     ),
     Mutation(
         "early-left-on-by-destroy",

@@ -138,7 +138,8 @@ def gc_parser() -> Parser:
         prog="alfwrapper gc",
         usage="alfwrapper gc",
         description="Remove the pinned state of sockets that no longer exist (every start "
-        "of a wrapper does this for its own network namespace).",
+        "of a wrapper does this for its own network namespace), and the early drop of "
+        "interfaces that are gone.",
         epilog=examples("alfwrapper gc"),
     )
 

@@ -517,7 +517,8 @@ def link_detach(link_fd: int) -> None:
 
 def link_info(link_fd: int) -> tuple[int, int]:
     """An XDP link's program id and interface index (struct bpf_link_info: type, id,
-    prog_id, then the xdp member's ifindex); 0, 0 for a link that was detached."""
+    prog_id, then the xdp member's ifindex); the index is 0 once the link was detached,
+    or its interface (or network namespace) went away."""
     raw = _info(link_fd, "link")
     prog_id = int.from_bytes(raw[8:12], "little")
     ifindex = int.from_bytes(raw[16:20], "little")

@@ -50,6 +50,8 @@ POINTS = (
     "set-grown-switched",  # the copy in force for every program; the hosts pin not renamed
     "intercept-taken",  # a daemon's bind or listen: its socket taken, nothing done yet
     "intercept-attached",  # its filter attached, not locked; the call not done
+    "early-updated",  # set early: the link runs the new program; its pins still the old's
+    "early-named",  # set early: the new sets' names pinned; the maps' pins still the old's
 )
 
 

@@ -419,6 +419,14 @@ def gc() -> list[str]:
                 f"gc: {len(unfinished)} unfinished set folder(s) removed "
                 f"({', '.join(unfinished)}), in {sets.root()}"
             )
+        from alfwrapper.sets import early  # noqa: PLC0415
+
+        gone = early.collect()
+        if gone:
+            lines.append(
+                f"gc: early drop of {len(gone)} interface(s) that are gone removed "
+                f"({', '.join(gone)}), in {early.ROOT}"
+            )
     folder = cache.directory()
     if folder is not None:
         pruned = cache.prune(folder, unused_for=cache.GC_UNUSED_SECONDS)

@@ -40,6 +40,7 @@ from alfwrapper.bpf.parts import EARLY_LOCAL, EARLY_PORT, EARLY_PORTS, FillEnv
 from alfwrapper.errors import EX_OSERR, EX_UNAVAILABLE, EX_USAGE, AlfError
 from alfwrapper.host import bpf_calls, sockdiag
 from alfwrapper.host import interfaces as host_interfaces
+from alfwrapper.host.faults import crash_point
 from alfwrapper.record import Record
 from alfwrapper.sets.creation import read_only
 from alfwrapper.sets.tree import check_name, exists
@@ -265,7 +266,9 @@ def attach(ifname: str, names: Sequence[str]) -> None:
         finally:
             if link_fd >= 0:
                 os.close(link_fd)
+        crash_point("early-updated")
         _repin(names_fd, folder / "sets")
+        crash_point("early-named")
         _repin(loaded.fd, folder / "prog")
         for role, fd in fds.items():
             _repin(fd, folder / role)
@@ -285,10 +288,8 @@ def detach(folder: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         fd = bpf_calls.obj_get(str(folder / "link"))
         try:
-            bpf_calls.link_detach(fd)
-        except OSError as err:
-            if err.errno not in (errno.ENOLINK, errno.EINVAL):
-                raise
+            if bpf_calls.link_info(fd)[1]:  # not let go of by the kernel already
+                bpf_calls.link_detach(fd)
         finally:
             os.close(fd)
     for pin in folder.iterdir():
@@ -327,10 +328,43 @@ def set_early(name: str, ifnames: Sequence[str]) -> list[str]:
 
 
 def forget(name: str) -> list[str]:
-    """A destroyed set leaves early drop everywhere it was, in every namespace seen."""
-    if not any(name in f.sets for f in configured()):
+    """A destroyed set leaves early drop everywhere it was: on this namespace's
+    interfaces, the others' sets kept; on another namespace's, early drop removed there
+    (its sockets can be read only from inside).  A line for each interface changed."""
+    cookie = state.netns_cookie()
+    elsewhere = [f for f in configured() if name in f.sets and f.netns != cookie]
+    lines = []
+    if elsewhere:
+        with _locked():
+            for found in elsewhere:
+                detach(found.folder)
+                rest = ", ".join(n for n in found.sets if n != name)
+                again = f"; run `alfwrapper set early` there for {rest}" if rest else ""
+                lines.append(
+                    f"{found.name} (network namespace {found.netns:x}): early drop removed{again}"
+                )
+    if any(name in f.sets for f in here()):
+        lines += set_early(name, ())
+    return lines
+
+
+def collect() -> list[str]:
+    """Remove the early drop of interfaces, or network namespaces, that are gone (its
+    link detached by the kernel): their program held the sets' maps.  gc's."""
+    if not ROOT.is_dir():
         return []
-    return set_early(name, ())
+    removed = []
+    with _locked():
+        for found in configured():
+            try:
+                with _opened(found.folder, ("link",)) as fds:
+                    _, ifindex = bpf_calls.link_info(fds["link"])
+            except FileNotFoundError:
+                ifindex = 0  # never linked: a killed `set early`
+            if not ifindex:  # the kernel let go of it: its interface is gone
+                detach(found.folder)
+                removed.append(found.folder.name)
+    return removed
 
 
 def refresh(narrow: Narrow | None = None) -> list[str]:
@@ -386,8 +420,8 @@ def _consistent(found: Interface) -> bool:
     crash mid-change)?"""
     try:
         with _opened(found.folder, ("link", "prog", *MAPS)) as fds:
-            prog_id, _ = bpf_calls.link_info(fds["link"])
-            if not prog_id or bpf_calls.prog_info(fds["prog"]).id != prog_id:
+            prog_id, ifindex = bpf_calls.link_info(fds["link"])
+            if not ifindex or bpf_calls.prog_info(fds["prog"]).id != prog_id:
                 return False
             used = bpf_calls.prog_map_ids(fds["prog"])
             return all(bpf_calls.map_info_id(fds[role]) in used for role in MAPS)
@@ -414,11 +448,20 @@ def counts() -> list[Counts]:
             for i in range(len(one.sets) + 1):
                 raw = bpf_calls.map_lookup(fds["counts"], struct.pack("=I", i), 8 * cpus) or b""
                 values.append(sum(struct.unpack(f"={len(raw) // 8}Q", raw)))
-            prog_id, _ = bpf_calls.link_info(fds["link"])
+            _, ifindex = bpf_calls.link_info(fds["link"])
         found.append(
-            Counts(one.name, dict(zip(one.sets, values, strict=False)), values[-1], bool(prog_id))
+            Counts(one.name, dict(zip(one.sets, values, strict=False)), values[-1], bool(ifindex))
         )
     return found
 
 
-__all__ = ["EARLY_PORTS", "configured", "counts", "forget", "here", "refresh", "set_early"]
+__all__ = [
+    "EARLY_PORTS",
+    "collect",
+    "configured",
+    "counts",
+    "forget",
+    "here",
+    "refresh",
+    "set_early",
+]

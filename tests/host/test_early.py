@@ -266,3 +266,88 @@ def test_an_interface_whose_driver_refuses_gets_generic_xdp(names: tuple[str, ..
             assert out.returncode == 0
     finally:
         subprocess.run(["ip", "link", "del", veth], check=False)
+
+
+@pytest.mark.parametrize(("point", "after"), [("early-updated", 1), ("early-named", 2)])
+def test_a_kill_mid_change_is_mended_by_the_next_refresh(
+    names: tuple[str, ...], point: str, after: int
+) -> None:
+    """`set early` killed after the link runs the new program but before its pins follow
+    (early-updated: the old sets' names still pinned) or after the names only
+    (early-named): the next `status` finds pins that are not the program's and attaches
+    again, from the names pinned: the change undone, or done."""
+    veth = f"ek{os.getpid() % 100000}"
+    subprocess.run(
+        ["ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p"], check=True
+    )
+    try:
+        for name in names[:2]:
+            sets.create(name, [])
+        assert subprocess.run([*WRAPPER, "set", "early", names[0], veth]).returncode == 0
+        killed = subprocess.run(
+            [*WRAPPER, "set", "early", names[1], veth],
+            env={**os.environ, "ALFWRAPPER_CRASH_AT": point},
+            capture_output=True,
+        )
+        assert killed.returncode == -9, killed.stderr
+        mine = early.Interface(veth, state.netns_cookie(), ())
+        found = next(f for f in early.here() if f.name == veth)
+        assert not early._consistent(found)
+        out = subprocess.run([*WRAPPER, "status"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        found = next(f for f in early.here() if f.name == veth)
+        assert found.sets == names[:after], found
+        assert early._consistent(found), sorted(p.name for p in mine.folder.iterdir())
+    finally:
+        for name in names[:2]:
+            subprocess.run([*WRAPPER, "set", "early", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", veth], check=False)
+
+
+def in_netns(netns: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["nsenter", f"--net=/run/netns/{netns}", *WRAPPER, *argv], capture_output=True, text=True
+    )
+
+
+def test_destroy_and_gc_reach_other_network_namespaces(names: tuple[str, ...]) -> None:
+    """`set destroy` run on the host removes the set's early drop in another namespace
+    (its other sets with it, said so); `gc` removes that of a namespace that is gone,
+    whose program held the sets' maps."""
+    spaces = [f"ee{os.getpid() % 100000}{i}" for i in range(2)]
+    try:
+        for netns in spaces:
+            subprocess.run(["ip", "netns", "add", netns], check=True)
+            subprocess.run(
+                ["ip", "-n", netns, "link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+                check=True,
+            )
+        for name in names[:2]:
+            sets.create(name, [])
+        for netns in spaces:
+            for name in names[:2]:
+                assert in_netns(netns, "set", "early", name, "v0").returncode == 0
+        out = subprocess.run([*WRAPPER, "set", "destroy", names[0]], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.count("early drop removed; run `alfwrapper set early` there") == 2
+        for netns in spaces:
+            shown = subprocess.run(
+                ["ip", "-n", netns, "-j", "-d", "link", "show", "v0"],
+                capture_output=True,
+                text=True,
+            ).stdout
+            assert "xdp" not in json.loads(shown)[0], shown
+        assert not [f for f in early.configured() if f.name == "v0" and names[0] in f.sets]
+        for netns in spaces:
+            assert in_netns(netns, "set", "early", names[1], "v0").returncode == 0
+        subprocess.run(["ip", "netns", "del", spaces[0]], check=True)
+        out = subprocess.run([*WRAPPER, "gc"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        left = {f.netns for f in early.configured() if f.name == "v0" and names[1] in f.sets}
+        assert len(left) == 1, (left, out.stdout)  # the living namespace's stays
+        assert "early drop of" in out.stdout, out.stdout
+    finally:
+        for netns in spaces:
+            in_netns(netns, "set", "early", names[1])
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        subprocess.run([*WRAPPER, "gc"], capture_output=True)
