@@ -37,7 +37,7 @@ from pathlib import Path
 
 from alfwrapper import state
 from alfwrapper.bpf.parts import EARLY_LOCAL, EARLY_PORT, EARLY_PORTS, FillEnv
-from alfwrapper.errors import EX_OSERR, EX_UNAVAILABLE, EX_USAGE, AlfError
+from alfwrapper.errors import EX_NOPERM, EX_OSERR, EX_UNAVAILABLE, EX_USAGE, AlfError
 from alfwrapper.host import bpf_calls, sockdiag
 from alfwrapper.host import interfaces as host_interfaces
 from alfwrapper.host.faults import crash_point
@@ -301,6 +301,13 @@ def set_early(name: str, ifnames: Sequence[str]) -> list[str]:
     """Make set ``name`` early on exactly these interfaces of this namespace (none:
     nowhere); a line for each interface changed."""
     check_name(name)
+    if os.geteuid() != 0:
+        raise AlfError(
+            f"set early {name}",
+            "early drop is root's (an XDP program on an interface)",
+            "run it as root",
+            EX_NOPERM,
+        )
     if ifnames and not exists(name):
         raise AlfError(f"set {name}", "does not exist", f"alfwrapper set create {name}", EX_USAGE)
     done = []

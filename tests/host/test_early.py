@@ -351,3 +351,24 @@ def test_destroy_and_gc_reach_other_network_namespaces(names: tuple[str, ...]) -
             in_netns(netns, "set", "early", names[1])
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)
         subprocess.run([*WRAPPER, "gc"], capture_output=True)
+
+
+def test_set_early_is_roots(names: tuple[str, ...]) -> None:
+    out = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            *WRAPPER,
+            "set",
+            "early",
+            names[0],
+            "lo",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 77, out.stderr
+    assert out.stderr.startswith(f"alfwrapper: set early {names[0]}: early drop is root's"), out
+    assert out.stderr.count("\n") == 1, out.stderr
