@@ -189,9 +189,10 @@ static __always_inline int alf_parse_packet(struct __sk_buff *skb, struct alf_pa
     }
     pkt->has_ports = 0;
 #ifndef ALF_PORTS
-    /* No part reads the transport header (alfwrapper defines ALF_PORTS where the
-     * drop log, knocking or a developer's filter does): the kernel checked it before
-     * the socket's filter runs, and a test run's frames are judged by address. */
+    /* No part reads the transport header (alfwrapper defines ALF_PORTS where
+     * knocking or a developer's filter does; the drop log reads an event's ports on
+     * its own): the kernel checked it before the socket's filter runs, and a test
+     * run's frames are judged by address. */
     pkt->tcp_flags = 0;
     pkt->sport = 0;
     pkt->dport = 0;
@@ -256,6 +257,21 @@ static __always_inline void alf_log(struct __sk_buff *skb, const struct alf_pack
         return;
     }
     bucket->credit_ns = credit - ALF_LOG_COST;
+    u16 sport = pkt->sport, dport = pkt->dport;
+#ifndef ALF_PORTS
+    /* No part read the transport header: its ports are read here, for an event that
+     * is sent, so that neither a passed packet nor a drop beyond the rate pays for it. */
+    if (pkt->proto == IPPROTO_TCP || pkt->proto == IPPROTO_UDP) {
+        u64 head[1];
+        alf_clear(head);
+        if (bpf_skb_load_bytes_relative(skb, pkt->l4_offset & 0xffff, head, 4,
+                                        BPF_HDR_START_NET) == 0) {
+            u8 *at = (u8 *)head;
+            sport = ((u16)at[0] << 8) | at[1];
+            dport = ((u16)at[2] << 8) | at[3];
+        }
+    }
+#endif
     /* Written in place in the ring buffer: no copy. */
     struct alf_event *ev = alf_events.ringbuf_reserve(sizeof(struct alf_event));
     if (!ev) { /* the buffer is full (nobody reads the log): counted, never lost unseen */
@@ -266,8 +282,8 @@ static __always_inline void alf_log(struct __sk_buff *skb, const struct alf_pack
     ev->ts_ns = now;
     ev->ifindex = skb->ingress_ifindex;
     ev->suppressed = bucket->pending;
-    ev->sport = pkt->sport;
-    ev->dport = pkt->dport;
+    ev->sport = sport;
+    ev->dport = dport;
     ev->reason = reason;
     ev->family = pkt->family;
     ev->proto = pkt->proto;

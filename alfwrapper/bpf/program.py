@@ -287,9 +287,10 @@ def plan_program(rules: SocketRules, pins: Pins | None = None, label_: str = "")
         ("ALF_SET_DENY", str(SET_DENY)),
     ]
     pinned = [("alf_counters", pins.path("counters"))] if pins is not None else []
-    # The transport header is read only where something reads it (common.h): a helper
-    # call a subnet filter need not make, for a header the kernel checked already.
-    if rules.log_rate or any(p.part.ports for p in plans):
+    # The transport header is read only where a part reads it (common.h): a helper
+    # call a subnet filter need not make, for a header the kernel checked already; the
+    # drop log reads a logged event's ports itself.
+    if any(p.part.ports for p in plans):
         defines.append(("ALF_PORTS", "1"))
     structs = ""
     if rules.log_rate:
