@@ -5,13 +5,13 @@
  * anyway: a TCP SYN (no ACK) or a UDP datagram, to a socket that the kernel's own
  * lookup finds (bpf_sk_lookup_tcp/udp: the socket the stack would hand it to), whose
  * bound address and port alf_early_ports lists with the sets that every socket there
- * denies, from a source that one of those sets holds.  A deny set drops whatever
+ * denies, from a source that one of those sets holds, to one of this host's own
+ * unicast addresses.  A deny set drops whatever
  * else a socket's program allows (sets.c), so the frame's fate is the same, decided
  * before the stack allocates anything for it.  Everything else passes unchanged:
  * other protocols, fragments, IPv6 extension headers, VLAN tags, packets of
- * connections, frames to an address that is not this host's (a socket bound to any
- * address would otherwise take frames the host forwards), and a set that cannot be
- * read (the socket's program then fails closed on its own).
+ * connections, and a set that cannot be read (the socket's program then fails
+ * closed on its own).
  *
  * Maps (their keys' layouts: EARLY_* in bpf/parts.py), filled by user space:
  *   alf_early_ports  (family, protocol, port, bound address) -> the sets' bits
@@ -43,11 +43,11 @@ static __always_inline int early_count(u64 *at, int verdict)
 }
 
 /* The socket a frame is addressed to, as the stack would find it: its family, bound
- * address and port, as alf_early_ports' key (three words, stored whole: common.h),
- * and whether it is bound to any address; 0 if none, or a TCP socket that is not
- * listening (a SYN for a connection: the stack's business). */
+ * address and port, as alf_early_ports' key (three words, stored whole: common.h);
+ * 0 if none, or a TCP socket that is not listening (a SYN for a connection: the
+ * stack's business). */
 static __always_inline int early_socket(struct xdp_md *ctx, u64 tuple[5], u32 size, u8 proto,
-                                        u64 key[3], int *any)
+                                        u64 key[3])
 {
     struct bpf_sock *sk = proto == IPPROTO_TCP
         ? bpf_sk_lookup_tcp(ctx, (struct bpf_sock_tuple *)tuple, size, BPF_F_CURRENT_NETNS, 0)
@@ -68,7 +68,6 @@ static __always_inline int early_socket(struct xdp_md *ctx, u64 tuple[5], u32 si
     bpf_sk_release(sk);
     alf_key20(key, family, proto, hi, lo);
     key[0] |= port << 16;
-    *any = !(hi | lo);
     return found;
 }
 
@@ -137,19 +136,19 @@ int alf_early(struct xdp_md *ctx)
         tuple[4] = ports;
     }
     u64 key[3];
-    int any = 0;
-    if (!early_socket(ctx, tuple, size, proto, key, &any))
+    if (!early_socket(ctx, tuple, size, proto, key))
         return XDP_PASS;
     u64 *bits = alf_early_ports.lookup((struct alf_early_port *)key);
     if (!bits || !*bits)
         return XDP_PASS;
     u64 deny = *bits;
-    if (any) { /* bound to any address: only frames to one of this host's */
-        u64 local[3];
-        alf_key20(local, family, 0, dst_hi, dst_lo);
-        if (!alf_early_local.lookup((struct alf_early_local *)local))
-            return XDP_PASS;
-    }
+    /* Only frames to one of this host's unicast addresses: a socket bound to any
+     * address would otherwise take frames the host forwards, and one bound to a
+     * multicast or broadcast address shares each frame with every socket there. */
+    u64 local[3];
+    alf_key20(local, family, 0, dst_hi, dst_lo);
+    if (!alf_early_local.lookup((struct alf_early_local *)local))
+        return XDP_PASS;
     struct alf_set_keys k;
     u64 sieve_key = set_keys(&k, family, src_hi, src_lo);
     u64 at;

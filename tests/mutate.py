@@ -252,17 +252,10 @@ MUTATIONS = [
         ("tests/netns/test_parts.py::test_knock_opens_for_the_knocker_only",),
     ),
     Mutation(
-        "drop-log-without-ports",
-        "alfwrapper/bpf/program.py",
-        "    if rules.log_rate or any(p.part.ports for p in plans):\n",
-        "    if any(p.part.ports for p in plans):\n",
-        ("tests/netns/test_observe.py::test_drop_log_under_a_flood",),
-    ),
-    Mutation(
         "ports-read-for-every-program",
         "filters/common.h",
-        "#ifndef ALF_PORTS\n",
-        "#ifdef ALF_NEVER\n",
+        "    pkt->has_ports = 0;\n#ifndef ALF_PORTS\n",
+        "    pkt->has_ports = 0;\n#ifdef ALF_NEVER\n",
         ("tests/unit/test_composition.py",),
     ),
     Mutation(
@@ -2880,6 +2873,13 @@ MUTATIONS += [  # issue 54: bans cut live connections
         ("tests/netns/test_cut.py::test_a_ban_that_cannot_cut_is_in_force_and_says_so",),
     ),
     Mutation(
+        "drop-log-without-ports",
+        "filters/common.h",
+        "            dport = ((u16)at[2] << 8) | at[3];",
+        "            dport = 0;",
+        ("tests/netns/test_observe.py::test_drop_log_under_a_flood",),
+    ),
+    Mutation(
         "early-drops-for-any-set-bit",
         "filters/early.c",
         "set_holds(i, said, &k) > 0",
@@ -2889,15 +2889,16 @@ MUTATIONS += [  # issue 54: bans cut live connections
     Mutation(
         "early-counts-strangers-as-ours",
         "alfwrapper/sets/early.py",
-        "ports.get(key, everything) & denied.get(sock.cookie, 0)",
-        "ports.get(key, everything) & denied.get(sock.cookie, everything)",
+        "mine = denied.get(sock.cookie, 0) if",
+        "mine = denied.get(sock.cookie, everything) if",
         (EARLY_AGREES,),
     ),
     Mutation(
         "early-drops-forwarded-frames",
         "filters/early.c",
-        "    if (any) { /* bound to any address",
-        "    if (0) { /* bound to any address",
+        "    if (!alf_early_local.lookup((struct alf_early_local *)local))\n"
+        "        return XDP_PASS;",
+        "",
         (EARLY_AGREES,),
     ),
     Mutation(
@@ -2956,6 +2957,29 @@ MUTATIONS += [  # issue 54: bans cut live connections
         "            if not ifindex:  # the kernel let go of it",
         "            if False:  # the kernel let go of it",
         (EARLY_ELSEWHERE,),
+    ),
+    Mutation(
+        "early-ignores-bound-devices",
+        "alfwrapper/sets/early.py",
+        "if (sock.protocol, sock.port) not in devices else 0",
+        "if True else 0",
+        (
+            "tests/host/test_early.py::test_multicast_and_device_bound_ports_are_left_to_the_sockets",
+        ),
+    ),
+    Mutation(
+        "early-on-a-bridge-port",
+        "alfwrapper/sets/early.py",
+        "    if under:",
+        "    if False:",
+        ("tests/host/test_early.py::test_an_interface_under_another_is_refused",),
+    ),
+    Mutation(
+        "early-keeps-a-dead-link",
+        "alfwrapper/sets/early.py",
+        "        if link_fd >= 0 and bpf_calls.link_info(link_fd)[1] != ifindex:",
+        "        if False:",
+        ("tests/host/test_early.py::test_a_recreated_interface_gets_a_new_link",),
     ),
     Mutation(
         "early-left-on-by-destroy",

@@ -61,6 +61,27 @@ def local_addresses() -> list[tuple[int, bytes]]:
     return found
 
 
+UPPER_KINDS = ("vlan", "macvlan", "macvtap", "ipvlan", "ipvtap")
+
+
+def stacked(index: int) -> str:
+    """What the stack would take this interface's frames as, if not its own: its master
+    (a bridge or a bond it is a port of), or an upper device (a VLAN on it); "" if
+    neither."""
+    from pyroute2 import IPRoute  # noqa: PLC0415
+
+    with IPRoute() as ipr:
+        for link in ipr.get_links():
+            name = link.get_attr("IFLA_IFNAME")
+            if link["index"] == index and link.get_attr("IFLA_MASTER"):
+                return f"a port of interface index {link.get_attr('IFLA_MASTER')}"
+            info = link.get_attr("IFLA_LINKINFO")
+            kind = info.get_attr("IFLA_INFO_KIND") if info else None
+            if link.get_attr("IFLA_LINK") == index and kind in UPPER_KINDS:
+                return f"the lower device of {kind} {name}"
+    return ""
+
+
 def link_index(name: str) -> int | None:
     """One interface's index, or None; for --set values (a missing name is no error here)."""
     try:

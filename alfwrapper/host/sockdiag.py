@@ -188,6 +188,7 @@ class Bound(Record):
     local: str  # the address it is bound to ("0.0.0.0", "::": any)
     port: int
     cookie: int
+    interface: int = 0  # the index of the interface it is bound to (SO_BINDTODEVICE), or 0
 
 
 def bound_sockets(most: int) -> list[Bound]:
@@ -204,7 +205,9 @@ def bound_sockets(most: int) -> list[Bound]:
                 if read > most:
                     raise OSError(f"sock_diag: more than {most} sockets")
                 one = parse_connection(data, at)
-                *_, low, high = _MESSAGE.unpack_from(data, at)
-                found.append(Bound(family, protocol, one.local, one.port, low | high << 32))
+                *_, interface, low, high = _MESSAGE.unpack_from(data, at)
+                found.append(
+                    Bound(family, protocol, one.local, one.port, low | high << 32, interface)
+                )
             seq += 1
     return found

@@ -164,9 +164,13 @@ def wanted_ports(
     every one of them denies (a socket that is no service's denies none)."""
     ports: dict[bytes, int] = {}
     everything = (1 << len(names)) - 1
+    # A socket bound to an interface (SO_BINDTODEVICE) is found by the device the stack
+    # sees, which XDP's lookup does not know: its port is left to the sockets' filters.
+    devices = {(s.protocol, s.port) for s in bound if s.interface}
     for sock in bound:
         key = port_key(sock.family, sock.protocol, sock.port, sock.local)
-        ports[key] = ports.get(key, everything) & denied.get(sock.cookie, 0)
+        mine = denied.get(sock.cookie, 0) if (sock.protocol, sock.port) not in devices else 0
+        ports[key] = ports.get(key, everything) & mine
     return {key: bits for key, bits in ports.items() if bits}
 
 
@@ -241,6 +245,15 @@ def attach(ifname: str, names: Sequence[str]) -> None:
     ifindex = host_interfaces.link_index(ifname)
     if ifindex is None:
         raise AlfError(what, "no such interface here", "ip link shows the interfaces", EX_USAGE)
+    under = host_interfaces.stacked(ifindex)
+    if under:
+        raise AlfError(
+            what,
+            f"it is {under}: the stack takes its frames as another interface's, whose "
+            "sockets XDP here cannot find",
+            "name the interface the addresses are on",
+            EX_USAGE,
+        )
     from alfwrapper.bpf import compiler, program  # noqa: PLC0415  (BCC: only here)
 
     loaded = compiler.compile_and_load(
@@ -256,6 +269,12 @@ def attach(ifname: str, names: Sequence[str]) -> None:
             link_fd = bpf_calls.obj_get(str(link_pin))
         except FileNotFoundError:
             link_fd = -1
+        if link_fd >= 0 and bpf_calls.link_info(link_fd)[1] != ifindex:
+            os.close(link_fd)  # a link to an interface gone, or renamed: a new one
+            link_fd = -1
+            detach(folder)
+            folder.mkdir(mode=0o700)
+            fresh = True
         try:
             if link_fd >= 0:
                 bpf_calls.link_update(link_fd, loaded.fd)
@@ -374,10 +393,11 @@ def collect() -> list[str]:
     return removed
 
 
-def refresh(narrow: Narrow | None = None) -> list[str]:
+def refresh(narrow: Narrow | None = None, mend: bool = True) -> list[str]:
     """Rewrite the ports and addresses of every interface with early drop in this
-    namespace (after a start, a reload, and for status); a program whose pins are not
-    its own (a crash mid-change) is attached again.  ``narrow``: see denied_by_cookie.
+    namespace (after a start, a reload, and for status); with ``mend``, a program whose
+    pins are not its own (a crash mid-change) is attached again (status and set early:
+    not a start, which must not compile for it).  ``narrow``: see denied_by_cookie.
     Lines about what failed (early drop then keeps what it had)."""
     problems: list[str] = []
     if not ROOT.is_dir():
@@ -386,9 +406,9 @@ def refresh(narrow: Narrow | None = None) -> list[str]:
         for found in here():
             try:
                 if not _consistent(found):
-                    if host_interfaces.link_index(found.name) is not None:
+                    if mend and host_interfaces.link_index(found.name) is not None:
                         attach(found.name, found.sets)
-                    continue  # the interface is gone: status says so
+                    continue  # the interface is gone (status says so), or not now
                 with _opened(found.folder, ("ports", "local")) as fds:
                     fill(fds["ports"], fds["local"], found.sets, found.netns, narrow)
             except (OSError, AlfError) as err:
@@ -406,7 +426,11 @@ def refresh_for_services(narrow: Narrow | None = None) -> None:
     state.early_in() says some interface of their namespace has early drop."""
     if not state.store_in_use().opens_sets:
         return  # a user's service: root's services alone are dropped early
-    for line in refresh(narrow):
+    try:
+        lines = refresh(narrow, mend=False)
+    except Exception as err:  # noqa: BLE001  (early drop is told; the start goes on)
+        lines = [f"early drop was not brought up to date: {err} (run `alfwrapper status` as root)"]
+    for line in lines:
         print(f"alfwrapper: note: {line}", file=sys.stderr, flush=True)
 
 
@@ -449,17 +473,24 @@ def counts() -> list[Counts]:
 
     found = []
     cpus = possible_cpus()
-    for one in here():
-        with _opened(one.folder, ("counts", "link")) as fds:
-            values = []
-            for i in range(len(one.sets) + 1):
-                raw = bpf_calls.map_lookup(fds["counts"], struct.pack("=I", i), 8 * cpus) or b""
-                values.append(sum(struct.unpack(f"={len(raw) // 8}Q", raw)))
-            _, ifindex = bpf_calls.link_info(fds["link"])
-        found.append(
-            Counts(one.name, dict(zip(one.sets, values, strict=False)), values[-1], bool(ifindex))
-        )
+    with _locked():
+        for one in here():
+            try:
+                found.append(_counts(one, cpus))
+            except FileNotFoundError:  # a killed `set early` not mended yet
+                found.append(Counts(one.name, dict.fromkeys(one.sets, 0), 0, False))
     return found
+
+
+def _counts(one: Interface, cpus: int) -> Counts:
+    with _opened(one.folder, ("counts", "link")) as fds:
+        values = []
+        for i in range(len(one.sets) + 1):
+            raw = bpf_calls.map_lookup(fds["counts"], struct.pack("=I", i), 8 * cpus) or b""
+            values.append(sum(struct.unpack(f"={len(raw) // 8}Q", raw)))
+        _, ifindex = bpf_calls.link_info(fds["link"])
+    dropped = dict(zip(one.sets, values, strict=False))
+    return Counts(one.name, dropped, values[-1], bool(ifindex))
 
 
 __all__ = [

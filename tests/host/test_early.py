@@ -372,3 +372,92 @@ def test_set_early_is_roots(names: tuple[str, ...]) -> None:
     assert out.returncode == 77, out.stderr
     assert out.stderr.startswith(f"alfwrapper: set early {names[0]}: early drop is root's"), out
     assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_multicast_and_device_bound_ports_are_left_to_the_sockets(
+    names: tuple[str, ...],
+) -> None:
+    """A frame to a multicast address goes to every socket bound there, of which the
+    lookup finds one: never dropped early.  A port with a socket bound to a device
+    (SO_BINDTODEVICE), which the stack finds by a device XDP does not know: left alone."""
+    sets.create(names[0], [Prefix(4, 0xC6336400, 24)])
+    group = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    group.bind(("239.1.2.3", 0))
+    near = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    near.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    near.bind(("127.0.0.1", 0))
+    port = near.getsockname()[1]
+    bound = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+    xdp = compiler.compile_and_load(program.plan_early(names[:1], "early"), ENV)
+    ours = {state.socket_cookie(s): 1 for s in (group, near)}
+    for key in early.wanted_local():
+        map_update(xdp.tables["alf_early_local"].map_fd, key, struct.pack("=Q", 1))
+
+    def judged(destination: int, dport: int) -> int:
+        ports = early.wanted_ports(names[:1], ours, sockdiag.bound_sockets(early.MOST_SOCKETS))
+        early.write(xdp.tables["alf_early_ports"].map_fd, ports)
+        frame = udp_frame(4, 0xC6336407, b"x", 40001, destination, dport)
+        return prog_test_run(xdp.fd, frame, xdp=True).retval
+
+    assert judged(0xEF010203, group.getsockname()[1]) == XDP_PASS
+    assert judged(0x7F000001, port) == XDP_DROP  # the same source, to a unicast socket
+    bound.bind(("0.0.0.0", port))
+    assert judged(0x7F000001, port) == XDP_PASS
+    for s in (group, near, bound):
+        s.close()
+
+
+def test_an_interface_under_another_is_refused(names: tuple[str, ...]) -> None:
+    """A bridge's port, or a macvlan's lower device: the stack takes its frames as
+    another interface's (exit 64, one line, nothing attached)."""
+    tag = f"{os.getpid() % 100000}"
+    veth, bridge, upper = f"eu{tag}", f"eb{tag}", f"em{tag}"
+    subprocess.run(
+        ["ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p"], check=True
+    )
+    try:
+        sets.create(names[0], [])
+        subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+        subprocess.run(["ip", "link", "set", veth, "master", bridge], check=True)
+        subprocess.run(
+            ["ip", "link", "add", upper, "link", f"{veth}p", "type", "macvlan"], check=True
+        )
+        for lower, said in ((veth, "is a port of"), (f"{veth}p", "lower device of macvlan")):
+            out = subprocess.run(
+                [*WRAPPER, "set", "early", names[0], lower], capture_output=True, text=True
+            )
+            assert out.returncode == 64, out.stderr
+            assert said in out.stderr and out.stderr.count("\n") == 1, out.stderr
+            assert not [f for f in early.here() if f.name == lower]
+    finally:
+        for link in (upper, bridge, veth):
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+
+
+def test_a_recreated_interface_gets_a_new_link(names: tuple[str, ...]) -> None:
+    """The interface deleted and made again under its name: the next `set early` there
+    attaches to the new one (the old link was let go of by the kernel)."""
+    veth = f"er{os.getpid() % 100000}"
+    make = ["ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p"]
+    subprocess.run(make, check=True)
+    try:
+        for name in names[:2]:
+            sets.create(name, [])
+        assert subprocess.run([*WRAPPER, "set", "early", names[0], veth]).returncode == 0
+        subprocess.run(["ip", "link", "del", veth], check=True)
+        subprocess.run(make, check=True)
+        out = subprocess.run(
+            [*WRAPPER, "set", "early", names[1], veth], capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        shown = subprocess.run(
+            ["ip", "-j", "-d", "link", "show", veth], capture_output=True, text=True
+        ).stdout
+        assert json.loads(shown)[0]["xdp"]["mode"] == 1, shown
+        assert next(f for f in early.here() if f.name == veth).sets == names[:2]
+    finally:
+        for name in names[:2]:
+            subprocess.run([*WRAPPER, "set", "early", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
