@@ -65,7 +65,14 @@ def fill_sets(rng: random.Random, names: tuple[str, ...]) -> None:
 
 
 class Sock:
-    def __init__(self, rng: random.Random, names: tuple[str, ...], family: int, kind: int) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        names: tuple[str, ...],
+        family: int,
+        kind: int,
+        denies: tuple[str, ...] | None = None,
+    ) -> None:
         self.family, self.kind = family, kind
         self.sock = socket.socket(family, kind)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -78,7 +85,9 @@ class Sock:
         if kind == socket.SOCK_STREAM:
             self.sock.listen(8)
         self.port = self.sock.getsockname()[1]
-        self.denies = tuple(n for n in names if rng.random() < 0.5)
+        self.denies = (
+            denies if denies is not None else tuple(n for n in names if rng.random() < 0.5)
+        )
         self.loaded = compiler.load_program(
             program.plan_program(SocketRules(deny_sets=self.denies)), ENV
         )
@@ -104,14 +113,24 @@ def test_early_drop_agrees_with_the_sockets_programs(names: tuple[str, ...]) -> 
         for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM)
         for _ in range(4)
     ]
-    # A socket that is no service's, sharing an address and port with one of ours
-    # (SO_REUSEPORT): the kernel may hand it the frame, so early drop leaves that port.
-    shared = socks[-1]
+    # A socket that is no service's, sharing an address and port with one of ours that
+    # denies every set (SO_REUSEPORT): the kernel may hand it the frame, so early drop
+    # leaves that port.
+    shared = Sock(
+        rng,
+        names,
+        rng.choice((socket.AF_INET, socket.AF_INET6)),
+        rng.choice((socket.SOCK_STREAM, socket.SOCK_DGRAM)),
+        denies=names,
+    )
+    socks.append(shared)
     stranger = socket.socket(shared.family, shared.kind)
     stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     if shared.family == socket.AF_INET6:
         stranger.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     stranger.bind(shared.sock.getsockname()[:2])
+    if shared.kind == socket.SOCK_STREAM:
+        stranger.listen(8)
     xdp = compiler.compile_and_load(program.plan_early(names, "early"), ENV)
     denied = {s.cookie: sum(1 << i for i, n in enumerate(names) if n in s.denies) for s in socks}
     ports = early.wanted_ports(names, denied, sockdiag.bound_sockets(early.MOST_SOCKETS))

@@ -162,7 +162,7 @@ def test_the_transport_header_is_read_only_where_a_part_reads_it(
     filter's cost, for headers the kernel checked before any socket filter runs."""
     plan = plan_program(rules_for(argv, "x"))
     assert ("ALF_PORTS" in dict(plan.defines)) == ports
-    assert "#ifndef ALF_PORTS" in plan.text
+    assert "pkt->has_ports = 0;\n#ifndef ALF_PORTS" in plan.text  # alf_parse_packet's
 
 
 def test_a_developers_filter_gets_the_transport_header(tmp_path: Path) -> None:
