@@ -177,15 +177,21 @@ def fd_calls_refused() -> bool:
 
 
 @_fd_call("prog_fd")
-def prog_test_run(
-    prog_fd: int, frame: bytes, repeat: int = 1, ingress_ifindex: int = 0, xdp: bool = False
-) -> TestRun:
+def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1, ingress_ifindex: int = 0) -> TestRun:
     """Run the program on an Ethernet frame ``repeat`` times in the kernel.
 
-    ``ingress_ifindex`` is the interface the packet is taken to have arrived on (a
-    socket filter's); ``xdp``: an XDP program, run with no context (it then sees the
-    frame arrive on this network namespace's loopback).
+    ``ingress_ifindex`` is the interface the packet is taken to have arrived on.
     """
+    return _test_run(prog_fd, frame, repeat, ingress_ifindex, xdp=False)
+
+
+def xdp_test_run(prog_fd: int, frame: bytes, repeat: int = 1) -> TestRun:
+    """Run an XDP program on an Ethernet frame in the kernel, with no context: it sees
+    the frame arrive on this network namespace's loopback.  Root's (early drop's)."""
+    return _test_run(prog_fd, frame, repeat, 0, xdp=True)
+
+
+def _test_run(prog_fd: int, frame: bytes, repeat: int, ingress_ifindex: int, xdp: bool) -> TestRun:
     data = ctypes.create_string_buffer(frame, len(frame))
     ctx = (ctypes.c_uint32 * _SKB_CTX_WORDS)()
     ctx[_SKB_INGRESS_IFINDEX] = ingress_ifindex

@@ -25,8 +25,16 @@ from alfwrapper.bpf import compiler, program
 from alfwrapper.bpf.parts import FillEnv
 from alfwrapper.errors import AlfError
 from alfwrapper.host import sockdiag
-from alfwrapper.host.bpf_calls import link_info, map_update, prog_info, prog_test_run, xdp_link
+from alfwrapper.host.bpf_calls import (
+    link_info,
+    map_update,
+    prog_info,
+    prog_test_run,
+    xdp_link,
+    xdp_test_run,
+)
 from alfwrapper.host.frames import ip_frame, tcp_syn_frame, udp_frame
+from alfwrapper.host.netns import netns as enter_netns
 from alfwrapper.policy.prefixes import Prefix
 from alfwrapper.policy.rules import SocketRules
 from alfwrapper.sets import creation, early
@@ -35,6 +43,20 @@ pytestmark = pytest.mark.host
 
 XDP_DROP, XDP_PASS = 1, 2
 ENV = FillEnv(open_set=creation.read_only)
+
+
+@pytest.fixture
+def own_netns(bpf_root: None) -> Iterator[str]:
+    """The test runs in a network namespace of its own (this thread's, and what it
+    starts): early drop it attaches there is never in force where the tests beside it
+    start services."""
+    name = f"alfe{os.getpid()}x{time.monotonic_ns() % 10**6}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        with enter_netns(f"/run/netns/{name}"):
+            yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 @pytest.fixture
@@ -144,7 +166,7 @@ def test_early_drop_agrees_with_the_sockets_programs(names: tuple[str, ...]) -> 
         for _ in range(60):
             src = source(rng, family)
             frame = sock.frame(src, loopback(sock.family))
-            at_xdp = prog_test_run(xdp.fd, frame, xdp=True).retval
+            at_xdp = xdp_test_run(xdp.fd, frame).retval
             by_socket = prog_test_run(sock.loaded.fd, frame).retval
             where = f"seed {seed}: {sock.denies} port {sock.port} from {src:#x}"
             assert at_xdp in (XDP_DROP, XDP_PASS), where
@@ -156,7 +178,7 @@ def test_early_drop_agrees_with_the_sockets_programs(names: tuple[str, ...]) -> 
             dropped_early += at_xdp == XDP_DROP
             if sock.any:  # to an address that is not this host's: forwarded, never dropped
                 away = 0xCB007109 if family == 4 else (0x20010DB8 << 96) | 0xFEED
-                assert prog_test_run(xdp.fd, sock.frame(src, away), xdp=True).retval == XDP_PASS
+                assert xdp_test_run(xdp.fd, sock.frame(src, away)).retval == XDP_PASS
     assert dropped_early, f"seed {seed}: no frame was dropped early in {judged}"
     stranger.close()
 
@@ -177,29 +199,29 @@ def test_only_new_connections_and_datagrams_are_dropped_early(names: tuple[str, 
         map_update(xdp.tables["alf_early_local"].map_fd, key, struct.pack("=Q", 1))
     src = 0xC6336407
     syn = tcp_syn_frame(4, src, 40001, 0x7F000001, port)
-    assert prog_test_run(xdp.fd, syn, xdp=True).retval == XDP_DROP
+    assert xdp_test_run(xdp.fd, syn).retval == XDP_DROP
     for flags in (0x10, 0x12, 0x04):  # ACK, SYN and ACK, RST: a connection's
         other = bytearray(syn)
         other[14 + 20 + 13] = flags
-        assert prog_test_run(xdp.fd, bytes(other), xdp=True).retval == XDP_PASS, flags
+        assert xdp_test_run(xdp.fd, bytes(other)).retval == XDP_PASS, flags
     fragment = bytearray(syn)
     fragment[14 + 6] = 0x20  # more fragments
-    assert prog_test_run(xdp.fd, bytes(fragment), xdp=True).retval == XDP_PASS
+    assert xdp_test_run(xdp.fd, bytes(fragment)).retval == XDP_PASS
     icmp = ip_frame(4, src, 0x7F000001, 1, b"\x08\0\0\0\0\0\0\0")
-    assert prog_test_run(xdp.fd, icmp, xdp=True).retval == XDP_PASS
+    assert xdp_test_run(xdp.fd, icmp).retval == XDP_PASS
     tagged = syn[:12] + b"\x81\x00\x00\x07" + syn[12:]  # 802.1Q, VLAN 7
-    assert prog_test_run(xdp.fd, tagged, xdp=True).retval == XDP_PASS
+    assert xdp_test_run(xdp.fd, tagged).retval == XDP_PASS
     listener.close()  # no socket there now: the kernel finds none, and nothing is dropped
-    assert prog_test_run(xdp.fd, syn, xdp=True).retval == XDP_PASS
+    assert xdp_test_run(xdp.fd, syn).retval == XDP_PASS
     # Another program's socket on the same address and port before the next refresh
     # (man alfwrapper: EARLY DROP): dropped until then, and no more after.
     stranger = socket.socket()
     stranger.bind(("127.0.0.1", port))
     stranger.listen(4)
-    assert prog_test_run(xdp.fd, syn, xdp=True).retval == XDP_DROP
+    assert xdp_test_run(xdp.fd, syn).retval == XDP_DROP
     ports = early.wanted_ports(names[:1], {}, sockdiag.bound_sockets(early.MOST_SOCKETS))
     early.write(xdp.tables["alf_early_ports"].map_fd, ports)
-    assert prog_test_run(xdp.fd, syn, xdp=True).retval == XDP_PASS
+    assert xdp_test_run(xdp.fd, syn).retval == XDP_PASS
     stranger.close()
 
 
@@ -220,15 +242,15 @@ def test_ipv6_extension_headers_pass(names: tuple[str, ...]) -> None:
     for key in early.wanted_local():
         map_update(xdp.tables["alf_early_local"].map_fd, key, struct.pack("=Q", 1))
     plain = frame(packet("6", "2001:db8::7", "::1", "syn", port))
-    assert prog_test_run(xdp.fd, plain, xdp=True).retval == XDP_DROP
+    assert xdp_test_run(xdp.fd, plain).retval == XDP_DROP
     for ext in ("hbh", "dest", "frag"):
         wrapped = frame(packet("6", "2001:db8::7", "::1", "syn", port, exts=(ext,)))
-        assert prog_test_run(xdp.fd, wrapped, xdp=True).retval == XDP_PASS, ext
+        assert xdp_test_run(xdp.fd, wrapped).retval == XDP_PASS, ext
     listener.close()
 
 
 def test_an_interface_takes_16_sets_and_refuses_another_program(
-    names: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+    names: tuple[str, ...], own_netns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past 16 sets on one interface: exit 64, nothing attached; an interface with an
     XDP program that is not alfwrapper's: exit 69, one line, the other program kept."""
@@ -261,7 +283,9 @@ def test_an_interface_takes_16_sets_and_refuses_another_program(
         subprocess.run(["ip", "link", "del", veth], check=False)
 
 
-def test_an_interface_whose_driver_refuses_gets_generic_xdp(names: tuple[str, ...]) -> None:
+def test_an_interface_whose_driver_refuses_gets_generic_xdp(
+    names: tuple[str, ...], own_netns: str
+) -> None:
     """veth refuses a native program past a page's MTU (ERANGE): early drop then runs
     in the kernel's generic mode, and says nothing of it; native otherwise."""
     veth = f"eg{os.getpid() % 100000}"
@@ -289,7 +313,7 @@ def test_an_interface_whose_driver_refuses_gets_generic_xdp(names: tuple[str, ..
 
 @pytest.mark.parametrize(("point", "after"), [("early-updated", 1), ("early-named", 2)])
 def test_a_kill_mid_change_is_mended_by_the_next_refresh(
-    names: tuple[str, ...], point: str, after: int
+    names: tuple[str, ...], own_netns: str, point: str, after: int
 ) -> None:
     """`set early` killed after the link runs the new program but before its pins follow
     (early-updated: the old sets' names still pinned) or after the names only
@@ -372,25 +396,13 @@ def test_destroy_and_gc_reach_other_network_namespaces(names: tuple[str, ...]) -
         subprocess.run([*WRAPPER, "gc"], capture_output=True)
 
 
-def test_set_early_is_roots(names: tuple[str, ...]) -> None:
-    out = subprocess.run(
-        [
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            *WRAPPER,
-            "set",
-            "early",
-            names[0],
-            "lo",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 77, out.stderr
-    assert out.stderr.startswith(f"alfwrapper: set early {names[0]}: early drop is root's"), out
-    assert out.stderr.count("\n") == 1, out.stderr
+def test_set_early_is_roots(names: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not as root: one line, exit 77, before anything is read."""
+    monkeypatch.setattr(early.os, "geteuid", lambda: 65534)
+    with pytest.raises(AlfError) as refused:
+        early.set_early(names[0], ["lo"])
+    assert refused.value.exit_code == 77
+    assert str(refused.value).startswith(f"set early {names[0]}: early drop is root's"), refused
 
 
 def test_multicast_and_device_bound_ports_are_left_to_the_sockets(
@@ -418,7 +430,7 @@ def test_multicast_and_device_bound_ports_are_left_to_the_sockets(
         ports = early.wanted_ports(names[:1], ours, sockdiag.bound_sockets(early.MOST_SOCKETS))
         early.write(xdp.tables["alf_early_ports"].map_fd, ports)
         frame = udp_frame(4, 0xC6336407, b"x", 40001, destination, dport)
-        return prog_test_run(xdp.fd, frame, xdp=True).retval
+        return xdp_test_run(xdp.fd, frame).retval
 
     assert judged(0xEF010203, group.getsockname()[1]) == XDP_PASS
     assert judged(0x7F000001, port) == XDP_DROP  # the same source, to a unicast socket
@@ -428,7 +440,7 @@ def test_multicast_and_device_bound_ports_are_left_to_the_sockets(
         s.close()
 
 
-def test_an_interface_under_another_is_refused(names: tuple[str, ...]) -> None:
+def test_an_interface_under_another_is_refused(names: tuple[str, ...], own_netns: str) -> None:
     """A bridge's port, or a macvlan's lower device: the stack takes its frames as
     another interface's (exit 64, one line, nothing attached)."""
     tag = f"{os.getpid() % 100000}"
@@ -455,7 +467,7 @@ def test_an_interface_under_another_is_refused(names: tuple[str, ...]) -> None:
             subprocess.run(["ip", "link", "del", link], capture_output=True)
 
 
-def test_a_recreated_interface_gets_a_new_link(names: tuple[str, ...]) -> None:
+def test_a_recreated_interface_gets_a_new_link(names: tuple[str, ...], own_netns: str) -> None:
     """The interface deleted and made again under its name: the next `set early` there
     attaches to the new one (the old link was let go of by the kernel)."""
     veth = f"er{os.getpid() % 100000}"

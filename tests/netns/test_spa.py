@@ -308,12 +308,14 @@ def test_one_clients_flood_under_its_own_key_keeps_no_other_client_out(
     of Bob's would be refused as busy until they aged out."""
     a, b = network.allowed, network.denied
     keys = client_keys(tmp_path)
+    # A 20 s window, her datagrams dated 15 s ahead: sealing the ~730,000 it takes to
+    # fill every slot outlasts a 5 s window on a loaded machine (all arrived stale).
     svc = start(network, services, wrapped(
         "--service", "spakeys", "--listen", "[::]:8080", "--knock-spa-key", str(keys["alice"]),
-        "--knock-spa-key", str(keys["bob"]), *SPA))  # fmt: skip
-    wait_for_the_door("spakeys")
+        "--knock-spa-key", str(keys["bob"]), "--knock-spa", "--knock-window", "20"))  # fmt: skip
+    wait_for_the_door("spakeys", most=21)
     key, ident = spa.key_of(ALICE.strip()), spa.key_id(ALICE.strip())
-    sent = time.time_ns() + 4 * 10**9  # within the 5 s window when it arrives
+    sent = time.time_ns() + 15 * 10**9  # within the 20 s window when it arrives
     ground: dict[int, bytes] = {}
     for _ in range(3_000_000):  # about 730,000 on average
         raw = spa.Datagram(8080, sent, os.urandom(spa.NONCE), b.v4, ident).sealed(key)
